@@ -1,0 +1,55 @@
+//! `podlock declare`: writes a lock's settings to etcd exactly as the operator does for a
+//! DistributedLock, for use without Kubernetes.
+
+use clap::Args;
+
+use crate::etcd_args::EtcdArgs;
+use crate::lock::etcd::Etcd;
+use crate::lock::keys::Settings;
+use crate::lock::{LockId, settings};
+
+/// Flags of `podlock declare`.
+#[derive(Debug, Args)]
+pub struct DeclareArgs {
+    /// The lock's name.
+    pub name: String,
+    /// The lock's namespace.
+    #[arg(long, env = "PODLOCK_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// etcd lease TTL behind every holder and waiter (2..3600).
+    #[arg(long, env = "PODLOCK_TTL_SECONDS", default_value_t = 15)]
+    pub ttl_seconds: u32,
+    /// 1 for a mutex, N for a counting semaphore (1..10000).
+    #[arg(long, env = "PODLOCK_MAX_HOLDERS", default_value_t = 1)]
+    pub max_holders: u32,
+    /// 0: holds live as long as their pod; >0: apps must heartbeat within this window (0..3600).
+    #[arg(long, env = "PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", default_value_t = 0)]
+    pub heartbeat_timeout_seconds: u32,
+    /// Remove the lock instead: its settings and every hold (holders see `lost`).
+    #[arg(long)]
+    pub delete: bool,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+}
+
+/// Runs `podlock declare`.
+pub async fn run(args: DeclareArgs) -> anyhow::Result<()> {
+    let lock = LockId::new(&args.namespace, &args.name)?;
+    let etcd = Etcd::new(args.etcd.connect().await?);
+    if args.delete {
+        let ended = settings::undeclare(&etcd, &lock).await?;
+        println!("deleted lock {lock} ({ended} holds and waits ended)");
+        return Ok(());
+    }
+    let s = Settings {
+        ttl_seconds: args.ttl_seconds,
+        max_holders: args.max_holders,
+        heartbeat_timeout_seconds: args.heartbeat_timeout_seconds,
+    };
+    settings::declare(&etcd, &lock, &s).await?;
+    println!(
+        "declared lock {lock}: ttlSeconds={} maxHolders={} heartbeatTimeoutSeconds={}",
+        s.ttl_seconds, s.max_holders, s.heartbeat_timeout_seconds
+    );
+    Ok(())
+}

@@ -1,0 +1,74 @@
+//! The engine's error type. It knows nothing of HTTP: the sidecar maps it to status codes in
+//! one place (`sidecar::error`).
+
+use super::keys::{HolderInfo, LockId};
+
+/// Why a lock operation did not succeed.
+#[derive(Debug, thiserror::Error)]
+pub enum LockError {
+    /// The request itself is wrong (bad name, out-of-bounds value); nothing was changed.
+    #[error("{0}")]
+    Invalid(String),
+
+    /// No settings are declared for this lock and the sidecar is not `--standalone`.
+    #[error(
+        "lock {0} is not declared: create a DistributedLock (or run `podlock declare`) in namespace {ns}",
+        ns = .0.namespace
+    )]
+    NotFound(LockId),
+
+    /// Every slot is taken and the wait ended (try-once, deadline, or a duplicate request).
+    #[error("lock {lock} is held by {}{why}", holder_names(.holders))]
+    Held {
+        /// The lock that was asked for.
+        lock: LockId,
+        /// Its holders at the moment the wait ended, in acquisition order.
+        holders: Vec<HolderInfo>,
+        /// Extra explanation, empty or starting with "; ".
+        why: String,
+    },
+
+    /// The holder id does not hold this lock (never did, or already released).
+    #[error("{holder} does not hold lock {lock}{why}")]
+    NotHolder {
+        /// The lock named in the request.
+        lock: LockId,
+        /// The holder id named in the request.
+        holder: String,
+        /// Extra explanation, empty or starting with "; ".
+        why: String,
+    },
+
+    /// The hold ended by something other than release (lease expiry, missed heartbeat, the
+    /// operator revoking it, the lock being deleted).
+    #[error("{holder} lost lock {lock}: {reason}")]
+    Lost {
+        /// The lock that was held.
+        lock: LockId,
+        /// The holder that lost it.
+        holder: String,
+        /// What ended the hold.
+        reason: String,
+    },
+
+    /// etcd could not be reached or answered with an error.
+    #[error("etcd is unavailable: {0}")]
+    Unavailable(String),
+}
+
+impl From<etcd_client::Error> for LockError {
+    fn from(e: etcd_client::Error) -> Self {
+        LockError::Unavailable(e.to_string())
+    }
+}
+
+fn holder_names(holders: &[HolderInfo]) -> String {
+    if holders.is_empty() {
+        return "nobody (it was just released; retry)".into();
+    }
+    holders
+        .iter()
+        .map(|h| format!("{} (pod {}, token {})", h.holder_id, h.pod, h.fencing_token))
+        .collect::<Vec<_>>()
+        .join(", ")
+}

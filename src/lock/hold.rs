@@ -1,0 +1,167 @@
+//! A granted hold and the task that watches over it until it ends.
+//!
+//! A hold ends by release, or it is *lost*: its key was deleted (the lock was deleted, the
+//! operator revoked it), its session was lost (lease expired or revoked, keepalives failed for a
+//! whole TTL), or its heartbeat window passed. Whichever comes first wins under the engine's
+//! registry lock, and exactly one event (`released` or `lost`) is published.
+
+use etcd_client::WatchFilterType;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::sync::watch;
+use tokio::time::{Instant, sleep, sleep_until};
+use tokio_util::sync::CancellationToken;
+use tracing::{Instrument, info, info_span, warn};
+
+use super::Engine;
+use super::keys::LockId;
+use super::queue::{self, Ticket};
+use super::session::Session;
+
+/// One granted hold of this sidecar.
+#[derive(Debug)]
+pub struct Hold {
+    /// The lock held.
+    pub lock: LockId,
+    /// The holder id.
+    pub holder_id: String,
+    /// The queue key; its create revision is the fencing token.
+    pub ticket: Ticket,
+    /// The session whose lease the key is bound to.
+    pub session: Arc<Session>,
+    /// When the hold began.
+    pub acquired_at: SystemTime,
+    /// The heartbeat window (zero: none).
+    pub heartbeat: Duration,
+    deadline: watch::Sender<Instant>,
+    /// Cancelled when the hold ends, by release or loss.
+    pub ended: CancellationToken,
+}
+
+impl Hold {
+    /// A new hold; its heartbeat window (if any) starts now.
+    pub fn new(
+        lock: LockId,
+        holder_id: String,
+        ticket: Ticket,
+        session: Arc<Session>,
+        heartbeat: Duration,
+    ) -> Self {
+        let (deadline, _) = watch::channel(Instant::now() + heartbeat);
+        Hold {
+            lock,
+            holder_id,
+            ticket,
+            session,
+            acquired_at: SystemTime::now(),
+            heartbeat,
+            deadline,
+            ended: CancellationToken::new(),
+        }
+    }
+
+    /// The fencing token.
+    pub fn token(&self) -> i64 {
+        self.ticket.revision
+    }
+
+    /// Restarts the heartbeat window; returns when the hold will end without another heartbeat
+    /// (for a hold without a window: when its lease may expire without keepalives).
+    pub fn heartbeat(&self) -> SystemTime {
+        if self.heartbeat.is_zero() {
+            let left = self
+                .session
+                .expires_at()
+                .saturating_duration_since(Instant::now());
+            return SystemTime::now() + left;
+        }
+        self.deadline.send_replace(Instant::now() + self.heartbeat);
+        SystemTime::now() + self.heartbeat
+    }
+}
+
+/// Watches `hold` until it ends; reports a loss through the engine.
+pub fn spawn_monitor(engine: Engine, hold: Arc<Hold>) {
+    let span = info_span!("hold", lock = %hold.lock, holder = %hold.holder_id, token = hold.token());
+    tokio::spawn(
+        async move {
+            let reason = tokio::select! {
+                _ = hold.ended.cancelled() => return,
+                _ = hold.session.lost() => "its lease expired or was revoked",
+                reason = key_deleted(&engine, &hold.ticket) => reason,
+                _ = heartbeat_missed(&hold) => "no heartbeat within heartbeatTimeoutSeconds",
+            };
+            engine.end_lost(&hold, reason).await;
+        }
+        .instrument(span),
+    );
+}
+
+/// Completes when the hold's key is deleted (or replaced), watching it from now on.
+async fn key_deleted(engine: &Engine, ticket: &Ticket) -> &'static str {
+    let etcd = engine.etcd();
+    loop {
+        let watch = etcd
+            .watch_keys(
+                std::slice::from_ref(&ticket.key.clone().into_bytes()),
+                &[WatchFilterType::NoPut],
+            )
+            .await;
+        match watch {
+            Ok(mut w) => {
+                match etcd.get(ticket.key.as_str(), None).await {
+                    Ok(r) if r.kvs().first().map(|kv| kv.create_revision()) != Some(ticket.revision) => {
+                        return "its key was deleted (lock deleted or hold revoked)";
+                    }
+                    Ok(_) => {}
+                    Err(e) => warn!(error = %e, "could not confirm the hold's key; watching anyway"),
+                }
+                match w.changed().await {
+                    Ok(()) => return "its key was deleted (lock deleted or hold revoked)",
+                    Err(e) => warn!(error = %e, "hold watch broke; re-watching"),
+                }
+            }
+            Err(e) => warn!(error = %e, "could not watch the hold's key; retrying"),
+        }
+        sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// Completes when the heartbeat window passes without a heartbeat; never for a hold without one.
+async fn heartbeat_missed(hold: &Hold) {
+    if hold.heartbeat.is_zero() {
+        return std::future::pending().await;
+    }
+    let mut deadline = hold.deadline.subscribe();
+    loop {
+        let at = *deadline.borrow_and_update();
+        tokio::select! {
+            _ = sleep_until(at) => {
+                if *deadline.borrow() <= Instant::now() {
+                    return;
+                }
+            }
+            _ = deadline.changed() => {}
+        }
+    }
+}
+
+/// Deletes a ticket's key, retrying while etcd is unreachable, until it is gone or its lease
+/// is (then etcd deletes it). Used for abandoned waits and holds that end without release.
+pub fn spawn_removal(engine: Engine, ticket: Ticket, session: Arc<Session>) {
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match queue::remove(engine.etcd(), &ticket).await {
+                Ok(_) => return,
+                Err(e) if session.is_lost() => {
+                    info!(key = ticket.key, error = %e, "session lost; etcd removes the key with the lease");
+                    return;
+                }
+                Err(e) => warn!(key = ticket.key, error = %e, "could not remove queue key; retrying"),
+            }
+            sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+    });
+}

@@ -1,0 +1,283 @@
+//! The etcd key layout and the records stored under it.
+//!
+//! ```text
+//! /podlock/v1/config/{namespace}/{lock}                     Settings (JSON), no lease
+//! /podlock/v1/queue/{namespace}/{lock}/{lease:016x}/{holder} Entry (JSON), bound to the lease
+//! ```
+//!
+//! Settings and queues live under separate prefixes so that a role can be granted read-only
+//! access to one namespace's settings and read-write access to its queues. A queue key's
+//! create revision orders the queue and is the holder's fencing token.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::time::SystemTime;
+
+use super::LockError;
+
+const ROOT: &str = "/podlock/v1";
+
+/// A lock's identity: its namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct LockId {
+    /// The Kubernetes namespace the lock belongs to.
+    pub namespace: String,
+    /// The lock's name (a DNS-1123 subdomain).
+    pub name: String,
+}
+
+impl fmt::Display for LockId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+impl LockId {
+    /// Builds a lock id, checking both parts are valid Kubernetes names.
+    pub fn new(namespace: &str, name: &str) -> Result<Self, LockError> {
+        check_dns_subdomain("lock name", name)?;
+        check_dns_subdomain("namespace", namespace)?;
+        Ok(LockId {
+            namespace: namespace.into(),
+            name: name.into(),
+        })
+    }
+
+    /// The key holding this lock's settings.
+    pub fn config_key(&self) -> String {
+        format!("{ROOT}/config/{}/{}", self.namespace, self.name)
+    }
+
+    /// The prefix under which contenders queue.
+    pub fn queue_prefix(&self) -> String {
+        format!("{ROOT}/queue/{}/{}/", self.namespace, self.name)
+    }
+
+    /// The queue key of one holder id under one lease.
+    pub fn entry_key(&self, lease: i64, holder_id: &str) -> String {
+        format!("{}{lease:016x}/{holder_id}", self.queue_prefix())
+    }
+}
+
+/// The prefix of every lock's settings in a namespace (all namespaces when `None`).
+pub fn config_prefix(namespace: Option<&str>) -> String {
+    match namespace {
+        Some(ns) => format!("{ROOT}/config/{ns}/"),
+        None => format!("{ROOT}/config/"),
+    }
+}
+
+/// The prefix of every lock's queue in a namespace (all namespaces when `None`).
+pub fn queue_root(namespace: Option<&str>) -> String {
+    match namespace {
+        Some(ns) => format!("{ROOT}/queue/{ns}/"),
+        None => format!("{ROOT}/queue/"),
+    }
+}
+
+/// Checks `value` is a DNS-1123 subdomain: at most 253 characters of lower-case letters,
+/// digits, '-' and '.', starting and ending with a letter or digit.
+pub fn check_dns_subdomain(what: &str, value: &str) -> Result<(), LockError> {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '.';
+    let ok_end = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if value.is_empty()
+        || value.len() > 253
+        || !value.chars().all(ok_char)
+        || !ok_end(value.chars().next())
+        || !ok_end(value.chars().last())
+    {
+        return Err(LockError::Invalid(format!(
+            "{what} {value:?} is not a valid Kubernetes name: use 1 to 253 lower-case letters, \
+             digits, '-' or '.', starting and ending with a letter or digit"
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a holder id: 1 to 253 characters of letters, digits, '-', '_', '.' and ':'.
+pub fn check_holder_id(value: &str) -> Result<(), LockError> {
+    let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':');
+    if value.is_empty() || value.len() > 253 || !value.chars().all(ok_char) {
+        return Err(LockError::Invalid(format!(
+            "holderId {value:?} is invalid: use 1 to 253 letters, digits, '-', '_', '.' or ':'"
+        )));
+    }
+    Ok(())
+}
+
+/// A lock's settings, as declared by a DistributedLock or `podlock declare`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Settings {
+    /// etcd lease TTL behind every holder and waiter.
+    pub ttl_seconds: u32,
+    /// 1 for a mutex, N for a counting semaphore.
+    pub max_holders: u32,
+    /// 0: a hold lives as long as its pod; >0: the app must heartbeat within this window.
+    pub heartbeat_timeout_seconds: u32,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            ttl_seconds: 15,
+            max_holders: 1,
+            heartbeat_timeout_seconds: 0,
+        }
+    }
+}
+
+/// Bounds of `ttlSeconds`.
+pub const TTL_BOUNDS: (u32, u32) = (2, 3600);
+/// Bounds of `maxHolders`.
+pub const MAX_HOLDERS_BOUNDS: (u32, u32) = (1, 10000);
+/// Bounds of `heartbeatTimeoutSeconds`.
+pub const HEARTBEAT_BOUNDS: (u32, u32) = (0, 3600);
+
+/// Checks that `value` of `field` lies within `bounds` (inclusive).
+pub fn check_bounds(field: &str, value: u32, bounds: (u32, u32)) -> Result<u32, LockError> {
+    if value < bounds.0 || value > bounds.1 {
+        return Err(LockError::Invalid(format!(
+            "{field} must be between {} and {}, got {value}",
+            bounds.0, bounds.1
+        )));
+    }
+    Ok(value)
+}
+
+impl Settings {
+    /// Checks every field against the contract's bounds.
+    pub fn validate(&self) -> Result<(), LockError> {
+        check_bounds("ttlSeconds", self.ttl_seconds, TTL_BOUNDS)?;
+        check_bounds("maxHolders", self.max_holders, MAX_HOLDERS_BOUNDS)?;
+        check_bounds(
+            "heartbeatTimeoutSeconds",
+            self.heartbeat_timeout_seconds,
+            HEARTBEAT_BOUNDS,
+        )?;
+        Ok(())
+    }
+}
+
+/// The pod a sidecar serves, recorded in every entry so the operator can revoke a dead pod's
+/// holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// The pod's uid (empty outside Kubernetes).
+    #[serde(default)]
+    pub uid: String,
+}
+
+/// The value of a queue key: who asked, for which pod, and when.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Entry {
+    /// The holder id the app chose (default: the pod name).
+    pub holder_id: String,
+    /// The pod whose sidecar wrote the entry.
+    pub pod: PodRef,
+    /// When the acquire request was made (RFC 3339).
+    pub requested_at: String,
+    /// When a waiter became a holder; absent for a hold granted at once (then it equals
+    /// `requested_at`) and for a waiter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<String>,
+    /// The lease TTL of this hold.
+    pub ttl_seconds: u32,
+    /// The heartbeat window of this hold (0: none).
+    pub heartbeat_timeout_seconds: u32,
+}
+
+/// One holder of a lock, as reported by the API and mirrored into a DistributedLock's status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderInfo {
+    /// The holder id.
+    pub holder_id: String,
+    /// The holder's pod name.
+    pub pod: String,
+    /// The holder's fencing token (create revision of its queue key).
+    pub fencing_token: i64,
+    /// When the hold began (RFC 3339).
+    pub acquired_at: String,
+}
+
+impl HolderInfo {
+    /// Reads a holder from a queue key-value pair; `None` when the value is not an entry.
+    pub fn from_kv(kv: &etcd_client::KeyValue) -> Option<(Self, Entry)> {
+        let entry: Entry = serde_json::from_slice(kv.value()).ok()?;
+        let info = HolderInfo {
+            holder_id: entry.holder_id.clone(),
+            pod: entry.pod.name.clone(),
+            fencing_token: kv.create_revision(),
+            acquired_at: entry
+                .acquired_at
+                .clone()
+                .unwrap_or_else(|| entry.requested_at.clone()),
+        };
+        Some((info, entry))
+    }
+}
+
+/// Formats a time as RFC 3339 with milliseconds, in UTC.
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_dns_1123() {
+        assert!(LockId::new("default", "db-migration.v2").is_ok());
+        for bad in [
+            "",
+            "Upper",
+            "-lead",
+            "trail-",
+            "has/slash",
+            "sp ace",
+            &"a".repeat(254),
+        ] {
+            assert!(LockId::new("default", bad).is_err(), "{bad:?} accepted");
+        }
+        assert!(LockId::new("Bad_NS", "x").is_err());
+    }
+
+    #[test]
+    fn holder_ids_are_restricted() {
+        assert!(check_holder_id("web-7d9f:worker_1.a").is_ok());
+        assert!(check_holder_id("a/b").is_err());
+        assert!(check_holder_id("").is_err());
+    }
+
+    #[test]
+    fn keys_do_not_collide_across_prefixes() {
+        let a = LockId::new("ns", "a").unwrap();
+        let ab = LockId::new("ns", "ab").unwrap();
+        assert!(!ab.queue_prefix().starts_with(&a.queue_prefix()));
+        assert_eq!(a.entry_key(255, "h"), "/podlock/v1/queue/ns/a/00000000000000ff/h");
+        assert_eq!(a.config_key(), "/podlock/v1/config/ns/a");
+    }
+
+    #[test]
+    fn settings_bounds() {
+        assert!(Settings::default().validate().is_ok());
+        let bad = Settings {
+            ttl_seconds: 1,
+            ..Settings::default()
+        };
+        let msg = bad.validate().unwrap_err().to_string();
+        assert!(msg.contains("ttlSeconds"), "{msg}");
+        let bad = Settings {
+            max_holders: 0,
+            ..Settings::default()
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("maxHolders"));
+    }
+}

@@ -1,0 +1,561 @@
+//! The lock engine: fair, fenced, liveness-aware locks and semaphores on etcd.
+//!
+//! [`Engine`] is what a sidecar runs: it acquires, releases and heartbeats holds for one pod,
+//! keeps their leases alive ([`session`]), queues contenders FIFO without a thundering herd
+//! ([`queue`]), watches each hold until it ends ([`hold`]) and publishes [`HoldEvent`]s. It knows
+//! nothing of HTTP or Kubernetes.
+
+mod error;
+pub mod etcd;
+pub mod hold;
+pub mod keys;
+pub mod queue;
+pub mod session;
+pub mod settings;
+
+pub use error::LockError;
+pub use keys::{Entry, HolderInfo, LockId, PodRef, Settings};
+
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+use tokio::sync::broadcast;
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use etcd::Etcd;
+use hold::Hold;
+use keys::rfc3339;
+use queue::{Enqueued, Ticket, Turn};
+use session::Sessions;
+use settings::Declared;
+
+/// What an acquire asks for.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// The lock.
+    pub lock: LockId,
+    /// Who holds it (one pod may hold several ids).
+    pub holder_id: String,
+    /// How long to wait in the queue; zero: try once.
+    pub wait: Duration,
+    /// Overrides the lock's `ttlSeconds` for this hold.
+    pub ttl_seconds: Option<u32>,
+    /// Overrides the lock's `heartbeatTimeoutSeconds` for this hold.
+    pub heartbeat_timeout_seconds: Option<u32>,
+}
+
+/// A granted hold, as the API reports it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Grant {
+    /// The lock's name.
+    pub lock: String,
+    /// The lock's namespace.
+    pub namespace: String,
+    /// The holder id.
+    pub holder_id: String,
+    /// Strictly greater than every token issued before for this lock.
+    pub fencing_token: i64,
+    /// The etcd lease behind the hold.
+    pub lease_id: i64,
+    /// The lease TTL.
+    pub ttl_seconds: u32,
+    /// The heartbeat window (0: none).
+    pub heartbeat_timeout_seconds: u32,
+    /// When the hold began (RFC 3339).
+    pub acquired_at: String,
+}
+
+impl Grant {
+    fn of(hold: &Hold) -> Self {
+        Grant {
+            lock: hold.lock.name.clone(),
+            namespace: hold.lock.namespace.clone(),
+            holder_id: hold.holder_id.clone(),
+            fencing_token: hold.token(),
+            lease_id: hold.ticket.lease,
+            ttl_seconds: hold.session.ttl,
+            heartbeat_timeout_seconds: hold.heartbeat.as_secs() as u32,
+            acquired_at: rfc3339(hold.acquired_at),
+        }
+    }
+}
+
+/// What happened to one of this sidecar's holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    /// The hold was granted.
+    Acquired,
+    /// The app released it.
+    Released,
+    /// It ended by anything but release.
+    Lost,
+}
+
+/// An event about one hold, as streamed on `/v1/locks/{name}/events`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HoldEvent {
+    /// What happened.
+    #[serde(rename = "type")]
+    pub kind: EventKind,
+    /// The lock's name.
+    pub lock: String,
+    /// The lock's namespace.
+    pub namespace: String,
+    /// The holder id.
+    pub holder_id: String,
+    /// The hold's fencing token.
+    pub fencing_token: i64,
+    /// Why a hold was lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When (RFC 3339).
+    pub at: String,
+}
+
+/// A lock as etcd has it now.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockInfo {
+    /// The lock's name.
+    pub lock: String,
+    /// Whether anyone holds it.
+    pub held: bool,
+    /// The newest holder's token (the largest one issued to a current holder).
+    pub fencing_token: Option<i64>,
+    /// Holders in acquisition order.
+    pub holders: Vec<HolderInfo>,
+    /// Contenders waiting behind them.
+    pub waiters: usize,
+    /// The lock's lease TTL.
+    pub ttl_seconds: u32,
+    /// The lock's number of slots.
+    pub max_holders: u32,
+}
+
+/// One of this sidecar's holds or waits, for `GET /v1/locks`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalEntry {
+    /// The lock's name.
+    pub lock: String,
+    /// The holder id.
+    pub holder_id: String,
+    /// `held` or `waiting`.
+    pub state: &'static str,
+    /// The token of a held lock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<i64>,
+}
+
+enum Slot {
+    Waiting,
+    Held(Arc<Hold>),
+    Lost { token: i64, reason: String },
+}
+
+type Registry = HashMap<(LockId, String), Slot>;
+
+struct Inner {
+    etcd: Etcd,
+    sessions: Sessions,
+    pod: PodRef,
+    standalone: bool,
+    declared: Mutex<HashMap<LockId, Declared>>,
+    registry: Mutex<Registry>,
+    events: broadcast::Sender<HoldEvent>,
+}
+
+/// The lock engine of one sidecar. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine(Arc<Inner>);
+
+impl Engine {
+    /// An engine on `client` for `pod`; `standalone` serves undeclared locks with defaults.
+    pub fn new(client: etcd_client::Client, pod: PodRef, standalone: bool) -> Self {
+        Engine(Arc::new(Inner {
+            etcd: Etcd::new(client.clone()),
+            sessions: Sessions::new(client),
+            pod,
+            standalone,
+            declared: Mutex::default(),
+            registry: Mutex::default(),
+            events: broadcast::channel(1024).0,
+        }))
+    }
+
+    /// The etcd client with its counters.
+    pub fn etcd(&self) -> &Etcd {
+        &self.0.etcd
+    }
+
+    /// The pod this engine serves.
+    pub fn pod(&self) -> &PodRef {
+        &self.0.pod
+    }
+
+    /// How many keepalives failed since start.
+    pub fn keepalive_failures(&self) -> u64 {
+        self.0.sessions.keepalive_failures()
+    }
+
+    /// Subscribes to events about this sidecar's holds.
+    pub fn subscribe(&self) -> broadcast::Receiver<HoldEvent> {
+        self.0.events.subscribe()
+    }
+
+    /// Whether etcd answers within `within`.
+    pub async fn ready(&self, within: Duration) -> bool {
+        let probe = self.0.etcd.get("/podlock/v1/readyz", None);
+        matches!(tokio::time::timeout(within, probe).await, Ok(Ok(_)))
+    }
+
+    /// The settings of `lock`: declared ones (cached), or the defaults when standalone.
+    async fn declared(&self, lock: &LockId, fresh: bool) -> Result<Declared, LockError> {
+        if !fresh && let Some(d) = self.0.declared.lock().unwrap().get(lock) {
+            return Ok(*d);
+        }
+        let found = settings::read(&self.0.etcd, lock).await?;
+        self.remember(lock, found)
+    }
+
+    fn remember(&self, lock: &LockId, found: Option<Declared>) -> Result<Declared, LockError> {
+        let mut cache = self.0.declared.lock().unwrap();
+        let d = match found {
+            Some(d) => d,
+            None if self.0.standalone => Declared {
+                settings: Settings::default(),
+                revision: 0,
+            },
+            None => {
+                cache.remove(lock);
+                return Err(LockError::NotFound(lock.clone()));
+            }
+        };
+        cache.insert(lock.clone(), d);
+        Ok(d)
+    }
+
+    /// Acquires `req.lock` for `req.holder_id`, waiting FIFO up to `req.wait`.
+    ///
+    /// Dropping the returned future while it waits (a client that disconnects) removes the
+    /// waiter's key at once.
+    pub async fn acquire(&self, req: AcquireRequest) -> Result<Grant, LockError> {
+        keys::check_holder_id(&req.holder_id)?;
+        let slot_key = (req.lock.clone(), req.holder_id.clone());
+        {
+            let mut reg = self.0.registry.lock().unwrap();
+            match reg.get(&slot_key) {
+                Some(Slot::Held(h)) => return Ok(Grant::of(h)),
+                Some(Slot::Waiting) => {
+                    return Err(LockError::Held {
+                        lock: req.lock,
+                        holders: vec![],
+                        why: format!("; holder {} already has an acquire waiting", req.holder_id),
+                    });
+                }
+                _ => reg.insert(slot_key.clone(), Slot::Waiting),
+            };
+        }
+        let mut pending = Pending {
+            engine: self,
+            slot: slot_key,
+            ticket: None,
+        };
+        let deadline = Instant::now() + req.wait;
+        let mut declared = self.declared(&req.lock, false).await?;
+        let (ticket, session, held) = loop {
+            let s = declared.settings;
+            let ttl = keys::check_bounds(
+                "ttlSeconds",
+                req.ttl_seconds.unwrap_or(s.ttl_seconds),
+                keys::TTL_BOUNDS,
+            )?;
+            let session = self.0.sessions.get(ttl).await?;
+            let entry = self.entry(&req, ttl, declared.settings);
+            let key = req.lock.entry_key(session.id, &req.holder_id);
+            let enqueued = queue::enqueue(
+                &self.0.etcd,
+                &req.lock,
+                &key,
+                &entry,
+                session.id,
+                declared.revision,
+                s.max_holders,
+            )
+            .await?;
+            match enqueued {
+                Enqueued::Placed { ticket, held } => break (ticket, session, held),
+                Enqueued::SettingsChanged(kv) => {
+                    declared = self.remember(&req.lock, kv.as_ref().map(Declared::from_kv).transpose()?)?;
+                }
+            }
+        };
+        pending.ticket = Some((ticket.clone(), session.clone()));
+        let max_holders = declared.settings.max_holders;
+        if !held {
+            match queue::wait_turn(&self.0.etcd, &req.lock, &ticket, max_holders, deadline).await? {
+                Turn::Granted => {
+                    let mut entry = self.entry(&req, session.ttl, declared.settings);
+                    entry.acquired_at = Some(rfc3339(SystemTime::now()));
+                    if !queue::mark_acquired(&self.0.etcd, &ticket, &entry).await? {
+                        return Err(self.vanished(&req.lock).await);
+                    }
+                }
+                Turn::Gone => return Err(self.vanished(&req.lock).await),
+                Turn::TimedOut => {
+                    let holders = self
+                        .inspect(&req.lock)
+                        .await
+                        .map(|i| i.holders)
+                        .unwrap_or_default();
+                    let why = if req.wait.is_zero() {
+                        String::new()
+                    } else {
+                        format!("; waited {:?}", req.wait)
+                    };
+                    return Err(LockError::Held {
+                        lock: req.lock,
+                        holders,
+                        why,
+                    });
+                }
+            }
+        }
+        let heartbeat = req
+            .heartbeat_timeout_seconds
+            .unwrap_or(declared.settings.heartbeat_timeout_seconds);
+        let hold = Arc::new(Hold::new(
+            req.lock,
+            req.holder_id,
+            ticket,
+            session,
+            Duration::from_secs(heartbeat.into()),
+        ));
+        pending.ticket = None;
+        self.0
+            .registry
+            .lock()
+            .unwrap()
+            .insert(pending.slot.clone(), Slot::Held(hold.clone()));
+        info!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), "acquired");
+        self.publish(&hold, EventKind::Acquired, None);
+        hold::spawn_monitor(self.clone(), hold.clone());
+        Ok(Grant::of(&hold))
+    }
+
+    fn entry(&self, req: &AcquireRequest, ttl: u32, s: Settings) -> Entry {
+        Entry {
+            holder_id: req.holder_id.clone(),
+            pod: self.0.pod.clone(),
+            requested_at: rfc3339(SystemTime::now()),
+            acquired_at: None,
+            ttl_seconds: ttl,
+            heartbeat_timeout_seconds: req
+                .heartbeat_timeout_seconds
+                .unwrap_or(s.heartbeat_timeout_seconds),
+        }
+    }
+
+    /// The error for a waiter whose key disappeared: the lock was deleted, or the lease ended.
+    async fn vanished(&self, lock: &LockId) -> LockError {
+        match self.declared(lock, true).await {
+            Err(e) => e,
+            Ok(_) => LockError::Unavailable(
+                "the queue entry vanished while waiting (its lease ended); retry".into(),
+            ),
+        }
+    }
+
+    fn publish(&self, hold: &Hold, kind: EventKind, reason: Option<String>) {
+        let _ = self.0.events.send(HoldEvent {
+            kind,
+            lock: hold.lock.name.clone(),
+            namespace: hold.lock.namespace.clone(),
+            holder_id: hold.holder_id.clone(),
+            fencing_token: hold.token(),
+            reason,
+            at: rfc3339(SystemTime::now()),
+        });
+    }
+
+    /// Takes the slot of `lock`/`holder` if it holds; otherwise says why not.
+    fn take_held(&self, lock: &LockId, holder: &str) -> Result<Arc<Hold>, LockError> {
+        let mut reg = self.0.registry.lock().unwrap();
+        let key = (lock.clone(), holder.to_string());
+        match reg.remove(&key) {
+            Some(Slot::Held(h)) => Ok(h),
+            other => {
+                let why = match &other {
+                    Some(Slot::Lost { token, reason }) => {
+                        format!("; its hold (token {token}) was lost: {reason}")
+                    }
+                    Some(Slot::Waiting) => "; it is still waiting".into(),
+                    _ => String::new(),
+                };
+                if let Some(slot) = other {
+                    reg.insert(key, slot);
+                }
+                Err(LockError::NotHolder {
+                    lock: lock.clone(),
+                    holder: holder.into(),
+                    why,
+                })
+            }
+        }
+    }
+
+    /// Releases a hold: deletes its key (guarded by its create revision) and ends it.
+    pub async fn release(&self, lock: &LockId, holder: &str) -> Result<(), LockError> {
+        let hold = self.take_held(lock, holder)?;
+        hold.ended.cancel();
+        if let Err(e) = queue::remove(&self.0.etcd, &hold.ticket).await {
+            warn!(lock = %lock, holder, error = %e, "release could not reach etcd; retrying in the background");
+            hold::spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
+        }
+        info!(lock = %lock, holder, token = hold.token(), "released");
+        self.publish(&hold, EventKind::Released, None);
+        Ok(())
+    }
+
+    /// Restarts a hold's heartbeat window; returns when it will expire.
+    pub fn heartbeat(&self, lock: &LockId, holder: &str) -> Result<SystemTime, LockError> {
+        let reg = self.0.registry.lock().unwrap();
+        match reg.get(&(lock.clone(), holder.to_string())) {
+            Some(Slot::Held(h)) => Ok(h.heartbeat()),
+            Some(Slot::Lost { reason, .. }) => Err(LockError::Lost {
+                lock: lock.clone(),
+                holder: holder.into(),
+                reason: reason.clone(),
+            }),
+            _ => Err(LockError::NotHolder {
+                lock: lock.clone(),
+                holder: holder.into(),
+                why: String::new(),
+            }),
+        }
+    }
+
+    /// Ends `hold` as lost (called by its monitor), unless it already ended.
+    pub(crate) async fn end_lost(&self, hold: &Arc<Hold>, reason: &str) {
+        {
+            let mut reg = self.0.registry.lock().unwrap();
+            let key = (hold.lock.clone(), hold.holder_id.clone());
+            match reg.get(&key) {
+                Some(Slot::Held(h)) if Arc::ptr_eq(h, hold) => {
+                    reg.insert(
+                        key,
+                        Slot::Lost {
+                            token: hold.token(),
+                            reason: reason.into(),
+                        },
+                    );
+                }
+                _ => return,
+            }
+        }
+        hold.ended.cancel();
+        warn!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), reason, "hold lost");
+        self.publish(hold, EventKind::Lost, Some(reason.into()));
+        hold::spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
+    }
+
+    /// Reads a lock's settings and queue from etcd.
+    pub async fn inspect(&self, lock: &LockId) -> Result<LockInfo, LockError> {
+        let d = self.declared(lock, true).await?;
+        let resp = self
+            .0
+            .etcd
+            .get(lock.queue_prefix(), Some(queue::queue_order()))
+            .await?;
+        let state = queue::split_queue(resp.kvs(), d.settings.max_holders, 0);
+        Ok(LockInfo {
+            lock: lock.name.clone(),
+            held: !state.holders.is_empty(),
+            fencing_token: state.holders.iter().map(|h| h.fencing_token).max(),
+            holders: state.holders,
+            waiters: state.waiters,
+            ttl_seconds: d.settings.ttl_seconds,
+            max_holders: d.settings.max_holders,
+        })
+    }
+
+    /// This sidecar's holds and waits.
+    pub fn local(&self) -> Vec<LocalEntry> {
+        let reg = self.0.registry.lock().unwrap();
+        let mut out: Vec<LocalEntry> = reg
+            .iter()
+            .filter_map(|((lock, holder), slot)| {
+                let (state, fencing_token) = match slot {
+                    Slot::Held(h) => ("held", Some(h.token())),
+                    Slot::Waiting => ("waiting", None),
+                    Slot::Lost { .. } => return None,
+                };
+                Some(LocalEntry {
+                    lock: lock.name.clone(),
+                    holder_id: holder.clone(),
+                    state,
+                    fencing_token,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.lock, &a.holder_id).cmp(&(&b.lock, &b.holder_id)));
+        out
+    }
+
+    /// How many holds this sidecar has.
+    pub fn held_count(&self) -> usize {
+        self.0
+            .registry
+            .lock()
+            .unwrap()
+            .values()
+            .filter(|s| matches!(s, Slot::Held(_)))
+            .count()
+    }
+
+    /// Ends every hold and wait at once by revoking this sidecar's leases (on SIGTERM).
+    pub async fn shutdown(&self) {
+        let holds: Vec<Arc<Hold>> = self
+            .0
+            .registry
+            .lock()
+            .unwrap()
+            .drain()
+            .filter_map(|(_, s)| if let Slot::Held(h) = s { Some(h) } else { None })
+            .collect();
+        for h in &holds {
+            h.ended.cancel();
+        }
+        self.0.sessions.close().await;
+        for h in &holds {
+            self.publish(h, EventKind::Released, None);
+        }
+        info!(released = holds.len(), "released every hold");
+    }
+}
+
+/// An acquire in progress: on drop (finished, failed or cancelled) it clears the `Waiting` slot
+/// and removes a queue key that did not become a hold.
+struct Pending<'a> {
+    engine: &'a Engine,
+    slot: (LockId, String),
+    ticket: Option<(Ticket, Arc<session::Session>)>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        let mut reg = self.engine.0.registry.lock().unwrap();
+        if matches!(reg.get(&self.slot), Some(Slot::Waiting)) {
+            reg.remove(&self.slot);
+        }
+        drop(reg);
+        if let Some((ticket, session)) = self.ticket.take() {
+            hold::spawn_removal(self.engine.clone(), ticket, session);
+        }
+    }
+}

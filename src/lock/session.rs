@@ -1,0 +1,175 @@
+//! Sessions: one etcd lease per TTL, kept alive while the sidecar lives.
+//!
+//! Every hold and waiter of this sidecar with the same TTL shares one lease, as in etcd's
+//! `concurrency.Session`: an uncontended acquire then costs one transaction, and the operator
+//! revokes a dead pod's holds by revoking its few leases. A session is *lost* when etcd says the
+//! lease is gone, or when the last confirmed keepalive plus the TTL has passed: from that moment
+//! the sidecar no longer reports anything held under it.
+
+use etcd_client::Client;
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::sync::Mutex;
+use tokio::time::{Instant, sleep_until, timeout};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::LockError;
+
+/// How long one keepalive round trip may take before it counts as failed.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// One lease and its keepalive task.
+#[derive(Debug)]
+pub struct Session {
+    /// The etcd lease id.
+    pub id: i64,
+    /// The lease TTL in seconds.
+    pub ttl: u32,
+    lost: CancellationToken,
+    /// Milliseconds since `epoch` at which the lease may have expired.
+    expires_ms: AtomicU64,
+    epoch: Instant,
+}
+
+impl Session {
+    /// Completes when the session is lost.
+    pub async fn lost(&self) {
+        self.lost.cancelled().await
+    }
+
+    /// Whether the session is lost.
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_cancelled()
+    }
+
+    /// The earliest moment at which etcd may expire the lease.
+    pub fn expires_at(&self) -> Instant {
+        self.epoch + Duration::from_millis(self.expires_ms.load(Ordering::Acquire))
+    }
+
+    fn confirm(&self, sent: Instant) {
+        let ms = (sent + Duration::from_secs(self.ttl.into()) - self.epoch).as_millis() as u64;
+        self.expires_ms.store(ms, Ordering::Release);
+    }
+}
+
+/// The sidecar's sessions, by TTL.
+#[derive(Clone)]
+pub struct Sessions {
+    client: Client,
+    by_ttl: Arc<Mutex<HashMap<u32, Arc<Session>>>>,
+    keepalive_failures: Arc<AtomicU64>,
+}
+
+impl Sessions {
+    /// An empty set of sessions on `client`.
+    pub fn new(client: Client) -> Self {
+        Sessions {
+            client,
+            by_ttl: Arc::default(),
+            keepalive_failures: Arc::default(),
+        }
+    }
+
+    /// How many keepalives have failed since start.
+    pub fn keepalive_failures(&self) -> u64 {
+        self.keepalive_failures.load(Ordering::Relaxed)
+    }
+
+    /// The live session for `ttl`, granting a lease the first time.
+    pub async fn get(&self, ttl: u32) -> Result<Arc<Session>, LockError> {
+        let mut map = self.by_ttl.lock().await;
+        if let Some(s) = map.get(&ttl).filter(|s| !s.is_lost()) {
+            return Ok(s.clone());
+        }
+        let sent = Instant::now();
+        let lease = self.client.clone().lease_grant(ttl.into(), None).await?;
+        let session = Arc::new(Session {
+            id: lease.id(),
+            ttl,
+            lost: CancellationToken::new(),
+            expires_ms: AtomicU64::new(0),
+            epoch: sent,
+        });
+        session.confirm(sent);
+        info!(lease = format_args!("{:x}", lease.id()), ttl, "session started");
+        tokio::spawn(keep_alive(
+            self.client.clone(),
+            session.clone(),
+            self.keepalive_failures.clone(),
+        ));
+        map.insert(ttl, session.clone());
+        Ok(session)
+    }
+
+    /// Revokes every lease: all holds and waits of this sidecar end at once.
+    pub async fn close(&self) {
+        let sessions: Vec<_> = self.by_ttl.lock().await.drain().map(|(_, s)| s).collect();
+        for s in sessions {
+            s.lost.cancel();
+            if let Err(e) = self.client.clone().lease_revoke(s.id).await {
+                warn!(lease = format_args!("{:x}", s.id), error = %e, "revoke at shutdown failed");
+            }
+        }
+    }
+}
+
+/// Keeps `session`'s lease alive every TTL/3 until etcd says it is gone or the last confirmed
+/// keepalive is older than the TTL; then marks the session lost and revokes the lease, in case
+/// etcd still has it (a leader change can extend TTLs).
+async fn keep_alive(client: Client, session: Arc<Session>, failures: Arc<AtomicU64>) {
+    let period = Duration::from_millis(u64::from(session.ttl) * 1000 / 3);
+    let mut stream = None;
+    let mut next = Instant::now() + period;
+    let reason = loop {
+        tokio::select! {
+            _ = sleep_until(next.min(session.expires_at())) => {}
+            _ = session.lost() => return,
+        }
+        if Instant::now() >= session.expires_at() {
+            break "no keepalive confirmed within the TTL";
+        }
+        let sent = Instant::now();
+        match timeout(KEEPALIVE_TIMEOUT, renew(&client, session.id, &mut stream)).await {
+            Ok(Ok(ttl)) if ttl > 0 => {
+                session.confirm(sent);
+                next = sent + period;
+            }
+            Ok(Ok(_)) => break "etcd reports the lease expired or revoked",
+            Ok(Err(e)) => {
+                failures.fetch_add(1, Ordering::Relaxed);
+                warn!(lease = format_args!("{:x}", session.id), error = %e, "keepalive failed");
+                stream = None;
+                next = Instant::now() + Duration::from_millis(500);
+            }
+            Err(_) => {
+                failures.fetch_add(1, Ordering::Relaxed);
+                warn!(lease = format_args!("{:x}", session.id), "keepalive timed out");
+                stream = None;
+                next = Instant::now() + Duration::from_millis(500);
+            }
+        }
+    };
+    warn!(lease = format_args!("{:x}", session.id), reason, "session lost");
+    session.lost.cancel();
+    // Best effort: if etcd still has the lease, revoke it so no key outlives our belief.
+    let _ = timeout(Duration::from_secs(5), client.clone().lease_revoke(session.id)).await;
+}
+
+type KeepAlive = (etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream);
+
+/// Sends one keepalive on `stream` (opening it if needed) and returns the TTL etcd granted.
+async fn renew(client: &Client, id: i64, stream: &mut Option<KeepAlive>) -> Result<i64, LockError> {
+    if stream.is_none() {
+        *stream = Some(client.clone().lease_keep_alive(id).await?);
+    }
+    let (keeper, responses) = stream.as_mut().expect("opened above");
+    keeper.keep_alive().await?;
+    match responses.message().await? {
+        Some(resp) => Ok(resp.ttl()),
+        None => Err(LockError::Unavailable("keepalive stream closed".into())),
+    }
+}

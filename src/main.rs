@@ -1,0 +1,60 @@
+//! `podlock`: fair, fenced, liveness-aware locks for Kubernetes pods, on etcd.
+
+use clap::{Parser, Subcommand};
+use tracing_subscriber::EnvFilter;
+
+use podlock::cli::{declare, run_locked};
+use podlock::sidecar;
+
+#[derive(Parser)]
+#[command(
+    name = "podlock",
+    version,
+    about = "Fair, fenced, liveness-aware locks for Kubernetes pods"
+)]
+struct Cli {
+    /// Log format: text or json.
+    #[arg(long, env = "PODLOCK_LOG_FORMAT", default_value = "text", global = true)]
+    log_format: LogFormat,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the lock HTTP API for one pod (on loopback).
+    Sidecar(sidecar::SidecarArgs),
+    /// Write a lock's settings to etcd, as the operator does for a DistributedLock.
+    Declare(declare::DeclareArgs),
+    /// Run a command while holding a lock through the sidecar.
+    Lock(run_locked::LockArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let filter = EnvFilter::try_from_env("PODLOCK_LOG").unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => logs.json().init(),
+        LogFormat::Text => logs.init(),
+    }
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(async {
+        match cli.command {
+            Command::Sidecar(args) => sidecar::run(args).await,
+            Command::Declare(args) => declare::run(args).await,
+            Command::Lock(args) => {
+                let code = run_locked::run(args).await?;
+                std::process::exit(code)
+            }
+        }
+    })
+}

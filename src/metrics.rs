@@ -1,0 +1,111 @@
+//! Prometheus metrics of the contract (prefix `podlock_`), in one registry per process.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+/// The sidecar's metrics.
+#[derive(Clone)]
+pub struct SidecarMetrics {
+    registry: Registry,
+    /// `podlock_acquire_total{lock,result}`.
+    pub acquire_total: IntCounterVec,
+    /// `podlock_acquire_wait_seconds{lock}`: time from request to grant.
+    pub acquire_wait: HistogramVec,
+    /// `podlock_held_locks`: holds of this sidecar now.
+    pub held_locks: IntGauge,
+    /// `podlock_locks_lost_total{lock}`.
+    pub locks_lost: IntCounterVec,
+    /// `podlock_keepalive_failures_total`.
+    pub keepalive_failures: IntCounter,
+    /// `podlock_etcd_requests_total`: unary etcd requests made (not keepalives).
+    pub etcd_requests: IntCounter,
+    /// `podlock_watch_events_total`: etcd watch events received.
+    pub watch_events: IntCounter,
+}
+
+impl SidecarMetrics {
+    /// Registers every sidecar metric in a new registry.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let acquire_total = IntCounterVec::new(
+            Opts::new("podlock_acquire_total", "Acquire requests by lock and result"),
+            &["lock", "result"],
+        )
+        .unwrap();
+        let buckets = vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
+        let acquire_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "podlock_acquire_wait_seconds",
+                "Time from acquire request to grant",
+            )
+            .buckets(buckets),
+            &["lock"],
+        )
+        .unwrap();
+        let held_locks = IntGauge::new("podlock_held_locks", "Holds this sidecar has now").unwrap();
+        let locks_lost = IntCounterVec::new(
+            Opts::new(
+                "podlock_locks_lost_total",
+                "Holds that ended by anything but release",
+            ),
+            &["lock"],
+        )
+        .unwrap();
+        let keepalive_failures =
+            IntCounter::new("podlock_keepalive_failures_total", "Lease keepalives that failed").unwrap();
+        let etcd_requests = IntCounter::new(
+            "podlock_etcd_requests_total",
+            "Unary etcd requests made (not keepalives)",
+        )
+        .unwrap();
+        let watch_events =
+            IntCounter::new("podlock_watch_events_total", "etcd watch events received").unwrap();
+        for c in [
+            Box::new(acquire_total.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(acquire_wait.clone()),
+            Box::new(held_locks.clone()),
+            Box::new(locks_lost.clone()),
+            Box::new(keepalive_failures.clone()),
+            Box::new(etcd_requests.clone()),
+            Box::new(watch_events.clone()),
+        ] {
+            registry.register(c).unwrap();
+        }
+        SidecarMetrics {
+            registry,
+            acquire_total,
+            acquire_wait,
+            held_locks,
+            locks_lost,
+            keepalive_failures,
+            etcd_requests,
+            watch_events,
+        }
+    }
+
+    /// The registry's metrics in Prometheus text format.
+    pub fn render(&self) -> String {
+        render(&self.registry)
+    }
+}
+
+impl Default for SidecarMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Raises a counter to `total`, a running total kept elsewhere.
+pub fn set_counter(counter: &IntCounter, total: u64) {
+    counter.inc_by(total.saturating_sub(counter.get()));
+}
+
+/// Encodes a registry in Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    let mut buf = Vec::new();
+    TextEncoder::new()
+        .encode(&registry.gather(), &mut buf)
+        .expect("text encoding");
+    String::from_utf8(buf).expect("prometheus text is UTF-8")
+}

@@ -1,0 +1,163 @@
+//! The HTTP handlers of the sidecar API (see `docs/api.md`).
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{Path, State};
+use axum::http::{StatusCode, Uri, header};
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+use std::time::Instant;
+use tracing::{Instrument, info_span};
+
+use super::AppState;
+use super::error::ApiError;
+use super::request::{AcquireOptions, HolderOptions, lock_id, options};
+use crate::lock::keys::rfc3339;
+use crate::lock::{AcquireRequest, Grant};
+use crate::metrics::set_counter;
+
+type ApiResult<T> = Result<T, ApiError>;
+
+/// `POST /v1/locks/{name}/acquire`.
+pub async fn acquire(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<Grant>> {
+    let started = Instant::now();
+    let result = try_acquire(&st, &name, &uri, body).await;
+    let outcome = match &result {
+        Ok(_) => "acquired",
+        Err(e) => e.code(),
+    };
+    if result.is_ok() {
+        st.metrics
+            .acquire_wait
+            .with_label_values(&[&name])
+            .observe(started.elapsed().as_secs_f64());
+    }
+    st.metrics
+        .acquire_total
+        .with_label_values(&[&name, outcome])
+        .inc();
+    result.map(Json)
+}
+
+async fn try_acquire(
+    st: &AppState,
+    name: &str,
+    uri: &Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Grant> {
+    let lock = lock_id(&st.namespace, name)?;
+    let opts: AcquireOptions = options(uri, body)?;
+    opts.check()?;
+    let req = AcquireRequest {
+        wait: opts.wait()?,
+        holder_id: opts.holder_id.unwrap_or_else(|| st.default_holder.clone()),
+        ttl_seconds: opts.ttl_seconds,
+        heartbeat_timeout_seconds: opts.heartbeat_timeout_seconds,
+        lock,
+    };
+    let span = info_span!("acquire", lock = %req.lock, holder = %req.holder_id);
+    Ok(st.engine.acquire(req).instrument(span).await?)
+}
+
+/// `POST /v1/locks/{name}/release`.
+pub async fn release(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<Value>> {
+    let lock = lock_id(&st.namespace, &name)?;
+    let opts: HolderOptions = options(&uri, body)?;
+    let holder = opts.holder_id.unwrap_or_else(|| st.default_holder.clone());
+    let span = info_span!("release", lock = %lock, holder = %holder);
+    st.engine.release(&lock, &holder).instrument(span).await?;
+    Ok(Json(json!({ "released": true })))
+}
+
+/// `POST /v1/locks/{name}/heartbeat`.
+pub async fn heartbeat(
+    State(st): State<AppState>,
+    Path(name): Path<String>,
+    uri: Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<Json<Value>> {
+    let lock = lock_id(&st.namespace, &name)?;
+    let opts: HolderOptions = options(&uri, body)?;
+    let holder = opts.holder_id.unwrap_or_else(|| st.default_holder.clone());
+    let expires = st.engine.heartbeat(&lock, &holder)?;
+    Ok(Json(json!({ "expiresAt": rfc3339(expires) })))
+}
+
+/// `GET /v1/locks/{name}`.
+pub async fn inspect(State(st): State<AppState>, Path(name): Path<String>) -> ApiResult<Response> {
+    let lock = lock_id(&st.namespace, &name)?;
+    Ok(Json(st.engine.inspect(&lock).await?).into_response())
+}
+
+/// `GET /v1/locks`: the locks this sidecar holds or waits for.
+pub async fn list(State(st): State<AppState>) -> Json<Value> {
+    Json(json!({ "namespace": st.namespace, "locks": st.engine.local() }))
+}
+
+/// `GET /healthz`: the process is up.
+pub async fn healthz() -> Json<Value> {
+    Json(json!({ "status": "ok" }))
+}
+
+/// `GET /readyz`: etcd answers.
+pub async fn readyz(State(st): State<AppState>) -> Response {
+    if st.engine.ready(std::time::Duration::from_secs(1)).await {
+        Json(json!({ "status": "ready" })).into_response()
+    } else {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "backend_unavailable",
+            "etcd did not answer within 1 s",
+        )
+        .into_response()
+    }
+}
+
+/// `GET /metrics`: Prometheus text.
+pub async fn metrics(State(st): State<AppState>) -> Response {
+    let m = &st.metrics;
+    m.held_locks.set(st.engine.held_count() as i64);
+    set_counter(&m.keepalive_failures, st.engine.keepalive_failures());
+    let stats = st.engine.etcd().stats();
+    set_counter(
+        &m.etcd_requests,
+        stats.requests.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    set_counter(
+        &m.watch_events,
+        stats.watch_events.load(std::sync::atomic::Ordering::Relaxed),
+    );
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m.render()).into_response()
+}
+
+/// Any other path.
+pub async fn not_found(uri: Uri) -> ApiError {
+    ApiError::new(
+        StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "no endpoint at {}; see /v1/locks/{{name}}/acquire, release, heartbeat, events",
+            uri.path()
+        ),
+    )
+}
+
+/// A known path with the wrong method.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        "wrong method: acquire, release and heartbeat take POST; reads take GET",
+    )
+}

@@ -1,0 +1,68 @@
+//! The one place where errors become HTTP responses: `{"error": code, "message": text}`.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use crate::lock::LockError;
+
+/// An error response of the sidecar API.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+    extra: Option<(&'static str, Value)>,
+}
+
+impl ApiError {
+    /// A 400 `invalid_request` saying what to fix.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request", message)
+    }
+
+    /// An error with any status and code.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+            extra: None,
+        }
+    }
+
+    /// The machine-readable code, for metrics.
+    pub fn code(&self) -> &'static str {
+        self.code
+    }
+}
+
+impl From<LockError> for ApiError {
+    fn from(e: LockError) -> Self {
+        let message = e.to_string();
+        match e {
+            LockError::Invalid(_) => ApiError::invalid(message),
+            LockError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "lock_not_found", message),
+            LockError::Held { holders, .. } => ApiError {
+                extra: Some(("holders", json!(holders))),
+                ..ApiError::new(StatusCode::CONFLICT, "lock_held", message)
+            },
+            LockError::NotHolder { .. } => ApiError::new(StatusCode::CONFLICT, "not_holder", message),
+            LockError::Lost { .. } => ApiError::new(StatusCode::GONE, "lock_lost", message),
+            LockError::Unavailable(_) => {
+                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "backend_unavailable", message)
+            }
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "error": self.code, "message": self.message });
+        if let Some((k, v)) = self.extra {
+            body[k] = v;
+        }
+        (self.status, Json(body)).into_response()
+    }
+}

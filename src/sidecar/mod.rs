@@ -1,0 +1,126 @@
+//! The sidecar: a loopback HTTP API over the lock engine for the containers of one pod.
+
+mod api;
+mod error;
+mod events;
+mod request;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use clap::Args;
+use std::net::SocketAddr;
+use tokio::signal::unix::{SignalKind, signal};
+use tracing::{info, warn};
+
+use crate::etcd_args::EtcdArgs;
+use crate::lock::{Engine, EventKind, PodRef};
+use crate::metrics::SidecarMetrics;
+
+/// Flags of `podlock sidecar`.
+#[derive(Debug, Clone, Args)]
+pub struct SidecarArgs {
+    /// Address to serve the API on (loopback by default: only the pod's containers reach it).
+    #[arg(long, env = "PODLOCK_LISTEN", default_value = "127.0.0.1:4040")]
+    pub listen: SocketAddr,
+    /// The pod's namespace (from the downward API); locks are looked up in it.
+    #[arg(long, env = "PODLOCK_NAMESPACE", default_value = "default")]
+    pub namespace: String,
+    /// The pod's name (from the downward API); the default holder id. Default: the host name.
+    #[arg(long, env = "PODLOCK_POD_NAME")]
+    pub pod_name: Option<String>,
+    /// The pod's uid (from the downward API), recorded with every hold.
+    #[arg(long, env = "PODLOCK_POD_UID", default_value = "")]
+    pub pod_uid: String,
+    /// Serve locks that have no DistributedLock, with the default settings.
+    #[arg(long, env = "PODLOCK_STANDALONE")]
+    pub standalone: bool,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+}
+
+/// What every handler shares.
+#[derive(Clone)]
+pub struct AppState {
+    engine: Engine,
+    metrics: SidecarMetrics,
+    namespace: String,
+    default_holder: String,
+}
+
+/// The sidecar's routes on `state`.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/v1/locks", get(api::list))
+        .route("/v1/locks/{name}", get(api::inspect))
+        .route("/v1/locks/{name}/acquire", post(api::acquire))
+        .route("/v1/locks/{name}/release", post(api::release))
+        .route("/v1/locks/{name}/heartbeat", post(api::heartbeat))
+        .route("/v1/locks/{name}/events", get(events::events))
+        .route("/healthz", get(api::healthz))
+        .route("/readyz", get(api::readyz))
+        .route("/metrics", get(api::metrics))
+        .fallback(api::not_found)
+        .method_not_allowed_fallback(api::method_not_allowed)
+        .layer(DefaultBodyLimit::max(1024 * 1024))
+        .with_state(state)
+}
+
+/// Runs the sidecar until SIGTERM or Ctrl-C, then releases every hold before exiting.
+pub async fn run(args: SidecarArgs) -> anyhow::Result<()> {
+    crate::lock::keys::check_dns_subdomain("namespace", &args.namespace)?;
+    let pod_name = args.pod_name.clone().unwrap_or_else(hostname);
+    let client = args.etcd.connect().await?;
+    let pod = PodRef {
+        namespace: args.namespace.clone(),
+        name: pod_name.clone(),
+        uid: args.pod_uid.clone(),
+    };
+    let engine = Engine::new(client, pod, args.standalone);
+    let metrics = SidecarMetrics::new();
+    spawn_loss_counter(&engine, &metrics);
+    let state = AppState {
+        engine: engine.clone(),
+        metrics,
+        namespace: args.namespace.clone(),
+        default_holder: pod_name,
+    };
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    info!(listen = %args.listen, namespace = args.namespace, standalone = args.standalone, "sidecar serving");
+    let mut term = signal(SignalKind::terminate())?;
+    tokio::select! {
+        served = axum::serve(listener, router(state)) => served?,
+        _ = term.recv() => info!("SIGTERM: releasing holds"),
+        _ = tokio::signal::ctrl_c() => info!("interrupted: releasing holds"),
+    }
+    engine.shutdown().await;
+    Ok(())
+}
+
+fn spawn_loss_counter(engine: &Engine, metrics: &SidecarMetrics) {
+    let mut events = engine.subscribe();
+    let lost = metrics.locks_lost.clone();
+    tokio::spawn(async move {
+        loop {
+            match events.recv().await {
+                Ok(ev) if ev.kind == EventKind::Lost => lost.with_label_values(&[&ev.lock]).inc(),
+                Ok(_) => {}
+                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
+                    warn!(missed = n, "event counter lagged")
+                }
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+            }
+        }
+    });
+}
+
+fn hostname() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "podlock".into())
+}

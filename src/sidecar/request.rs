@@ -1,0 +1,123 @@
+//! Parsing of request options from the query string and the JSON body, with errors a person
+//! can act on. The body wins where both name a field.
+
+use axum::body::Bytes;
+use axum::http::{StatusCode, Uri};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+use crate::lock::LockId;
+use crate::lock::keys::{HEARTBEAT_BOUNDS, TTL_BOUNDS, check_bounds};
+
+/// The longest an acquire may wait, in seconds.
+pub const MAX_WAIT_SECONDS: f64 = 3600.0;
+
+/// Options of `POST /v1/locks/{name}/acquire`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AcquireOptions {
+    /// Seconds to wait in the queue (default 30; 0: try once).
+    pub wait_seconds: Option<f64>,
+    /// The holder id (default: the pod name).
+    pub holder_id: Option<String>,
+    /// Lease TTL for this hold.
+    pub ttl_seconds: Option<u32>,
+    /// Heartbeat window for this hold.
+    pub heartbeat_timeout_seconds: Option<u32>,
+}
+
+/// Options of release and heartbeat.
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HolderOptions {
+    /// The holder id (default: the pod name).
+    pub holder_id: Option<String>,
+}
+
+/// Merges two option sets field by field, `body` first.
+pub trait Merge {
+    /// `self` with every field `body` sets taken from `body`.
+    fn merge(self, body: Self) -> Self;
+}
+
+impl Merge for AcquireOptions {
+    fn merge(self, body: Self) -> Self {
+        AcquireOptions {
+            wait_seconds: body.wait_seconds.or(self.wait_seconds),
+            holder_id: body.holder_id.or(self.holder_id),
+            ttl_seconds: body.ttl_seconds.or(self.ttl_seconds),
+            heartbeat_timeout_seconds: body.heartbeat_timeout_seconds.or(self.heartbeat_timeout_seconds),
+        }
+    }
+}
+
+impl Merge for HolderOptions {
+    fn merge(self, body: Self) -> Self {
+        HolderOptions {
+            holder_id: body.holder_id.or(self.holder_id),
+        }
+    }
+}
+
+/// Reads options from the query string and the body (empty, or a JSON object).
+pub fn options<T: DeserializeOwned + Default + Merge>(
+    uri: &Uri,
+    body: Result<Bytes, axum::extract::rejection::BytesRejection>,
+) -> Result<T, ApiError> {
+    let body = body.map_err(|e| {
+        if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::new(
+                e.status(),
+                "payload_too_large",
+                "the request body is over 1 MiB; send a small JSON object",
+            )
+        } else {
+            ApiError::invalid(format!("could not read the request body: {e}"))
+        }
+    })?;
+    let query: T = match uri.query() {
+        Some(q) => {
+            serde_urlencoded::from_str(q).map_err(|e| ApiError::invalid(format!("bad query string: {e}")))?
+        }
+        None => T::default(),
+    };
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(query);
+    }
+    let parsed: T = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::invalid(format!(
+            "the body must be a JSON object of this call's options: {e}"
+        ))
+    })?;
+    Ok(query.merge(parsed))
+}
+
+/// The lock of a request path, checked.
+pub fn lock_id(namespace: &str, name: &str) -> Result<LockId, ApiError> {
+    Ok(LockId::new(namespace, name)?)
+}
+
+impl AcquireOptions {
+    /// The wait as a duration, checked.
+    pub fn wait(&self) -> Result<std::time::Duration, ApiError> {
+        let w = self.wait_seconds.unwrap_or(30.0);
+        if !(0.0..=MAX_WAIT_SECONDS).contains(&w) {
+            return Err(ApiError::invalid(format!(
+                "waitSeconds must be between 0 and {MAX_WAIT_SECONDS}, got {w}"
+            )));
+        }
+        Ok(std::time::Duration::from_secs_f64(w))
+    }
+
+    /// Checks the per-hold overrides against the contract's bounds.
+    pub fn check(&self) -> Result<(), ApiError> {
+        if let Some(t) = self.ttl_seconds {
+            check_bounds("ttlSeconds", t, TTL_BOUNDS)?;
+        }
+        if let Some(h) = self.heartbeat_timeout_seconds {
+            check_bounds("heartbeatTimeoutSeconds", h, HEARTBEAT_BOUNDS)?;
+        }
+        Ok(())
+    }
+}
