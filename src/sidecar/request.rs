@@ -85,11 +85,17 @@ pub fn options<T: DeserializeOwned + Default + Merge>(
     if body.iter().all(u8::is_ascii_whitespace) {
         return Ok(query);
     }
-    let parsed: T = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::invalid(format!(
-            "the body must be a JSON object of this call's options: {e}"
-        ))
-    })?;
+    let parsed: T = serde_path_to_error::deserialize(&mut serde_json::Deserializer::from_slice(&body))
+        .map_err(|e| {
+            let at = match e.path().to_string().as_str() {
+                "." => String::new(),
+                field => format!(" (at {field})"),
+            };
+            ApiError::invalid(format!(
+                "the body must be a JSON object of this call's options{at}: {}",
+                e.inner()
+            ))
+        })?;
     Ok(query.merge(parsed))
 }
 

@@ -1,0 +1,291 @@
+//! Test harness: a real etcd on free loopback ports with a temporary data dir, and sidecar
+//! processes of the real `podlock` binary. Shared by the integration tests and the benchmark.
+#![allow(dead_code)] // each test binary uses a different part
+
+use serde_json::Value;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The etcd binary: `$PODLOCK_ETCD_BIN`, else the one `scripts/setup.sh` builds.
+pub fn etcd_bin() -> PathBuf {
+    if let Ok(p) = std::env::var("PODLOCK_ETCD_BIN") {
+        return p.into();
+    }
+    let cache = std::env::var("PODLOCK_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/podlock"));
+    let bin = cache.join("bin/etcd");
+    assert!(
+        bin.exists(),
+        "no etcd at {}: run scripts/setup.sh first",
+        bin.display()
+    );
+    bin
+}
+
+/// The podlock binary under test.
+pub fn podlock_bin() -> &'static str {
+    env!("CARGO_BIN_EXE_podlock")
+}
+
+/// A free TCP port on loopback.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn log_file(dir: &std::path::Path, name: &str) -> std::fs::File {
+    std::fs::File::create(dir.join(name)).unwrap()
+}
+
+/// A single-member etcd server; killed on drop.
+pub struct EtcdServer {
+    child: Option<Child>,
+    dir: tempfile::TempDir,
+    client_port: u16,
+    peer_port: u16,
+    /// The client URL.
+    pub endpoint: String,
+}
+
+impl EtcdServer {
+    /// Starts etcd and waits until it serves.
+    pub async fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("podlock-etcd-")
+            .tempdir()
+            .unwrap();
+        let (client_port, peer_port) = (free_port(), free_port());
+        let mut etcd = EtcdServer {
+            child: None,
+            endpoint: format!("http://127.0.0.1:{client_port}"),
+            dir,
+            client_port,
+            peer_port,
+        };
+        etcd.resume().await;
+        etcd
+    }
+
+    /// Starts the stopped server again on the same ports and data.
+    pub async fn resume(&mut self) {
+        assert!(self.child.is_none(), "etcd is running");
+        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let child = Command::new(etcd_bin())
+            .args(["--name", "default", "--data-dir"])
+            .arg(self.dir.path().join("data"))
+            .args([
+                "--listen-client-urls",
+                &self.endpoint,
+                "--advertise-client-urls",
+                &self.endpoint,
+            ])
+            .args([
+                "--listen-peer-urls",
+                &peer,
+                "--initial-advertise-peer-urls",
+                &peer,
+            ])
+            .args(["--initial-cluster", &format!("default={peer}")])
+            .stdout(Stdio::null())
+            .stderr(log_file(self.dir.path(), "etcd.log"))
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+        wait_until(Duration::from_secs(20), || async {
+            let url = format!("{}/health", self.endpoint);
+            matches!(reqwest::get(url).await, Ok(r) if r.status().is_success())
+        })
+        .await
+        .expect("etcd did not become healthy");
+    }
+
+    /// Kills etcd (SIGKILL) and waits for it to exit.
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// An etcd client.
+    pub async fn client(&self) -> etcd_client::Client {
+        etcd_client::Client::connect([&self.endpoint], None)
+            .await
+            .unwrap()
+    }
+
+    /// Number of keys under `prefix`.
+    pub async fn count(&self, prefix: &str) -> i64 {
+        let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+        self.client().await.get(prefix, Some(opts)).await.unwrap().count()
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A `podlock sidecar` process; killed on drop.
+pub struct Sidecar {
+    child: Option<Child>,
+    _logs: tempfile::TempDir,
+    /// Base URL of its API.
+    pub addr: String,
+    /// Its pod name (the default holder id).
+    pub pod: String,
+}
+
+impl Sidecar {
+    /// Starts a sidecar for pod `pod` in namespace `default` with `extra` flags, waiting until
+    /// it answers.
+    pub async fn start(etcd: &str, pod: &str, extra: &[&str]) -> Self {
+        let logs = tempfile::Builder::new()
+            .prefix("podlock-sidecar-")
+            .tempdir()
+            .unwrap();
+        let listen = format!("127.0.0.1:{}", free_port());
+        let child = Command::new(podlock_bin())
+            .args([
+                "sidecar",
+                "--etcd-endpoints",
+                etcd,
+                "--listen",
+                &listen,
+                "--pod-name",
+                pod,
+            ])
+            .args(extra)
+            .env("PODLOCK_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log_file(logs.path(), "sidecar.log"))
+            .spawn()
+            .expect("start sidecar");
+        let sidecar = Sidecar {
+            child: Some(child),
+            _logs: logs,
+            addr: format!("http://{listen}"),
+            pod: pod.into(),
+        };
+        wait_until(Duration::from_secs(10), || async {
+            matches!(reqwest::get(format!("{}/healthz", sidecar.addr)).await, Ok(r) if r.status().is_success())
+        })
+        .await
+        .expect("sidecar did not come up");
+        sidecar
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// Sends `sig` to it.
+    pub fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// Kills it with SIGKILL.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends SIGTERM and waits for it to exit.
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        self.signal(libc::SIGTERM);
+        self.child.take().unwrap().wait().unwrap()
+    }
+
+    /// The sidecar's log so far.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self._logs.path().join("sidecar.log")).unwrap_or_default()
+    }
+
+    /// `POST {addr}/v1/locks/{lock}/{verb}` with a JSON body; returns status and body.
+    pub async fn post(&self, lock: &str, verb: &str, body: Value) -> (u16, Value) {
+        let resp = reqwest::Client::new()
+            .post(format!("{}/v1/locks/{lock}/{verb}", self.addr))
+            .json(&body)
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        (status, resp.json().await.unwrap_or(Value::Null))
+    }
+
+    /// `GET {addr}{path}`; returns status and body (JSON, else the text as a string).
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        let resp = reqwest::get(format!("{}{path}", self.addr)).await.unwrap();
+        let status = resp.status().as_u16();
+        let text = resp.text().await.unwrap();
+        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
+    }
+
+    /// Acquires `lock` with `body` options; panics unless granted; returns the token.
+    pub async fn must_acquire(&self, lock: &str, body: Value) -> i64 {
+        let (status, grant) = self.post(lock, "acquire", body).await;
+        assert_eq!(status, 200, "acquire {lock} on {}: {grant}", self.pod);
+        grant["fencingToken"].as_i64().unwrap()
+    }
+
+    /// Sum of a counter or gauge family in its `/metrics`.
+    pub async fn metric(&self, name: &str) -> f64 {
+        let (_, text) = self.get("/metrics").await;
+        sum_metric(text.as_str().unwrap(), name)
+    }
+}
+
+impl Drop for Sidecar {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// Sums every sample of metric `name` in Prometheus text.
+pub fn sum_metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Runs `podlock declare` with `args` against `etcd`.
+pub fn declare(etcd: &str, args: &[&str]) {
+    let out = Command::new(podlock_bin())
+        .args(["declare", "--etcd-endpoints", etcd])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "declare {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Polls `check` every 20 ms until it is true; returns how long that took, or an error after
+/// `limit`.
+pub async fn wait_until<F, Fut>(limit: Duration, mut check: F) -> Result<Duration, String>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if check().await {
+            return Ok(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Err(format!("condition not met within {limit:?}"))
+}

@@ -1,0 +1,247 @@
+//! Liveness: holds end when their sidecar dies, misses a heartbeat, or the lock is deleted;
+//! waiters leave no trace; an etcd outage is an error, never a hang.
+
+use serde_json::{Value, json};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::{EtcdServer, Sidecar, declare, wait_until};
+
+/// An open `/v1/locks/{lock}/events` stream.
+struct Events(reqwest::Response, String);
+
+impl Events {
+    async fn open(s: &Sidecar, lock: &str) -> Self {
+        let resp = reqwest::get(format!("{}/v1/locks/{lock}/events", s.addr))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        assert!(
+            resp.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("text/event-stream")
+        );
+        Events(resp, String::new())
+    }
+
+    /// The next event's JSON data, within `limit`.
+    async fn next(&mut self, limit: Duration) -> Value {
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            if let Some(end) = self.1.find("\n\n") {
+                let frame: String = self.1.drain(..end + 2).collect();
+                let data: String = frame.lines().filter_map(|l| l.strip_prefix("data:")).collect();
+                if !data.trim().is_empty() {
+                    return serde_json::from_str(data.trim()).unwrap();
+                }
+                continue;
+            }
+            let chunk = tokio::time::timeout_at(deadline, self.0.chunk())
+                .await
+                .expect("no event in time");
+            self.1
+                .push_str(std::str::from_utf8(&chunk.unwrap().expect("stream open")).unwrap());
+        }
+    }
+}
+
+/// Starts a waiting acquire; resolves to (status, body, instant of the answer).
+fn acquire_later(s: &Arc<Sidecar>, lock: &str) -> tokio::task::JoinHandle<(u16, Value, Instant)> {
+    let (s, lock) = (s.clone(), lock.to_string());
+    tokio::spawn(async move {
+        let (status, body) = s.post(&lock, "acquire", json!({"waitSeconds": 30})).await;
+        (status, body, Instant::now())
+    })
+}
+
+async fn waiters(s: &Sidecar, lock: &str, n: u64) {
+    wait_until(Duration::from_secs(5), || async {
+        s.get(&format!("/v1/locks/{lock}")).await.1["waiters"] == n
+    })
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn sigterm_of_the_holders_sidecar_hands_over_at_once() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["t"]);
+    let mut a = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let b = Arc::new(Sidecar::start(&etcd.endpoint, "pod-b", &[]).await);
+    a.must_acquire("t", json!({})).await;
+    let waiting = acquire_later(&b, "t");
+    waiters(&b, "t", 1).await;
+    let stopped = Instant::now();
+    assert!(a.terminate().success());
+    let (status, body, granted) = waiting.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    let handoff = granted - stopped;
+    eprintln!("SIGTERM handoff: {handoff:?}");
+    assert!(handoff < Duration::from_secs(1), "handoff took {handoff:?}");
+}
+
+#[tokio::test]
+async fn kill_9_of_the_holders_sidecar_hands_over_within_the_ttl() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["k", "--ttl-seconds", "2"]);
+    let mut a = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let b = Arc::new(Sidecar::start(&etcd.endpoint, "pod-b", &[]).await);
+    let first = a.must_acquire("k", json!({})).await;
+    let waiting = acquire_later(&b, "k");
+    waiters(&b, "k", 1).await;
+    let killed = Instant::now();
+    a.kill9();
+    let (status, body, granted) = waiting.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(body["fencingToken"].as_i64().unwrap() > first);
+    let handoff = granted - killed;
+    eprintln!("kill -9 handoff with a 2 s TTL: {handoff:?}");
+    // etcd checks expiry every 500 ms and may add up to ~1.5 s beyond the TTL.
+    assert!(
+        handoff < Duration::from_millis(2000 + 1500),
+        "handoff took {handoff:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_missed_heartbeat_ends_the_hold_and_then_heartbeat_is_410() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["hb", "--heartbeat-timeout-seconds", "1"]);
+    let a = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let b = Arc::new(Sidecar::start(&etcd.endpoint, "pod-b", &[]).await);
+    let mut events = Events::open(&a, "hb").await;
+    let token = a.must_acquire("hb", json!({})).await;
+    assert_eq!(events.next(Duration::from_secs(1)).await["type"], "acquired");
+    // Heartbeats within the window keep it.
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (status, body) = a.post("hb", "heartbeat", json!({})).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body["expiresAt"].is_string());
+    }
+    let waiting = acquire_later(&b, "hb");
+    waiters(&b, "hb", 1).await;
+    // Then silence: the hold ends about 1 s after the last heartbeat, by revocation, not TTL.
+    let silent = Instant::now();
+    let lost = events.next(Duration::from_secs(3)).await;
+    let lost_after = silent.elapsed();
+    assert_eq!(
+        (lost["type"].as_str(), lost["fencingToken"].as_i64()),
+        (Some("lost"), Some(token)),
+        "{lost}"
+    );
+    assert!(lost["reason"].as_str().unwrap().contains("heartbeat"), "{lost}");
+    assert!(
+        lost_after < Duration::from_millis(2000),
+        "lost after {lost_after:?}"
+    );
+    let (status, body, granted) = waiting.await.unwrap();
+    assert_eq!(status, 200, "{body}");
+    assert!(granted - silent < Duration::from_millis(2500));
+    let (status, body) = a.post("hb", "heartbeat", json!({})).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (410, Some("lock_lost")),
+        "{body}"
+    );
+    assert_eq!(a.metric("podlock_locks_lost_total").await, 1.0);
+}
+
+#[tokio::test]
+async fn deleting_the_lock_reports_lost_within_a_second() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["gone"]);
+    let a = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let mut events = Events::open(&a, "gone").await;
+    a.must_acquire("gone", json!({})).await;
+    assert_eq!(events.next(Duration::from_secs(1)).await["type"], "acquired");
+    let deleted = Instant::now();
+    declare(&etcd.endpoint, &["gone", "--delete"]);
+    let lost = events.next(Duration::from_secs(2)).await;
+    let after = deleted.elapsed();
+    eprintln!("lost event {after:?} after the lock's deletion");
+    assert_eq!(lost["type"], "lost", "{lost}");
+    assert!(after < Duration::from_secs(1), "lost after {after:?}");
+    assert_eq!(etcd.count("/podlock/v1/").await, 0, "no key of the lock remains");
+}
+
+#[tokio::test]
+async fn a_waiter_that_disconnects_or_times_out_leaves_no_trace() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["dc"]);
+    let a = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let b = Sidecar::start(&etcd.endpoint, "pod-b", &[]).await;
+    a.must_acquire("dc", json!({})).await;
+    // A client that gives up after 300 ms of a 30 s wait.
+    let url = format!("{}/v1/locks/dc/acquire", b.addr);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    assert!(
+        client
+            .post(&url)
+            .json(&json!({"waitSeconds": 30}))
+            .send()
+            .await
+            .is_err()
+    );
+    let gone = wait_until(Duration::from_secs(2), || async {
+        etcd.count("/podlock/v1/queue/").await == 1
+    })
+    .await;
+    eprintln!("disconnected waiter removed after {gone:?}");
+    gone.expect("the disconnected waiter's key is removed at once");
+    assert_eq!(b.get("/v1/locks").await.1["locks"], json!([]));
+    // A wait that times out likewise.
+    let (status, body) = b.post("dc", "acquire", json!({"waitSeconds": 0.3})).await;
+    assert_eq!((status, body["error"].as_str()), (409, Some("lock_held")));
+    assert_eq!(etcd.count("/podlock/v1/queue/").await, 1);
+}
+
+#[tokio::test]
+async fn an_etcd_outage_is_503_not_a_hang_and_service_resumes() {
+    let mut etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["out"]);
+    let a = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    a.must_acquire("out", json!({"holderId": "before"})).await;
+    etcd.stop();
+    let asked = Instant::now();
+    let (status, body) = a
+        .post("out", "acquire", json!({"holderId": "during", "waitSeconds": 2}))
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (503, Some("backend_unavailable")),
+        "{body}"
+    );
+    assert!(
+        asked.elapsed() < Duration::from_secs(10),
+        "took {:?}",
+        asked.elapsed()
+    );
+    assert_eq!(a.get("/readyz").await.0, 503);
+    assert_eq!(a.get("/healthz").await.0, 200);
+    etcd.resume().await;
+    wait_until(Duration::from_secs(15), || async {
+        a.get("/readyz").await.0 == 200
+    })
+    .await
+    .expect("ready again");
+    let (status, body) = a
+        .post("out", "acquire", json!({"holderId": "after", "waitSeconds": 0}))
+        .await;
+    // The earlier hold survives a short outage (its lease outlives it), so this one is refused.
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("lock_held")),
+        "{body}"
+    );
+    assert_eq!(
+        a.post("out", "release", json!({"holderId": "before"})).await.0,
+        200
+    );
+    a.must_acquire("out", json!({"holderId": "after", "waitSeconds": 5}))
+        .await;
+}

@@ -1,0 +1,109 @@
+//! `podlock lock NAME -- CMD`: token in the environment, exit status passed through, SIGTERM
+//! to CMD when the hold is lost.
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::process::Command;
+
+use crate::common::{EtcdServer, Sidecar, declare, podlock_bin};
+
+fn lock_cmd(sidecar: &Sidecar, args: &[&str]) -> Command {
+    let mut cmd = Command::new(podlock_bin());
+    cmd.arg("lock")
+        .args(args)
+        .env("PODLOCK_ADDR", &sidecar.addr)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
+#[tokio::test]
+async fn runs_the_command_with_its_token_and_passes_its_exit_status() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["cmd"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let out = lock_cmd(
+        &s,
+        &[
+            "cmd",
+            "--",
+            "sh",
+            "-c",
+            "echo token=$PODLOCK_FENCING_TOKEN; exit 7",
+        ],
+    )
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let token: i64 = stdout
+        .trim()
+        .strip_prefix("token=")
+        .unwrap()
+        .parse()
+        .expect("numeric token");
+    assert!(token > 0);
+    // Released on exit: the lock is free and the next run gets a larger token.
+    assert_eq!(s.get("/v1/locks/cmd").await.1["held"], false);
+    let out = lock_cmd(&s, &["cmd", "--", "sh", "-c", "echo $PODLOCK_FENCING_TOKEN"])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success());
+    let next: i64 = String::from_utf8(out.stdout).unwrap().trim().parse().unwrap();
+    assert!(next > token);
+}
+
+#[tokio::test]
+async fn a_held_lock_with_no_wait_exits_1_without_running_the_command() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["busy"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    s.must_acquire("busy", serde_json::json!({"holderId": "someone"}))
+        .await;
+    let out = lock_cmd(&s, &["busy", "--wait", "0", "--", "sh", "-c", "echo ran"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "the command must not run");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("someone"));
+}
+
+#[tokio::test]
+async fn a_lost_hold_sends_sigterm_to_the_command_and_exits_non_zero() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["lost"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let script = "trap 'echo got-sigterm; exit 0' TERM; echo started; while true; do sleep 0.05; done";
+    let child = lock_cmd(&s, &["lost", "--", "sh", "-c", script]).spawn().unwrap();
+    crate::common::wait_until(Duration::from_secs(5), || async {
+        s.get("/v1/locks/lost").await.1["held"] == true
+    })
+    .await
+    .unwrap();
+    let deleted = Instant::now();
+    declare(&etcd.endpoint, &["lost", "--delete"]);
+    let out = tokio::time::timeout(Duration::from_secs(5), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "podlock lock exited {:?} after the lock's deletion",
+        deleted.elapsed()
+    );
+    assert!(deleted.elapsed() < Duration::from_secs(2));
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("got-sigterm"));
+}

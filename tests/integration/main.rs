@@ -1,0 +1,10 @@
+//! Integration tests of the lock engine, sidecar and CLI on a real etcd and real `podlock`
+//! processes. No mocks: every test starts its own etcd on free loopback ports.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod api;
+mod liveness;
+mod lock_cmd;
+mod queue;
