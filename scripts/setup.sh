@@ -15,6 +15,14 @@ mkdir -p "$BIN"
 
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
+for c in cargo go; do
+  command -v "$c" >/dev/null 2>&1 || { echo "setup: $c is required but not installed" >&2; exit 1; }
+done
+if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+  step "adding rustfmt and clippy"
+  rustup component add rustfmt clippy >&2
+fi
+
 if ! command -v protoc >/dev/null 2>&1; then
   step "installing protoc (Debian protobuf-compiler)"
   export DEBIAN_FRONTEND=noninteractive

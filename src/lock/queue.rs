@@ -18,6 +18,7 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
 };
 use tokio::time::{Instant, timeout_at};
+use tracing::warn;
 
 use super::LockError;
 use super::etcd::Etcd;
@@ -206,7 +207,13 @@ pub async fn wait_turn(
         }
         match timeout_at(deadline, watch.changed()).await {
             Err(_) => return Ok(Turn::TimedOut),
-            Ok(changed) => changed?,
+            Ok(Ok(())) => {}
+            // A broken watch (etcd restart, leader change) is not fatal: re-read and re-watch.
+            // If etcd is really gone, the read below fails and the caller gets the error.
+            Ok(Err(e)) => {
+                warn!(key = ticket.key, error = %e, "watch broke while waiting; re-reading");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
         }
         (pos, rev) = position(etcd, &prefix, ticket, max_holders).await?;
     }

@@ -28,6 +28,12 @@ pub async fn acquire(
 ) -> ApiResult<Json<Grant>> {
     let started = Instant::now();
     let result = try_acquire(&st, &name, &uri, body).await;
+    // Only valid names become label values, so bad requests cannot blow up the series count.
+    let name = if lock_id(&st.namespace, &name).is_ok() {
+        name
+    } else {
+        "(invalid)".into()
+    };
     let outcome = match &result {
         Ok(_) => "acquired",
         Err(e) => e.code(),

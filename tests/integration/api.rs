@@ -118,13 +118,17 @@ async fn raw(method: &str, url: &str, body: impl Into<reqwest::Body>) -> (u16, V
     (status, body)
 }
 
+/// One bad request and what must come back.
+type Case = (&'static str, String, Vec<u8>, u16, &'static str, &'static str);
+
 #[tokio::test]
 async fn bad_input_gets_a_json_4xx_that_says_what_to_fix() {
     let etcd = EtcdServer::start().await;
     declare(&etcd.endpoint, &["ok"]);
     let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
     let base = format!("{}/v1/locks", s.addr);
-    let cases: Vec<(&str, String, Vec<u8>, u16, &str, &str)> = vec![
+    // (method, url, body, status, error code, a hint the message must contain)
+    let cases: Vec<Case> = vec![
         (
             "POST",
             format!("{base}/Not_A_Name/acquire"),
