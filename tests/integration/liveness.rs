@@ -245,3 +245,31 @@ async fn an_etcd_outage_is_503_not_a_hang_and_service_resumes() {
     a.must_acquire("out", json!({"holderId": "after", "waitSeconds": 5}))
         .await;
 }
+
+#[tokio::test]
+async fn without_etcd_a_hold_is_lost_when_its_lease_may_have_expired_not_later() {
+    let mut etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["cut", "--ttl-seconds", "2"]);
+    let a = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let mut events = Events::open(&a, "cut").await;
+    a.must_acquire("cut", json!({})).await;
+    assert_eq!(events.next(Duration::from_secs(1)).await["type"], "acquired");
+    etcd.stop();
+    let stopped = Instant::now();
+    let lost = events.next(Duration::from_secs(4)).await;
+    let after = stopped.elapsed();
+    eprintln!("lost {after:?} after etcd stopped (TTL 2 s)");
+    assert_eq!(lost["type"], "lost", "{lost}");
+    assert!(lost["reason"].as_str().unwrap().contains("lease"), "{lost}");
+    // The last keepalive was at most TTL/3 before the stop: lost between 2/3 TTL and TTL after it.
+    assert!(
+        after <= Duration::from_millis(2200),
+        "reported held too long: {after:?}"
+    );
+    assert!(
+        after >= Duration::from_millis(1200),
+        "gave up too early: {after:?}"
+    );
+    assert_eq!(a.post("cut", "heartbeat", json!({})).await.0, 410);
+    assert_eq!(a.get("/v1/locks").await.1["locks"], json!([]));
+}
