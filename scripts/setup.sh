@@ -3,12 +3,17 @@
 #
 #   protoc            Debian's protobuf-compiler (etcd-client's build script needs it)
 #   etcd, etcdctl     built from the Go module go.etcd.io/etcd (server/v3, etcdctl/v3)
+#   with --kubernetes: kube-apiserver and kube-controller-manager, built from the Go module
+#                     k8s.io/kubernetes (about 3 + 3 minutes of compile on 2 cores)
 #
 # Slow builds are cached outside the repo in $PODLOCK_CACHE (default ~/.cache/podlock) and
 # reused while their version matches. Prints the cache's bin directory on the last line.
 set -euo pipefail
 
 ETCD_VERSION="${ETCD_VERSION:-v3.5.17}"
+KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
+WITH_KUBERNETES=false
+[ "${1:-}" = "--kubernetes" ] && WITH_KUBERNETES=true
 CACHE="${PODLOCK_CACHE:-$HOME/.cache/podlock}"
 BIN="$CACHE/bin"
 mkdir -p "$BIN"
@@ -55,5 +60,48 @@ build_go_cmd() {
 
 build_go_cmd etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
 build_go_cmd etcdctl go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdctl/v3
+
+# build_kube_cmds CMD...: builds k8s.io/kubernetes/cmd/CMD at KUBE_VERSION. `go install` refuses
+# that module (its go.mod replaces every k8s.io staging module with a local directory), so a
+# throwaway module requires it and replaces each staging module with its published v0.Y.Z.
+build_kube_cmds() {
+  local missing=() cmd
+  for cmd in "$@"; do
+    if [ -x "$BIN/$cmd" ] && [ "$(cat "$BIN/.$cmd.version" 2>/dev/null)" = "$KUBE_VERSION" ]; then
+      step "$cmd $KUBE_VERSION: cached in $BIN"
+    else
+      missing+=("$cmd")
+    fi
+  done
+  [ ${#missing[@]} -gt 0 ] || return 0
+  local work staging gomod
+  work=$(mktemp -d)
+  staging="v0.${KUBE_VERSION#v1.}"
+  (
+    cd "$work"
+    go mod init podlock-build-kubernetes >/dev/null 2>&1
+    step "resolving k8s.io/kubernetes $KUBE_VERSION (staging modules at $staging)"
+    gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+    for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod"); do
+      go mod edit -replace="$m=$m@$staging"
+    done
+    go mod edit -require="k8s.io/kubernetes@$KUBE_VERSION"
+    for cmd in "${missing[@]}"; do
+      go get "k8s.io/kubernetes/cmd/$cmd@$KUBE_VERSION" >&2
+    done
+    for cmd in "${missing[@]}"; do
+      step "building $cmd $KUBE_VERSION (a few minutes on 2 cores)"
+      start=$(date +%s)
+      go build -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd" >&2
+      echo "$KUBE_VERSION" > "$BIN/.$cmd.version"
+      step "$cmd built in $(( $(date +%s) - start )) s"
+    done
+  )
+  rm -rf "$work"
+}
+
+if $WITH_KUBERNETES; then
+  build_kube_cmds kube-apiserver kube-controller-manager
+fi
 
 echo "$BIN"

@@ -1,10 +1,13 @@
 //! podlock: fair, fenced, liveness-aware locks for Kubernetes pods, on etcd.
 //!
 //! Dependencies point toward the engine: [`lock`] knows nothing of HTTP or Kubernetes;
-//! [`sidecar`] serves it over HTTP; [`cli`] talks to etcd or to a sidecar.
+//! [`sidecar`] serves it over HTTP; [`operator`] reconciles [`crd::DistributedLock`] objects
+//! with etcd; [`cli`] talks to etcd or to a sidecar.
 
 pub mod cli;
+pub mod crd;
 pub mod etcd_args;
 pub mod lock;
 pub mod metrics;
+pub mod operator;
 pub mod sidecar;

@@ -4,7 +4,7 @@ use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
 use podlock::cli::{declare, run_locked};
-use podlock::sidecar;
+use podlock::{operator, sidecar};
 
 #[derive(Parser)]
 #[command(
@@ -34,6 +34,10 @@ enum Command {
     Declare(declare::DeclareArgs),
     /// Run a command while holding a lock through the sidecar.
     Lock(run_locked::LockArgs),
+    /// Reconcile DistributedLock objects with etcd.
+    Operator(operator::OperatorArgs),
+    /// Print the DistributedLock CRD as YAML (what crds/ holds).
+    Crd,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -51,6 +55,11 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Sidecar(args) => sidecar::run(args).await,
             Command::Declare(args) => declare::run(args).await,
+            Command::Operator(args) => operator::run(args).await,
+            Command::Crd => {
+                print!("{}", podlock::crd::crd_yaml());
+                Ok(())
+            }
             Command::Lock(args) => {
                 let code = run_locked::run(args).await?;
                 std::process::exit(code)

@@ -109,3 +109,82 @@ pub fn render(registry: &Registry) -> String {
         .expect("text encoding");
     String::from_utf8(buf).expect("prometheus text is UTF-8")
 }
+
+/// The operator's metrics.
+#[derive(Clone)]
+pub struct OperatorMetrics {
+    registry: Registry,
+    /// `podlock_reconcile_total{result}`: `ok` or `error`.
+    pub reconcile_total: IntCounterVec,
+    /// `podlock_reconcile_duration_seconds`.
+    pub reconcile_duration: prometheus::Histogram,
+    /// `podlock_lock_holders{namespace,lock}`.
+    pub lock_holders: prometheus::IntGaugeVec,
+    /// `podlock_lock_waiters{namespace,lock}`.
+    pub lock_waiters: prometheus::IntGaugeVec,
+    /// `podlock_forced_releases_total{reason}`: holds the operator ended.
+    pub forced_releases: IntCounterVec,
+}
+
+impl OperatorMetrics {
+    /// Registers every operator metric in a new registry.
+    pub fn new() -> Self {
+        let registry = Registry::new();
+        let reconcile_total = IntCounterVec::new(
+            Opts::new("podlock_reconcile_total", "Reconciliations by result"),
+            &["result"],
+        )
+        .unwrap();
+        let reconcile_duration = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "podlock_reconcile_duration_seconds",
+                "Time one reconciliation took",
+            )
+            .buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
+        )
+        .unwrap();
+        let labels = &["namespace", "lock"];
+        let lock_holders =
+            prometheus::IntGaugeVec::new(Opts::new("podlock_lock_holders", "Holders of a lock"), labels)
+                .unwrap();
+        let lock_waiters =
+            prometheus::IntGaugeVec::new(Opts::new("podlock_lock_waiters", "Waiters of a lock"), labels)
+                .unwrap();
+        let forced_releases = IntCounterVec::new(
+            Opts::new(
+                "podlock_forced_releases_total",
+                "Holds the operator ended, by reason",
+            ),
+            &["reason"],
+        )
+        .unwrap();
+        for c in [
+            Box::new(reconcile_total.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(reconcile_duration.clone()),
+            Box::new(lock_holders.clone()),
+            Box::new(lock_waiters.clone()),
+            Box::new(forced_releases.clone()),
+        ] {
+            registry.register(c).unwrap();
+        }
+        OperatorMetrics {
+            registry,
+            reconcile_total,
+            reconcile_duration,
+            lock_holders,
+            lock_waiters,
+            forced_releases,
+        }
+    }
+
+    /// The registry's metrics in Prometheus text format.
+    pub fn render(&self) -> String {
+        render(&self.registry)
+    }
+}
+
+impl Default for OperatorMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}

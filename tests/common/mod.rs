@@ -8,21 +8,35 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-/// The etcd binary: `$PODLOCK_ETCD_BIN`, else the one `scripts/setup.sh` builds.
-pub fn etcd_bin() -> PathBuf {
-    if let Ok(p) = std::env::var("PODLOCK_ETCD_BIN") {
-        return p.into();
-    }
+pub mod kube;
+
+/// Where `scripts/setup.sh` puts etcd and the Kubernetes binaries.
+pub fn bin_dir() -> PathBuf {
     let cache = std::env::var("PODLOCK_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap()).join(".cache/podlock"));
-    let bin = cache.join("bin/etcd");
+    let dir = cache.join("bin");
     assert!(
-        bin.exists(),
-        "no etcd at {}: run scripts/setup.sh first",
-        bin.display()
+        dir.join("etcd").exists(),
+        "no etcd in {}: run scripts/setup.sh first",
+        dir.display()
     );
-    bin
+    dir
+}
+
+/// Spawns `cmd` so that it is killed when the spawning thread ends (a test that panics or a
+/// test binary that exits leaves no process behind).
+pub fn spawn_dying_with_parent(cmd: &mut Command) -> Child {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    cmd.spawn()
+        .unwrap_or_else(|e| panic!("cannot start {:?}: {e}", cmd.get_program()))
 }
 
 /// The podlock binary under test.
@@ -76,26 +90,26 @@ impl EtcdServer {
     pub async fn resume(&mut self) {
         assert!(self.child.is_none(), "etcd is running");
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
-        let child = Command::new(etcd_bin())
-            .args(["--name", "default", "--data-dir"])
-            .arg(self.dir.path().join("data"))
-            .args([
-                "--listen-client-urls",
-                &self.endpoint,
-                "--advertise-client-urls",
-                &self.endpoint,
-            ])
-            .args([
-                "--listen-peer-urls",
-                &peer,
-                "--initial-advertise-peer-urls",
-                &peer,
-            ])
-            .args(["--initial-cluster", &format!("default={peer}")])
-            .stdout(Stdio::null())
-            .stderr(log_file(self.dir.path(), "etcd.log"))
-            .spawn()
-            .expect("start etcd");
+        let child = spawn_dying_with_parent(
+            Command::new(bin_dir().join("etcd"))
+                .args(["--name", "default", "--data-dir"])
+                .arg(self.dir.path().join("data"))
+                .args([
+                    "--listen-client-urls",
+                    &self.endpoint,
+                    "--advertise-client-urls",
+                    &self.endpoint,
+                ])
+                .args([
+                    "--listen-peer-urls",
+                    &peer,
+                    "--initial-advertise-peer-urls",
+                    &peer,
+                ])
+                .args(["--initial-cluster", &format!("default={peer}")])
+                .stdout(Stdio::null())
+                .stderr(log_file(self.dir.path(), "etcd.log")),
+        );
         self.child = Some(child);
         wait_until(Duration::from_secs(20), || async {
             let url = format!("{}/health", self.endpoint);
@@ -152,22 +166,22 @@ impl Sidecar {
             .tempdir()
             .unwrap();
         let listen = format!("127.0.0.1:{}", free_port());
-        let child = Command::new(podlock_bin())
-            .args([
-                "sidecar",
-                "--etcd-endpoints",
-                etcd,
-                "--listen",
-                &listen,
-                "--pod-name",
-                pod,
-            ])
-            .args(extra)
-            .env("PODLOCK_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log_file(logs.path(), "sidecar.log"))
-            .spawn()
-            .expect("start sidecar");
+        let child = spawn_dying_with_parent(
+            Command::new(podlock_bin())
+                .args([
+                    "sidecar",
+                    "--etcd-endpoints",
+                    etcd,
+                    "--listen",
+                    &listen,
+                    "--pod-name",
+                    pod,
+                ])
+                .args(extra)
+                .env("PODLOCK_LOG", "info")
+                .stdout(Stdio::null())
+                .stderr(log_file(logs.path(), "sidecar.log")),
+        );
         let sidecar = Sidecar {
             child: Some(child),
             _logs: logs,

@@ -7,4 +7,5 @@ mod common;
 mod api;
 mod liveness;
 mod lock_cmd;
+mod operator;
 mod queue;

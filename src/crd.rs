@@ -1,0 +1,162 @@
+//! The `DistributedLock` custom resource (`podlock.io/v1alpha1`), from which `podlock crd`
+//! prints the CRD. Defaults and bounds live in the OpenAPI schema, so the API server rejects a
+//! bad spec with a message naming the field.
+
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::lock::HolderInfo;
+use crate::lock::keys::Settings;
+
+/// A lock (or, with `maxHolders` > 1, a counting semaphore) that pods take through their
+/// podlock sidecar.
+// Each printcolumn(...) names the same keys; clippy mistakes that for a duplicated attribute.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Clone, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[kube(
+    group = "podlock.io",
+    version = "v1alpha1",
+    kind = "DistributedLock",
+    plural = "distributedlocks",
+    singular = "distributedlock",
+    shortname = "dlock",
+    namespaced,
+    status = "DistributedLockStatus",
+    doc = "A fair, fenced lock or semaphore that pods take through their podlock sidecar",
+    printcolumn(
+        name = "HOLDER",
+        type_ = "string",
+        json_path = ".status.holders[0].pod",
+        description = "First holder's pod"
+    ),
+    printcolumn(
+        name = "WAITERS",
+        type_ = "integer",
+        json_path = ".status.waiters",
+        description = "Contenders waiting"
+    ),
+    printcolumn(
+        name = "TOKEN",
+        type_ = "integer",
+        json_path = ".status.fencingToken",
+        description = "Largest fencing token issued"
+    ),
+    printcolumn(
+        name = "TTL",
+        type_ = "integer",
+        json_path = ".spec.ttlSeconds",
+        description = "Lease TTL in seconds"
+    ),
+    printcolumn(name = "AGE", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct DistributedLockSpec {
+    /// etcd lease TTL behind every holder and waiter, in seconds.
+    #[serde(default = "default_ttl")]
+    #[schemars(range(min = 2, max = 3600), extend("default" = 15))]
+    pub ttl_seconds: u32,
+    /// 1: a mutex; N: a counting semaphore with N slots.
+    #[serde(default = "default_max_holders")]
+    #[schemars(range(min = 1, max = 10000), extend("default" = 1))]
+    pub max_holders: u32,
+    /// 0: a hold lives as long as the holder's pod; N: the app must heartbeat within N seconds
+    /// or its hold is released.
+    #[serde(default)]
+    #[schemars(range(min = 0, max = 3600), extend("default" = 0))]
+    pub heartbeat_timeout_seconds: u32,
+}
+
+fn default_ttl() -> u32 {
+    Settings::default().ttl_seconds
+}
+
+fn default_max_holders() -> u32 {
+    Settings::default().max_holders
+}
+
+impl DistributedLockSpec {
+    /// The settings the operator publishes to etcd.
+    pub fn settings(&self) -> Settings {
+        Settings {
+            ttl_seconds: self.ttl_seconds,
+            max_holders: self.max_holders,
+            heartbeat_timeout_seconds: self.heartbeat_timeout_seconds,
+        }
+    }
+}
+
+/// What etcd says about the lock, mirrored by the operator.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DistributedLockStatus {
+    /// `Pending` until the lock is live in etcd, then `Free` or `Held`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<String>,
+    /// Holders in acquisition order.
+    #[serde(default)]
+    pub holders: Vec<Holder>,
+    /// Contenders waiting behind the holders.
+    #[serde(default)]
+    pub waiters: u32,
+    /// The largest fencing token issued for this lock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<i64>,
+    /// The generation the status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// `Ready`: the lock's settings are published in etcd.
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+}
+
+/// One holder of the lock.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Holder {
+    /// The holder id the app chose.
+    pub holder_id: String,
+    /// The holder's pod.
+    pub pod: String,
+    /// The hold's fencing token.
+    pub fencing_token: i64,
+    /// When the hold began (RFC 3339).
+    pub acquired_at: String,
+}
+
+impl From<HolderInfo> for Holder {
+    fn from(h: HolderInfo) -> Self {
+        Holder {
+            holder_id: h.holder_id,
+            pod: h.pod,
+            fencing_token: h.fencing_token,
+            acquired_at: h.acquired_at,
+        }
+    }
+}
+
+/// A status condition (the subset of `metav1.Condition` podlock sets).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// The condition's type, `Ready`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    /// A CamelCase reason.
+    pub reason: String,
+    /// A message for people.
+    pub message: String,
+    /// When the status last changed (RFC 3339).
+    pub last_transition_time: String,
+    /// The generation the condition reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+}
+
+/// The CRD as YAML, exactly what `podlock crd` prints and `crds/` holds.
+pub fn crd_yaml() -> String {
+    use kube::CustomResourceExt;
+    serde_yaml::to_string(&DistributedLock::crd()).expect("CRD serializes")
+}

@@ -1,0 +1,135 @@
+//! The operator: reconciles `DistributedLock` objects with etcd and serves health and metrics.
+
+mod etcd_watch;
+mod reconcile;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use clap::Args;
+use etcd_client::GetOptions;
+use futures::StreamExt;
+use kube::api::{Api, ListParams};
+use kube::runtime::controller::{Config, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::watcher;
+use std::collections::BTreeSet;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{info, warn};
+
+use crate::crd::DistributedLock;
+use crate::etcd_args::EtcdArgs;
+use crate::lock::etcd::Etcd;
+use crate::lock::{LockId, keys, settings};
+use crate::metrics::OperatorMetrics;
+pub use etcd_watch::lock_of_key;
+use reconcile::{Context, error_policy, reconcile};
+
+/// Flags of `podlock operator`.
+#[derive(Debug, Clone, Args)]
+pub struct OperatorArgs {
+    /// Address for /healthz, /readyz and /metrics.
+    #[arg(long, env = "PODLOCK_LISTEN", default_value = "0.0.0.0:8080")]
+    pub listen: SocketAddr,
+    /// Only reconcile DistributedLocks of this namespace (default: every namespace).
+    #[arg(long, env = "PODLOCK_WATCH_NAMESPACE")]
+    pub watch_namespace: Option<String>,
+    #[command(flatten)]
+    pub etcd: EtcdArgs,
+}
+
+/// Runs the operator until SIGTERM or Ctrl-C.
+pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    let client = kube::Client::try_default()
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot reach the Kubernetes API (KUBECONFIG or in-cluster): {e}"))?;
+    let etcd = Etcd::new(args.etcd.connect().await?);
+    let metrics = OperatorMetrics::new();
+    let reporter = Reporter {
+        controller: "podlock-operator".into(),
+        instance: std::env::var("HOSTNAME").ok(),
+    };
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        etcd: etcd.clone(),
+        metrics: metrics.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
+    });
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let http = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route(
+            "/metrics",
+            get(|State(m): State<OperatorMetrics>| async move { m.render() }).with_state(metrics),
+        )
+        .with_state(etcd.clone());
+    tokio::spawn(async move { axum::serve(listener, http).await });
+    info!(listen = %args.listen, "operator serving health and metrics");
+
+    let ns = args.watch_namespace.as_deref();
+    let locks: Api<DistributedLock> = match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    };
+    if let Err(e) = remove_orphans(&locks, &etcd, ns).await {
+        warn!(error = %e, "could not clean up etcd keys of deleted locks; will retry at next start");
+    }
+    let (changed, resync) = etcd_watch::triggers(etcd, ns);
+    Controller::new(locks, watcher::Config::default())
+        .with_config(Config::default().debounce(Duration::from_millis(50)))
+        .reconcile_on(changed)
+        .reconcile_all_on(resync)
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, ctx)
+        .for_each(|_| futures::future::ready(()))
+        .await;
+    info!("operator stopped");
+    Ok(())
+}
+
+async fn readyz(State(etcd): State<Etcd>) -> (StatusCode, &'static str) {
+    match tokio::time::timeout(Duration::from_secs(1), etcd.get("/podlock/v1/readyz", None)).await {
+        Ok(Ok(_)) => (StatusCode::OK, "ready"),
+        _ => (StatusCode::SERVICE_UNAVAILABLE, "etcd did not answer within 1 s"),
+    }
+}
+
+/// Deletes the etcd keys of locks whose DistributedLock no longer exists (deleted while the
+/// operator was down).
+async fn remove_orphans(locks: &Api<DistributedLock>, etcd: &Etcd, ns: Option<&str>) -> anyhow::Result<()> {
+    let existing: BTreeSet<(String, String)> = locks
+        .list(&ListParams::default())
+        .await?
+        .items
+        .iter()
+        .filter(|dl| dl.metadata.deletion_timestamp.is_none())
+        .map(|dl| {
+            (
+                dl.metadata.namespace.clone().unwrap_or_default(),
+                dl.metadata.name.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    let mut in_etcd = BTreeSet::new();
+    for prefix in [keys::config_prefix(ns), keys::queue_root(ns)] {
+        let resp = etcd
+            .get(prefix, Some(GetOptions::new().with_prefix().with_keys_only()))
+            .await?;
+        in_etcd.extend(resp.kvs().iter().filter_map(|kv| lock_of_key(kv.key())));
+    }
+    for (namespace, name) in in_etcd.difference(&existing) {
+        let id = LockId {
+            namespace: namespace.clone(),
+            name: name.clone(),
+        };
+        let ended = settings::undeclare(etcd, &id).await?;
+        info!(lock = %id, ended, "removed etcd keys of a deleted lock");
+    }
+    Ok(())
+}

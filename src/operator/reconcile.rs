@@ -1,0 +1,224 @@
+//! The reconciler: publishes each DistributedLock's settings to etcd, mirrors its queue into
+//! `status`, and deletes its etcd keys when the object is deleted (finalizer).
+
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::{Resource, ResourceExt};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tracing::{info, warn};
+
+use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder};
+use crate::lock::etcd::Etcd;
+use crate::lock::keys::rfc3339;
+use crate::lock::{LockError, LockId, queue, settings};
+use crate::metrics::OperatorMetrics;
+
+/// The finalizer that makes deletion wait until the lock's etcd keys are gone.
+pub const FINALIZER: &str = "podlock.io/cleanup";
+
+/// How often a lock is re-read even without an etcd event (a backstop, not the mechanism).
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// What the reconciler shares.
+pub struct Context {
+    /// The Kubernetes client.
+    pub client: kube::Client,
+    /// etcd, where the locks live.
+    pub etcd: Etcd,
+    /// The operator's metrics.
+    pub metrics: OperatorMetrics,
+    /// Publishes Kubernetes Events.
+    pub recorder: Recorder,
+}
+
+/// Why a reconciliation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// etcd failed.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// The API server failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Adding or removing the finalizer failed.
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}
+
+/// Reconciles one DistributedLock.
+pub async fn reconcile(dl: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = std::time::Instant::now();
+    let ns = dl.namespace().unwrap_or_default();
+    let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &ns);
+    let result = finalizer(&api, FINALIZER, dl, |event| async {
+        match event {
+            Finalizer::Apply(dl) => apply(&dl, &api, &ctx).await,
+            Finalizer::Cleanup(dl) => cleanup(&dl, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| match e {
+        kube::runtime::finalizer::Error::ApplyFailed(e)
+        | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        other => Error::Finalizer(other.to_string()),
+    });
+    ctx.metrics
+        .reconcile_duration
+        .observe(started.elapsed().as_secs_f64());
+    let outcome = if result.is_ok() { "ok" } else { "error" };
+    ctx.metrics.reconcile_total.with_label_values(&[outcome]).inc();
+    result
+}
+
+/// Requeues a failed reconciliation with a short backoff.
+pub fn error_policy(dl: Arc<DistributedLock>, error: &Error, _ctx: Arc<Context>) -> Action {
+    warn!(lock = %dl.name_any(), namespace = dl.namespace().unwrap_or_default(), %error, "reconcile failed");
+    Action::requeue(Duration::from_secs(2))
+}
+
+fn lock_id(dl: &DistributedLock) -> LockId {
+    LockId {
+        namespace: dl.namespace().unwrap_or_default(),
+        name: dl.name_any(),
+    }
+}
+
+async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) -> Result<Action, Error> {
+    let id = lock_id(dl);
+    let want = dl.spec.settings();
+    let read = settings::read(&ctx.etcd, &id).await;
+    let published = match read {
+        Ok(current) if current.map(|d| d.settings) == Some(want) => Ok(()),
+        Ok(_) => settings::declare(&ctx.etcd, &id, &want).await.map(|()| {
+            info!(lock = %id, ?want, "published settings");
+        }),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = published {
+        let ready = condition(dl, "False", "EtcdUnavailable", &e.to_string());
+        let old = dl.status.clone().unwrap_or_default();
+        let phase = old.phase.clone().or(Some("Pending".into()));
+        let status = DistributedLockStatus {
+            phase,
+            conditions: vec![ready],
+            ..old
+        };
+        patch_status(api, dl, &status).await?;
+        return Err(e.into());
+    }
+    let resp = ctx
+        .etcd
+        .get(id.queue_prefix(), Some(queue::queue_order()))
+        .await?;
+    let state = queue::split_queue(resp.kvs(), want.max_holders, 0);
+    let old = dl.status.clone().unwrap_or_default();
+    let newest = state.holders.iter().map(|h| h.fencing_token).max();
+    let status = DistributedLockStatus {
+        phase: Some(if state.holders.is_empty() { "Free" } else { "Held" }.into()),
+        holders: state.holders.into_iter().map(Holder::from).collect(),
+        waiters: state.waiters as u32,
+        fencing_token: old.fencing_token.max(newest),
+        observed_generation: dl.metadata.generation,
+        conditions: vec![condition(dl, "True", "Published", "settings are live in etcd")],
+    };
+    let labels = [id.namespace.as_str(), id.name.as_str()];
+    ctx.metrics
+        .lock_holders
+        .with_label_values(&labels)
+        .set(status.holders.len() as i64);
+    ctx.metrics
+        .lock_waiters
+        .with_label_values(&labels)
+        .set(status.waiters.into());
+    if status != old {
+        let first = |s: &DistributedLockStatus| s.holders.first().map(|h| h.pod.clone());
+        if first(&status) != first(&old) {
+            let note = match status.holders.first() {
+                Some(h) => format!(
+                    "held by {} (pod {}, token {})",
+                    h.holder_id, h.pod, h.fencing_token
+                ),
+                None => "free".into(),
+            };
+            publish(ctx, dl, "HolderChanged", note).await;
+        }
+        patch_status(api, dl, &status).await?;
+    }
+    Ok(Action::requeue(RESYNC))
+}
+
+async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
+    let id = lock_id(dl);
+    let ended = settings::undeclare(&ctx.etcd, &id).await?;
+    info!(lock = %id, ended, "deleted the lock's etcd keys");
+    if ended > 0 {
+        ctx.metrics
+            .forced_releases
+            .with_label_values(&["lock_deleted"])
+            .inc_by(ended as u64);
+    }
+    let _ = ctx
+        .metrics
+        .lock_holders
+        .remove_label_values(&[&id.namespace, &id.name]);
+    let _ = ctx
+        .metrics
+        .lock_waiters
+        .remove_label_values(&[&id.namespace, &id.name]);
+    publish(
+        ctx,
+        dl,
+        "Deleted",
+        format!("removed from etcd; {ended} holds and waits ended"),
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+/// The `Ready` condition, keeping its transition time when the status does not change.
+fn condition(dl: &DistributedLock, status: &str, reason: &str, message: &str) -> Condition {
+    let previous = dl
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+    let since = match previous {
+        Some(c) if c.status == status => c.last_transition_time.clone(),
+        _ => rfc3339(SystemTime::now()),
+    };
+    Condition {
+        type_: "Ready".into(),
+        status: status.into(),
+        reason: reason.into(),
+        message: message.into(),
+        last_transition_time: since,
+        observed_generation: dl.metadata.generation,
+    }
+}
+
+async fn patch_status(
+    api: &Api<DistributedLock>,
+    dl: &DistributedLock,
+    status: &DistributedLockStatus,
+) -> Result<(), Error> {
+    let patch = json!({ "status": status });
+    api.patch_status(&dl.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
+}
+
+async fn publish(ctx: &Context, dl: &DistributedLock, reason: &str, note: String) {
+    let event = Event {
+        type_: EventType::Normal,
+        reason: reason.into(),
+        note: Some(note),
+        action: reason.into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&event, &dl.object_ref(&())).await {
+        warn!(lock = %dl.name_any(), error = %e, "could not publish a Kubernetes Event");
+    }
+}
