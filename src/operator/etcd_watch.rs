@@ -1,18 +1,24 @@
-//! Turns etcd changes under `/podlock/v1/` into reconcile requests, so that status follows etcd
-//! within a second without polling. A broken watch is re-established from "now", followed by a
-//! reconcile of every lock, so nothing that happened in between is missed.
+//! The operator's view of etcd: one watch over the settings and queues it manages that
+//! (1) asks the controller to reconcile a lock whenever its keys change, so that status follows
+//! etcd within a second without polling, and (2) keeps an index of queue entries by pod for the
+//! pod-liveness check. A broken watch is re-established after a fresh read of every queue, and
+//! every lock is reconciled again, so nothing that happened in between is missed.
 
-use etcd_client::WatchOptions;
-use futures::Stream;
+use etcd_client::{EventType, GetOptions, WatchOptions};
 use kube::runtime::reflector::ObjectRef;
-use std::time::Duration;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::warn;
 
 use crate::crd::DistributedLock;
 use crate::lock::etcd::Etcd;
-use crate::lock::keys;
+use crate::lock::{Entry, LockId, keys};
+
+/// A pod, by namespace and name.
+pub type PodKey = (String, String);
 
 /// The lock a podlock key belongs to: `(namespace, name)`.
 pub fn lock_of_key(key: &[u8]) -> Option<(String, String)> {
@@ -27,81 +33,187 @@ pub fn lock_of_key(key: &[u8]) -> Option<(String, String)> {
     }
 }
 
-/// Two streams: the lock of every etcd change, and a tick whenever every lock must be
-/// reconciled (after the watch broke and was re-established).
-/// With `namespace`, only that namespace's locks are watched.
-pub fn triggers(
-    etcd: Etcd,
-    namespace: Option<&str>,
-) -> (
-    impl Stream<Item = ObjectRef<DistributedLock>> + use<>,
-    impl Stream<Item = ()> + use<>,
-) {
+/// One queue entry (hold or wait) of a pod.
+#[derive(Debug, Clone)]
+pub struct PodEntry {
+    /// The lock.
+    pub lock: LockId,
+    /// The queue key.
+    pub key: String,
+    /// Its create revision (the fencing token once held).
+    pub revision: i64,
+    /// The sidecar's lease.
+    pub lease: i64,
+    /// The holder id.
+    pub holder_id: String,
+    /// The pod uid the sidecar was started with.
+    pub uid: String,
+    /// When the hold began (acquisition, or the request while it waits).
+    pub since: SystemTime,
+}
+
+/// Queue entries by pod.
+#[derive(Default)]
+pub struct PodIndex(Mutex<HashMap<PodKey, BTreeMap<String, PodEntry>>>);
+
+impl PodIndex {
+    /// The entries of one pod.
+    pub fn entries_of(&self, pod: &PodKey) -> Vec<PodEntry> {
+        self.0
+            .lock()
+            .unwrap()
+            .get(pod)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every pod that has entries.
+    pub fn pods(&self) -> Vec<PodKey> {
+        self.0.lock().unwrap().keys().cloned().collect()
+    }
+
+    fn clear(&self) {
+        self.0.lock().unwrap().clear();
+    }
+
+    /// Records a queue key-value bound to a pod; returns its pod. Entries without a pod uid
+    /// (sidecars outside Kubernetes) are not bound to any pod and are left out.
+    fn put(&self, kv: &etcd_client::KeyValue) -> Option<PodKey> {
+        let (ns, name) = lock_of_key(kv.key())?;
+        let entry: Entry = serde_json::from_slice(kv.value()).ok()?;
+        if entry.pod.uid.is_empty() {
+            return None;
+        }
+        let since = entry.acquired_at.as_deref().unwrap_or(&entry.requested_at);
+        let pod = (entry.pod.namespace.clone(), entry.pod.name.clone());
+        let e = PodEntry {
+            lock: LockId { namespace: ns, name },
+            key: kv.key_str().ok()?.to_string(),
+            revision: kv.create_revision(),
+            lease: kv.lease(),
+            holder_id: entry.holder_id,
+            uid: entry.pod.uid,
+            since: humantime::parse_rfc3339_weak(since).ok()?,
+        };
+        self.0
+            .lock()
+            .unwrap()
+            .entry(pod.clone())
+            .or_default()
+            .insert(e.key.clone(), e);
+        Some(pod)
+    }
+
+    fn remove(&self, key: &str) {
+        let mut map = self.0.lock().unwrap();
+        map.retain(|_, entries| {
+            entries.remove(key);
+            !entries.is_empty()
+        });
+    }
+}
+
+/// What the etcd watch feeds the operator.
+pub struct Feeds {
+    /// The lock of every change, for the controller.
+    pub changed: ReceiverStream<ObjectRef<DistributedLock>>,
+    /// A tick whenever every lock must be reconciled.
+    pub resync: ReceiverStream<()>,
+    /// Pods that got a new queue entry, or all pods after a re-read.
+    pub pods: mpsc::Receiver<PodKey>,
+    /// Queue entries by pod.
+    pub index: Arc<PodIndex>,
+}
+
+/// Starts watching the settings and queues of `namespace` (all when `None`).
+pub fn spawn(etcd: Etcd, namespace: Option<&str>) -> Feeds {
     let prefixes = [keys::config_prefix(namespace), keys::queue_root(namespace)];
     let (changed, changed_rx) = mpsc::channel(1024);
-    let (all, all_rx) = mpsc::channel(1);
+    let (resync, resync_rx) = mpsc::channel(1);
+    let (pods, pods_rx) = mpsc::channel(1024);
+    let index = Arc::new(PodIndex::default());
+    let feeds = Feeds {
+        changed: ReceiverStream::new(changed_rx),
+        resync: ReceiverStream::new(resync_rx),
+        pods: pods_rx,
+        index: index.clone(),
+    };
     tokio::spawn(async move {
-        let mut first = true;
         loop {
-            if !first {
-                let _ = all.try_send(());
+            if let Err(e) = follow(&etcd, &prefixes, &index, &changed, &resync, &pods).await {
+                warn!(error = %e, "etcd watch broke; re-reading and re-watching");
             }
-            first = false;
-            let mut stream = match watch_prefixes(&etcd, &prefixes).await {
-                Ok(s) => s,
-                Err(e) => {
-                    warn!(error = %e, "cannot watch etcd; retrying");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                    continue;
-                }
-            };
-            loop {
-                match stream.message().await {
-                    Ok(Some(resp)) => {
-                        for ev in resp.events() {
-                            let Some((ns, name)) = ev.kv().and_then(|kv| lock_of_key(kv.key())) else {
-                                continue;
-                            };
-                            if changed.send(ObjectRef::new(&name).within(&ns)).await.is_err() {
-                                return;
-                            }
-                        }
-                        if resp.canceled() {
-                            warn!(
-                                reason = resp.cancel_reason(),
-                                "etcd cancelled the watch; re-watching"
-                            );
-                            break;
-                        }
-                    }
-                    Ok(None) => break,
-                    Err(e) => {
-                        warn!(error = %e, "etcd watch broke; re-watching");
-                        break;
-                    }
-                }
+            if changed.is_closed() {
+                return;
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     });
-    (ReceiverStream::new(changed_rx), ReceiverStream::new(all_rx))
+    feeds
 }
 
-/// One watch stream over every prefix, from now on.
-async fn watch_prefixes(
+/// Reads every queue, then follows changes until the watch breaks.
+async fn follow(
     etcd: &Etcd,
-    prefixes: &[String],
-) -> Result<etcd_client::WatchStream, etcd_client::Error> {
-    let opts = || Some(WatchOptions::new().with_prefix());
+    prefixes: &[String; 2],
+    index: &PodIndex,
+    changed: &mpsc::Sender<ObjectRef<DistributedLock>>,
+    resync: &mpsc::Sender<()>,
+    pods: &mpsc::Sender<PodKey>,
+) -> Result<(), String> {
+    let all = etcd
+        .get(prefixes[1].as_str(), Some(GetOptions::new().with_prefix()))
+        .await
+        .map_err(|e| e.to_string())?;
+    let revision = all.header().map_or(0, |h| h.revision());
+    index.clear();
+    all.kvs().iter().for_each(|kv| drop(index.put(kv)));
+    let _ = resync.try_send(());
+    for pod in index.pods() {
+        let _ = pods.send(pod).await;
+    }
+    let opts = || {
+        Some(
+            WatchOptions::new()
+                .with_prefix()
+                .with_start_revision(revision + 1),
+        )
+    };
     let mut stream = etcd
         .client()
         .watch_client()
         .watch(prefixes[0].as_str(), opts())
-        .await?;
-    for p in &prefixes[1..] {
-        stream.watch(p.as_str(), opts()).await?;
+        .await
+        .map_err(|e| e.to_string())?;
+    stream
+        .watch(prefixes[1].as_str(), opts())
+        .await
+        .map_err(|e| e.to_string())?;
+    while let Some(resp) = stream.message().await.map_err(|e| e.to_string())? {
+        if resp.canceled() {
+            return Err(format!("etcd cancelled the watch: {}", resp.cancel_reason()));
+        }
+        for ev in resp.events() {
+            let Some(kv) = ev.kv() else { continue };
+            let Some((ns, name)) = lock_of_key(kv.key()) else {
+                continue;
+            };
+            if kv.key().starts_with(prefixes[1].as_bytes()) {
+                match ev.event_type() {
+                    EventType::Put => {
+                        if let Some(pod) = index.put(kv) {
+                            let _ = pods.send(pod).await;
+                        }
+                    }
+                    EventType::Delete => index.remove(kv.key_str().unwrap_or_default()),
+                }
+            }
+            if changed.send(ObjectRef::new(&name).within(&ns)).await.is_err() {
+                return Ok(());
+            }
+        }
     }
-    Ok(stream)
+    Err("etcd closed the watch stream".into())
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! The operator: reconciles `DistributedLock` objects with etcd and serves health and metrics.
 
 mod etcd_watch;
+pub mod liveness;
 mod reconcile;
 
 use axum::Router;
@@ -66,7 +67,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         .route("/readyz", get(readyz))
         .route(
             "/metrics",
-            get(|State(m): State<OperatorMetrics>| async move { m.render() }).with_state(metrics),
+            get(|State(m): State<OperatorMetrics>| async move { m.render() }).with_state(metrics.clone()),
         )
         .with_state(etcd.clone());
     tokio::spawn(async move { axum::serve(listener, http).await });
@@ -80,11 +81,19 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     if let Err(e) = remove_orphans(&locks, &etcd, ns).await {
         warn!(error = %e, "could not clean up etcd keys of deleted locks; will retry at next start");
     }
-    let (changed, resync) = etcd_watch::triggers(etcd, ns);
+    let feeds = etcd_watch::spawn(etcd.clone(), ns);
+    tokio::spawn(liveness::run(
+        client.clone(),
+        etcd,
+        feeds.index,
+        feeds.pods,
+        args.watch_namespace.clone(),
+        metrics.clone(),
+    ));
     Controller::new(locks, watcher::Config::default())
         .with_config(Config::default().debounce(Duration::from_millis(50)))
-        .reconcile_on(changed)
-        .reconcile_all_on(resync)
+        .reconcile_on(feeds.changed)
+        .reconcile_all_on(feeds.resync)
         .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
         .for_each(|_| futures::future::ready(()))

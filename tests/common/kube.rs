@@ -27,6 +27,24 @@ pub struct ControlPlane {
 
 const TOKEN: &str = "podlock-test-admin-token";
 
+/// The shared control plane with the DistributedLock CRD installed and established.
+pub fn with_crd() -> &'static ControlPlane {
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    let plane = shared();
+    INSTALLED.get_or_init(|| {
+        let crd = include_str!("../../crds/distributedlock.yaml");
+        let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], crd);
+        assert!(ok, "CRD apply: {err}");
+        let (ok, _, err) = plane.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/distributedlocks.podlock.io",
+        ]);
+        assert!(ok, "CRD not established: {err}");
+    });
+    plane
+}
+
 /// The control plane shared by the tests of this binary, started on first use.
 pub fn shared() -> &'static ControlPlane {
     static PLANE: OnceLock<&'static ControlPlane> = OnceLock::new();

@@ -8,4 +8,5 @@ mod api;
 mod liveness;
 mod lock_cmd;
 mod operator;
+mod pod_liveness;
 mod queue;

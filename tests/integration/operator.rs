@@ -5,7 +5,7 @@ use podlock::crd::DistributedLock;
 use serde_json::json;
 use std::time::{Duration, Instant};
 
-use crate::common::kube::{ControlPlane, Operator, shared};
+use crate::common::kube::{ControlPlane, Operator, with_crd};
 use crate::common::{Sidecar, wait_until};
 
 const CRD: &str = include_str!("../../crds/distributedlock.yaml");
@@ -24,20 +24,6 @@ fn crds_dir_holds_exactly_what_podlock_crd_prints() {
     );
 }
 
-/// The shared control plane with the CRD installed and established.
-fn plane_with_crd() -> &'static ControlPlane {
-    let plane = shared();
-    let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], CRD);
-    assert!(ok, "CRD apply: {err}");
-    let (ok, _, err) = plane.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/distributedlocks.podlock.io",
-    ]);
-    assert!(ok, "CRD not established: {err}");
-    plane
-}
-
 fn lock_yaml(ns: &str, name: &str, spec: &str) -> String {
     format!(
         "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec: {spec}\n"
@@ -46,7 +32,7 @@ fn lock_yaml(ns: &str, name: &str, spec: &str) -> String {
 
 #[tokio::test]
 async fn the_crd_rejects_invalid_specs_naming_the_field_and_fills_defaults() {
-    let plane = plane_with_crd();
+    let plane = with_crd();
     let ns = plane.namespace("crd-check");
     for (spec, field) in [
         ("{ttlSeconds: 1}", "spec.ttlSeconds"),
@@ -99,7 +85,7 @@ async fn operator_for(plane: &ControlPlane, ns: &str) -> Operator {
 
 #[tokio::test]
 async fn status_follows_etcd_within_a_second() {
-    let plane = plane_with_crd();
+    let plane = with_crd();
     let ns = plane.namespace("status");
     let _op = operator_for(plane, &ns).await;
     let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
@@ -173,7 +159,7 @@ async fn status_follows_etcd_within_a_second() {
 
 #[tokio::test]
 async fn deleting_the_object_ends_holds_and_leaves_no_etcd_keys() {
-    let plane = plane_with_crd();
+    let plane = with_crd();
     let ns = plane.namespace("deletion");
     let _op = operator_for(plane, &ns).await;
     let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
@@ -201,7 +187,7 @@ async fn deleting_the_object_ends_holds_and_leaves_no_etcd_keys() {
 
 #[tokio::test]
 async fn an_operator_restart_loses_nothing_and_cleans_orphans() {
-    let plane = plane_with_crd();
+    let plane = with_crd();
     let ns = plane.namespace("restart");
     let mut op = operator_for(plane, &ns).await;
     let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
@@ -243,7 +229,7 @@ async fn an_operator_restart_loses_nothing_and_cleans_orphans() {
 
 #[tokio::test]
 async fn locks_of_two_namespaces_are_independent() {
-    let plane = plane_with_crd();
+    let plane = with_crd();
     let (ns_a, ns_b) = (plane.namespace("team-a"), plane.namespace("team-b"));
     let (_op_a, _op_b) = (operator_for(plane, &ns_a).await, operator_for(plane, &ns_b).await);
     plane.kubectl_stdin(

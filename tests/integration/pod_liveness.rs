@@ -1,0 +1,201 @@
+//! Pod liveness on a real kube-apiserver: when a holder's pod dies, the operator ends the hold
+//! and the next waiter gets the lock within a second, not after the TTL. No kubelet: the tests
+//! create Pods and write their status themselves.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::common::kube::{ControlPlane, Operator, with_crd};
+use crate::common::{Sidecar, wait_until};
+
+/// The control plane, the CRD, a namespace with one lock (TTL 30 s, so a handoff within a
+/// second can only come from the operator), and an operator for it.
+async fn setup(ns: &str) -> (&'static ControlPlane, Operator, Api<Pod>) {
+    let plane = with_crd();
+    plane.namespace(ns);
+    let lock = format!(
+        "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: job, namespace: {ns}}}\nspec: {{ttlSeconds: 30}}\n"
+    );
+    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
+    let op = Operator::start(plane, &["--watch-namespace", ns]).await;
+    let key = format!("/podlock/v1/config/{ns}/job");
+    wait_until(Duration::from_secs(10), || async {
+        plane.etcd.count(&key).await == 1
+    })
+    .await
+    .expect("lock published");
+    (plane, op, Api::namespaced(plane.client().await, ns))
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// Creates a running pod (app container + podlock sidecar) and returns its uid.
+async fn running_pod(pods: &Api<Pod>, name: &str) -> String {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"podlock.io/sidecar": "true"}},
+        "spec": {"containers": [{"name": "app", "image": "app"}, {"name": "podlock", "image": "podlock"}]}
+    }))
+    .unwrap();
+    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+    set_status(pods, name, "Running", SystemTime::now() - Duration::from_secs(60)).await;
+    created.metadata.uid.unwrap()
+}
+
+/// Writes the pod's phase and its app container's start time, as a kubelet would.
+async fn set_status(pods: &Api<Pod>, name: &str, phase: &str, app_started: SystemTime) {
+    let status = json!({"status": {"phase": phase, "containerStatuses": [{
+        "name": "app", "image": "app", "imageID": "", "ready": true, "restartCount": 0, "started": true,
+        "state": {"running": {"startedAt": rfc3339(app_started)}}
+    }]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
+}
+
+/// A sidecar for pod `name` (uid `uid`) in namespace `ns`.
+async fn sidecar(plane: &ControlPlane, ns: &str, name: &str, uid: &str) -> Arc<Sidecar> {
+    Arc::new(Sidecar::start(&plane.etcd.endpoint, name, &["--namespace", ns, "--pod-uid", uid]).await)
+}
+
+/// A holder pod and a waiter pod on lock `job`; returns (holder sidecar, pending waiter grant).
+async fn holder_and_waiter(
+    plane: &ControlPlane,
+    pods: &Api<Pod>,
+    ns: &str,
+    trial: usize,
+) -> (Arc<Sidecar>, Arc<Sidecar>, tokio::task::JoinHandle<Instant>) {
+    let (h, w) = (format!("holder-{trial}"), format!("waiter-{trial}"));
+    let (hu, wu) = (running_pod(pods, &h).await, running_pod(pods, &w).await);
+    let (hs, ws) = (
+        sidecar(plane, ns, &h, &hu).await,
+        sidecar(plane, ns, &w, &wu).await,
+    );
+    hs.must_acquire("job", json!({})).await;
+    let w2 = ws.clone();
+    let granted = tokio::spawn(async move {
+        w2.must_acquire("job", json!({})).await;
+        Instant::now()
+    });
+    wait_until(Duration::from_secs(5), || async {
+        hs.get("/v1/locks/job").await.1["waiters"] == 1
+    })
+    .await
+    .unwrap();
+    (hs, ws, granted)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
+}
+
+#[tokio::test]
+async fn a_dead_holders_pod_hands_the_lock_over_within_a_second() {
+    let ns = "liveness";
+    let (plane, op, pods) = setup(ns).await;
+    let kinds = ["deleted", "failed", "restarted"];
+    let mut handoffs: Vec<(&str, Duration)> = vec![];
+    for trial in 0..21 {
+        let kind = kinds[trial % 3];
+        let (holder, waiter, granted) = holder_and_waiter(plane, &pods, ns, trial).await;
+        let name = format!("holder-{trial}");
+        match kind {
+            "deleted" => drop(pods.delete(&name, &DeleteParams::default()).await.unwrap()),
+            "failed" => {
+                set_status(
+                    &pods,
+                    &name,
+                    "Failed",
+                    SystemTime::now() - Duration::from_secs(60),
+                )
+                .await
+            }
+            _ => {
+                // A kubelet reports whole seconds: restart in a later second than the grant.
+                tokio::time::sleep(Duration::from_millis(1000)).await;
+                set_status(&pods, &name, "Running", SystemTime::now()).await
+            }
+        }
+        let changed = Instant::now();
+        let Ok(at) = tokio::time::timeout(Duration::from_secs(5), granted).await else {
+            panic!(
+                "trial {trial} ({kind}): waiter not granted; operator log:\n{}",
+                op.log()
+            );
+        };
+        let at = at.unwrap();
+        handoffs.push((kind, at.saturating_duration_since(changed)));
+        // The old holder's sidecar was told.
+        let (_, mine) = holder.get("/v1/locks").await;
+        assert_eq!(mine["locks"], json!([]), "{kind}: holder still believes it holds");
+        assert_eq!(waiter.post("job", "release", json!({})).await.0, 200);
+    }
+    let mut all: Vec<Duration> = handoffs.iter().map(|(_, d)| *d).collect();
+    all.sort();
+    let (p50, p99) = (percentile(&all, 0.50), percentile(&all, 0.99));
+    eprintln!(
+        "pod liveness handoff over {} trials: p50 {p50:?}, p99 {p99:?}; each: {handoffs:?}",
+        all.len()
+    );
+    assert!(p99 < Duration::from_secs(1), "p99 handoff {p99:?}");
+    let metrics = op.metrics().await;
+    for reason in ["pod_deleted", "pod_failed", "container_restarted"] {
+        let line = format!("podlock_forced_releases_total{{reason=\"{reason}\"}} 7");
+        assert!(metrics.contains(&line), "missing {line}:\n{metrics}");
+    }
+}
+
+#[tokio::test]
+async fn a_pod_replaced_while_the_operator_was_down_loses_its_holds() {
+    let ns = "replaced";
+    let (plane, mut op, pods) = setup(ns).await;
+    let (_holder, _waiter, granted) = holder_and_waiter(plane, &pods, ns, 0).await;
+    op.kill();
+    pods.delete("holder-0", &DeleteParams::default()).await.unwrap();
+    wait_until(Duration::from_secs(5), || async {
+        pods.get_opt("holder-0").await.unwrap().is_none()
+    })
+    .await
+    .unwrap();
+    running_pod(&pods, "holder-0").await; // same name, new uid
+    let restarted = Instant::now();
+    let op = Operator::start(plane, &["--watch-namespace", ns]).await;
+    let at = tokio::time::timeout(Duration::from_secs(5), granted)
+        .await
+        .expect("waiter granted")
+        .unwrap();
+    eprintln!(
+        "replaced pod: waiter granted {:?} after the operator restarted",
+        at - restarted
+    );
+    assert!(
+        op.metrics()
+            .await
+            .contains("podlock_forced_releases_total{reason=\"pod_replaced\"} 1")
+    );
+}
+
+#[tokio::test]
+async fn a_slow_pod_keeps_its_hold() {
+    let ns = "slow";
+    let (plane, _op, pods) = setup(ns).await;
+    let (holder, _waiter, granted) = holder_and_waiter(plane, &pods, ns, 0).await;
+    // Not ready, restarting nothing: merely slow.
+    let slow = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}],
+        "containerStatuses": [{"name": "app", "image": "app", "imageID": "", "ready": false, "restartCount": 0,
+        "state": {"running": {"startedAt": rfc3339(SystemTime::now() - Duration::from_secs(60))}}}]}});
+    pods.patch_status("holder-0", &PatchParams::default(), &Patch::Merge(&slow))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !granted.is_finished(),
+        "the waiter got a lock that a live pod holds"
+    );
+    assert_eq!(holder.get("/v1/locks").await.1["locks"][0]["state"], "held");
+    granted.abort();
+}
