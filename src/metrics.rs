@@ -124,6 +124,8 @@ pub struct OperatorMetrics {
     pub lock_waiters: prometheus::IntGaugeVec,
     /// `podlock_forced_releases_total{reason}`: holds the operator ended.
     pub forced_releases: IntCounterVec,
+    /// `podlock_operator_leader`: 1 while this replica leads.
+    pub leader: IntGauge,
 }
 
 impl OperatorMetrics {
@@ -158,8 +160,10 @@ impl OperatorMetrics {
             &["reason"],
         )
         .unwrap();
+        let leader = IntGauge::new("podlock_operator_leader", "1 while this replica leads").unwrap();
         for c in [
-            Box::new(reconcile_total.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(leader.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(reconcile_total.clone()),
             Box::new(reconcile_duration.clone()),
             Box::new(lock_holders.clone()),
             Box::new(lock_waiters.clone()),
@@ -174,6 +178,7 @@ impl OperatorMetrics {
             lock_holders,
             lock_waiters,
             forced_releases,
+            leader,
         }
     }
 

@@ -298,7 +298,12 @@ impl Engine {
         pending.ticket = Some((ticket.clone(), session.clone()));
         let max_holders = declared.settings.max_holders;
         if !held {
-            match queue::wait_turn(&self.0.etcd, &req.lock, &ticket, max_holders, deadline).await? {
+            let turn = if req.wait.is_zero() {
+                Turn::TimedOut // try-once: no need to read the queue again
+            } else {
+                queue::wait_turn(&self.0.etcd, &req.lock, &ticket, max_holders, deadline).await?
+            };
+            match turn {
                 Turn::Granted => {
                     let mut entry = self.entry(&req, session.ttl, declared.settings);
                     entry.acquired_at = Some(rfc3339(SystemTime::now()));
@@ -308,6 +313,13 @@ impl Engine {
                 }
                 Turn::Gone => return Err(self.vanished(&req.lock).await),
                 Turn::TimedOut => {
+                    // Leave the queue before answering, so the 409 means "no trace left".
+                    if let Some((ticket, session)) = pending.ticket.take()
+                        && let Err(e) = queue::remove(&self.0.etcd, &ticket).await
+                    {
+                        warn!(key = ticket.key, error = %e, "could not leave the queue; retrying in the background");
+                        hold::spawn_removal(self.clone(), ticket, session);
+                    }
                     let holders = self
                         .inspect(&req.lock)
                         .await

@@ -125,8 +125,9 @@ pub struct Feeds {
     pub index: Arc<PodIndex>,
 }
 
-/// Starts watching the settings and queues of `namespace` (all when `None`).
-pub fn spawn(etcd: Etcd, namespace: Option<&str>) -> Feeds {
+/// Watches the settings and queues of `namespace` (all when `None`): returns the feeds and the
+/// future that fills them (it runs until dropped).
+pub fn watch(etcd: Etcd, namespace: Option<&str>) -> (Feeds, impl Future<Output = ()> + use<>) {
     let prefixes = [keys::config_prefix(namespace), keys::queue_root(namespace)];
     let (changed, changed_rx) = mpsc::channel(1024);
     let (resync, resync_rx) = mpsc::channel(1);
@@ -138,7 +139,7 @@ pub fn spawn(etcd: Etcd, namespace: Option<&str>) -> Feeds {
         pods: pods_rx,
         index: index.clone(),
     };
-    tokio::spawn(async move {
+    let pump = async move {
         loop {
             if let Err(e) = follow(&etcd, &prefixes, &index, &changed, &resync, &pods).await {
                 warn!(error = %e, "etcd watch broke; re-reading and re-watching");
@@ -148,8 +149,8 @@ pub fn spawn(etcd: Etcd, namespace: Option<&str>) -> Feeds {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-    });
-    feeds
+    };
+    (feeds, pump)
 }
 
 /// Reads every queue, then follows changes until the watch breaks.

@@ -1,6 +1,7 @@
 //! The operator: reconciles `DistributedLock` objects with etcd and serves health and metrics.
 
 mod etcd_watch;
+mod leader;
 pub mod liveness;
 mod reconcile;
 
@@ -39,6 +40,8 @@ pub struct OperatorArgs {
     #[arg(long, env = "PODLOCK_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
     #[command(flatten)]
+    pub leader: leader::LeaderArgs,
+    #[command(flatten)]
     pub etcd: EtcdArgs,
 }
 
@@ -73,33 +76,59 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     tokio::spawn(async move { axum::serve(listener, http).await });
     info!(listen = %args.listen, "operator serving health and metrics");
 
-    let ns = args.watch_namespace.as_deref();
+    let leader_gauge = metrics.leader.clone();
+    let lead = || lead(ctx.clone(), args.watch_namespace.clone());
+    leader::run_when_leader(
+        client,
+        &args.leader,
+        |l| leader_gauge.set(l.into()),
+        lead,
+        shutdown_signal(),
+    )
+    .await?;
+    info!("operator stopped");
+    Ok(())
+}
+
+/// The leader's work: clean up orphans, then reconcile locks and watch pods until dropped.
+async fn lead(ctx: Arc<Context>, namespace: Option<String>) {
+    let ns = namespace.as_deref();
     let locks: Api<DistributedLock> = match ns {
-        Some(ns) => Api::namespaced(client.clone(), ns),
-        None => Api::all(client.clone()),
+        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
+        None => Api::all(ctx.client.clone()),
     };
-    if let Err(e) = remove_orphans(&locks, &etcd, ns).await {
-        warn!(error = %e, "could not clean up etcd keys of deleted locks; will retry at next start");
+    if let Err(e) = remove_orphans(&locks, &ctx.etcd, ns).await {
+        warn!(error = %e, "could not clean up etcd keys of deleted locks; will retry when leading again");
     }
-    let feeds = etcd_watch::spawn(etcd.clone(), ns);
-    tokio::spawn(liveness::run(
-        client.clone(),
-        etcd,
+    let (feeds, pump) = etcd_watch::watch(ctx.etcd.clone(), ns);
+    let liveness = liveness::run(
+        ctx.client.clone(),
+        ctx.etcd.clone(),
         feeds.index,
         feeds.pods,
-        args.watch_namespace.clone(),
-        metrics.clone(),
-    ));
-    Controller::new(locks, watcher::Config::default())
+        namespace.clone(),
+        ctx.metrics.clone(),
+    );
+    let controller = Controller::new(locks, watcher::Config::default())
         .with_config(Config::default().debounce(Duration::from_millis(50)))
         .reconcile_on(feeds.changed)
         .reconcile_all_on(feeds.resync)
-        .shutdown_on_signal()
         .run(reconcile, error_policy, ctx)
-        .for_each(|_| futures::future::ready(()))
-        .await;
-    info!("operator stopped");
-    Ok(())
+        .for_each(|_| futures::future::ready(()));
+    tokio::select! {
+        _ = pump => {}
+        _ = liveness => {}
+        _ = controller => {}
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = term.recv() => info!("SIGTERM: stopping"),
+        _ = tokio::signal::ctrl_c() => info!("interrupted: stopping"),
+    }
 }
 
 async fn readyz(State(etcd): State<Etcd>) -> (StatusCode, &'static str) {

@@ -202,8 +202,9 @@ pub struct Operator {
 }
 
 impl Operator {
-    /// Starts an operator against `plane`, waiting until it serves.
-    pub async fn start(plane: &ControlPlane, extra: &[&str]) -> Self {
+    /// Starts an operator for namespace `ns` of `plane` (its leader Lease in that namespace
+    /// too, so tests do not contend), waiting until it serves.
+    pub async fn start(plane: &ControlPlane, ns: &str) -> Self {
         let logs = tempfile::Builder::new()
             .prefix("podlock-operator-")
             .tempdir()
@@ -218,7 +219,13 @@ impl Operator {
                     "--listen",
                     &listen,
                 ])
-                .args(extra)
+                .args(["--watch-namespace", ns, "--leader-election-namespace", ns])
+                .args([
+                    "--leader-election-id",
+                    "podlock-operator",
+                    "--leader-lease-seconds",
+                    "3",
+                ])
                 .env("KUBECONFIG", &plane.kubeconfig)
                 .env("PODLOCK_LOG", "info,kube=warn")
                 .stdout(Stdio::null())
@@ -248,6 +255,19 @@ impl Operator {
     /// Its log so far.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.logs.path().join("operator.log")).unwrap_or_default()
+    }
+
+    /// Its process id.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().unwrap().id() as i32
+    }
+
+    /// Whether it leads, by its `podlock_operator_leader` metric.
+    pub async fn leads(&self) -> bool {
+        self.metrics()
+            .await
+            .lines()
+            .any(|l| l == "podlock_operator_leader 1")
     }
 
     /// Its /metrics text.

@@ -80,7 +80,7 @@ async fn status_until(
 }
 
 async fn operator_for(plane: &ControlPlane, ns: &str) -> Operator {
-    Operator::start(plane, &["--watch-namespace", ns]).await
+    Operator::start(plane, ns).await
 }
 
 #[tokio::test]
@@ -265,4 +265,44 @@ async fn locks_of_two_namespaces_are_independent() {
         s.holders.len() == 1 && s.holders[0].pod == "pod-b"
     })
     .await;
+}
+
+#[tokio::test]
+async fn of_two_replicas_one_leads_and_a_killed_leader_is_replaced_within_the_lease() {
+    let plane = with_crd();
+    let ns = plane.namespace("ha");
+    let (a, b) = (
+        Operator::start(plane, &ns).await,
+        Operator::start(plane, &ns).await,
+    );
+    wait_until(Duration::from_secs(10), || async {
+        a.leads().await != b.leads().await
+    })
+    .await
+    .unwrap_or_else(|e| panic!("exactly one replica leads: {e}\nA:\n{}\nB:\n{}", a.log(), b.log()));
+    let (mut leader, follower) = if a.leads().await { (a, b) } else { (b, a) };
+    let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
+    plane.kubectl_stdin(&["apply", "-f", "-"], &lock_yaml(&ns, "first", "{}"));
+    status_until(&api, "first", "Free", |s| s.phase.as_deref() == Some("Free")).await;
+    assert!(
+        !follower.metrics().await.contains("podlock_reconcile_total{"),
+        "the follower reconciled"
+    );
+
+    leader.kill();
+    let killed = Instant::now();
+    let handover = wait_until(Duration::from_secs(10), || follower.leads())
+        .await
+        .expect("the follower takes over");
+    eprintln!("operator leader handover after kill -9: {handover:?} (lease 3 s)");
+    assert!(
+        handover < Duration::from_secs(3 + 2),
+        "handover took {handover:?}"
+    );
+    plane.kubectl_stdin(&["apply", "-f", "-"], &lock_yaml(&ns, "second", "{}"));
+    status_until(&api, "second", "Free", |s| s.phase.as_deref() == Some("Free")).await;
+    eprintln!(
+        "new leader reconciled a new lock {:?} after the kill",
+        killed.elapsed()
+    );
 }

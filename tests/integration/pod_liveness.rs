@@ -20,7 +20,7 @@ async fn setup(ns: &str) -> (&'static ControlPlane, Operator, Api<Pod>) {
         "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: job, namespace: {ns}}}\nspec: {{ttlSeconds: 30}}\n"
     );
     assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
-    let op = Operator::start(plane, &["--watch-namespace", ns]).await;
+    let op = Operator::start(plane, ns).await;
     let key = format!("/podlock/v1/config/{ns}/job");
     wait_until(Duration::from_secs(10), || async {
         plane.etcd.count(&key).await == 1
@@ -163,8 +163,9 @@ async fn a_pod_replaced_while_the_operator_was_down_loses_its_holds() {
     .unwrap();
     running_pod(&pods, "holder-0").await; // same name, new uid
     let restarted = Instant::now();
-    let op = Operator::start(plane, &["--watch-namespace", ns]).await;
-    let at = tokio::time::timeout(Duration::from_secs(5), granted)
+    let op = Operator::start(plane, ns).await;
+    // The new operator leads once the killed one's Lease (3 s) has run out.
+    let at = tokio::time::timeout(Duration::from_secs(10), granted)
         .await
         .expect("waiter granted")
         .unwrap();
