@@ -13,10 +13,10 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::Engine;
 use super::keys::LockId;
 use super::queue::{self, Ticket};
 use super::session::Session;
+use super::{Engine, EventKind, LockError, Slot};
 
 /// One granted hold of this sidecar.
 #[derive(Debug)]
@@ -164,4 +164,108 @@ pub fn spawn_removal(engine: Engine, ticket: Ticket, session: Arc<Session>) {
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
     });
+}
+
+/// Ending holds: release, heartbeat, loss and shutdown.
+impl Engine {
+    /// Takes the slot of `lock`/`holder` if it holds; otherwise says why not.
+    fn take_held(&self, lock: &LockId, holder: &str) -> Result<Arc<Hold>, LockError> {
+        let mut reg = self.0.registry.lock().unwrap();
+        let key = (lock.clone(), holder.to_string());
+        match reg.remove(&key) {
+            Some(Slot::Held(h)) => Ok(h),
+            other => {
+                let why = match &other {
+                    Some(Slot::Lost { token, reason }) => {
+                        format!("; its hold (token {token}) was lost: {reason}")
+                    }
+                    Some(Slot::Waiting) => "; it is still waiting".into(),
+                    _ => String::new(),
+                };
+                if let Some(slot) = other {
+                    reg.insert(key, slot);
+                }
+                Err(LockError::NotHolder {
+                    lock: lock.clone(),
+                    holder: holder.into(),
+                    why,
+                })
+            }
+        }
+    }
+
+    /// Releases a hold: deletes its key (guarded by its create revision) and ends it.
+    pub async fn release(&self, lock: &LockId, holder: &str) -> Result<(), LockError> {
+        let hold = self.take_held(lock, holder)?;
+        hold.ended.cancel();
+        if let Err(e) = queue::remove(&self.0.etcd, &hold.ticket).await {
+            warn!(lock = %lock, holder, error = %e, "release could not reach etcd; retrying in the background");
+            spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
+        }
+        info!(lock = %lock, holder, token = hold.token(), "released");
+        self.publish(&hold, EventKind::Released, None);
+        Ok(())
+    }
+
+    /// Restarts a hold's heartbeat window; returns when it will expire.
+    pub fn heartbeat(&self, lock: &LockId, holder: &str) -> Result<SystemTime, LockError> {
+        let reg = self.0.registry.lock().unwrap();
+        match reg.get(&(lock.clone(), holder.to_string())) {
+            Some(Slot::Held(h)) => Ok(h.heartbeat()),
+            Some(Slot::Lost { reason, .. }) => Err(LockError::Lost {
+                lock: lock.clone(),
+                holder: holder.into(),
+                reason: reason.clone(),
+            }),
+            _ => Err(LockError::NotHolder {
+                lock: lock.clone(),
+                holder: holder.into(),
+                why: String::new(),
+            }),
+        }
+    }
+
+    /// Ends `hold` as lost (called by its monitor), unless it already ended.
+    pub(crate) async fn end_lost(&self, hold: &Arc<Hold>, reason: &str) {
+        {
+            let mut reg = self.0.registry.lock().unwrap();
+            let key = (hold.lock.clone(), hold.holder_id.clone());
+            match reg.get(&key) {
+                Some(Slot::Held(h)) if Arc::ptr_eq(h, hold) => {
+                    reg.insert(
+                        key,
+                        Slot::Lost {
+                            token: hold.token(),
+                            reason: reason.into(),
+                        },
+                    );
+                }
+                _ => return,
+            }
+        }
+        hold.ended.cancel();
+        warn!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), reason, "hold lost");
+        self.publish(hold, EventKind::Lost, Some(reason.into()));
+        spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
+    }
+
+    /// Ends every hold and wait at once by revoking this sidecar's leases (on SIGTERM).
+    pub async fn shutdown(&self) {
+        let holds: Vec<Arc<Hold>> = self
+            .0
+            .registry
+            .lock()
+            .unwrap()
+            .drain()
+            .filter_map(|(_, s)| if let Slot::Held(h) = s { Some(h) } else { None })
+            .collect();
+        for h in &holds {
+            h.ended.cancel();
+        }
+        self.0.sessions.close().await;
+        for h in &holds {
+            self.publish(h, EventKind::Released, None);
+        }
+        info!(released = holds.len(), "released every hold");
+    }
 }

@@ -9,14 +9,15 @@ mod error;
 pub mod etcd;
 pub mod hold;
 pub mod keys;
+mod model;
 pub mod queue;
 pub mod session;
 pub mod settings;
 
 pub use error::LockError;
 pub use keys::{Entry, HolderInfo, LockId, PodRef, Settings};
+pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo};
 
-use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -31,128 +32,7 @@ use queue::{Enqueued, Ticket, Turn};
 use session::Sessions;
 use settings::Declared;
 
-/// What an acquire asks for.
-#[derive(Debug, Clone)]
-pub struct AcquireRequest {
-    /// The lock.
-    pub lock: LockId,
-    /// Who holds it (one pod may hold several ids).
-    pub holder_id: String,
-    /// How long to wait in the queue; zero: try once.
-    pub wait: Duration,
-    /// Overrides the lock's `ttlSeconds` for this hold.
-    pub ttl_seconds: Option<u32>,
-    /// Overrides the lock's `heartbeatTimeoutSeconds` for this hold.
-    pub heartbeat_timeout_seconds: Option<u32>,
-}
-
-/// A granted hold, as the API reports it.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Grant {
-    /// The lock's name.
-    pub lock: String,
-    /// The lock's namespace.
-    pub namespace: String,
-    /// The holder id.
-    pub holder_id: String,
-    /// Strictly greater than every token issued before for this lock.
-    pub fencing_token: i64,
-    /// The etcd lease behind the hold.
-    pub lease_id: i64,
-    /// The lease TTL.
-    pub ttl_seconds: u32,
-    /// The heartbeat window (0: none).
-    pub heartbeat_timeout_seconds: u32,
-    /// When the hold began (RFC 3339).
-    pub acquired_at: String,
-}
-
-impl Grant {
-    fn of(hold: &Hold) -> Self {
-        Grant {
-            lock: hold.lock.name.clone(),
-            namespace: hold.lock.namespace.clone(),
-            holder_id: hold.holder_id.clone(),
-            fencing_token: hold.token(),
-            lease_id: hold.ticket.lease,
-            ttl_seconds: hold.session.ttl,
-            heartbeat_timeout_seconds: hold.heartbeat.as_secs() as u32,
-            acquired_at: rfc3339(hold.acquired_at),
-        }
-    }
-}
-
-/// What happened to one of this sidecar's holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EventKind {
-    /// The hold was granted.
-    Acquired,
-    /// The app released it.
-    Released,
-    /// It ended by anything but release.
-    Lost,
-}
-
-/// An event about one hold, as streamed on `/v1/locks/{name}/events`.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct HoldEvent {
-    /// What happened.
-    #[serde(rename = "type")]
-    pub kind: EventKind,
-    /// The lock's name.
-    pub lock: String,
-    /// The lock's namespace.
-    pub namespace: String,
-    /// The holder id.
-    pub holder_id: String,
-    /// The hold's fencing token.
-    pub fencing_token: i64,
-    /// Why a hold was lost.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// When (RFC 3339).
-    pub at: String,
-}
-
-/// A lock as etcd has it now.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LockInfo {
-    /// The lock's name.
-    pub lock: String,
-    /// Whether anyone holds it.
-    pub held: bool,
-    /// The newest holder's token (the largest one issued to a current holder).
-    pub fencing_token: Option<i64>,
-    /// Holders in acquisition order.
-    pub holders: Vec<HolderInfo>,
-    /// Contenders waiting behind them.
-    pub waiters: usize,
-    /// The lock's lease TTL.
-    pub ttl_seconds: u32,
-    /// The lock's number of slots.
-    pub max_holders: u32,
-}
-
-/// One of this sidecar's holds or waits, for `GET /v1/locks`.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct LocalEntry {
-    /// The lock's name.
-    pub lock: String,
-    /// The holder id.
-    pub holder_id: String,
-    /// `held` or `waiting`.
-    pub state: &'static str,
-    /// The token of a held lock.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub fencing_token: Option<i64>,
-}
-
-enum Slot {
+pub(crate) enum Slot {
     Waiting,
     Held(Arc<Hold>),
     Lost { token: i64, reason: String },
@@ -395,87 +275,6 @@ impl Engine {
         });
     }
 
-    /// Takes the slot of `lock`/`holder` if it holds; otherwise says why not.
-    fn take_held(&self, lock: &LockId, holder: &str) -> Result<Arc<Hold>, LockError> {
-        let mut reg = self.0.registry.lock().unwrap();
-        let key = (lock.clone(), holder.to_string());
-        match reg.remove(&key) {
-            Some(Slot::Held(h)) => Ok(h),
-            other => {
-                let why = match &other {
-                    Some(Slot::Lost { token, reason }) => {
-                        format!("; its hold (token {token}) was lost: {reason}")
-                    }
-                    Some(Slot::Waiting) => "; it is still waiting".into(),
-                    _ => String::new(),
-                };
-                if let Some(slot) = other {
-                    reg.insert(key, slot);
-                }
-                Err(LockError::NotHolder {
-                    lock: lock.clone(),
-                    holder: holder.into(),
-                    why,
-                })
-            }
-        }
-    }
-
-    /// Releases a hold: deletes its key (guarded by its create revision) and ends it.
-    pub async fn release(&self, lock: &LockId, holder: &str) -> Result<(), LockError> {
-        let hold = self.take_held(lock, holder)?;
-        hold.ended.cancel();
-        if let Err(e) = queue::remove(&self.0.etcd, &hold.ticket).await {
-            warn!(lock = %lock, holder, error = %e, "release could not reach etcd; retrying in the background");
-            hold::spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
-        }
-        info!(lock = %lock, holder, token = hold.token(), "released");
-        self.publish(&hold, EventKind::Released, None);
-        Ok(())
-    }
-
-    /// Restarts a hold's heartbeat window; returns when it will expire.
-    pub fn heartbeat(&self, lock: &LockId, holder: &str) -> Result<SystemTime, LockError> {
-        let reg = self.0.registry.lock().unwrap();
-        match reg.get(&(lock.clone(), holder.to_string())) {
-            Some(Slot::Held(h)) => Ok(h.heartbeat()),
-            Some(Slot::Lost { reason, .. }) => Err(LockError::Lost {
-                lock: lock.clone(),
-                holder: holder.into(),
-                reason: reason.clone(),
-            }),
-            _ => Err(LockError::NotHolder {
-                lock: lock.clone(),
-                holder: holder.into(),
-                why: String::new(),
-            }),
-        }
-    }
-
-    /// Ends `hold` as lost (called by its monitor), unless it already ended.
-    pub(crate) async fn end_lost(&self, hold: &Arc<Hold>, reason: &str) {
-        {
-            let mut reg = self.0.registry.lock().unwrap();
-            let key = (hold.lock.clone(), hold.holder_id.clone());
-            match reg.get(&key) {
-                Some(Slot::Held(h)) if Arc::ptr_eq(h, hold) => {
-                    reg.insert(
-                        key,
-                        Slot::Lost {
-                            token: hold.token(),
-                            reason: reason.into(),
-                        },
-                    );
-                }
-                _ => return,
-            }
-        }
-        hold.ended.cancel();
-        warn!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), reason, "hold lost");
-        self.publish(hold, EventKind::Lost, Some(reason.into()));
-        hold::spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
-    }
-
     /// Reads a lock's settings and queue from etcd.
     pub async fn inspect(&self, lock: &LockId) -> Result<LockInfo, LockError> {
         let d = self.declared(lock, true).await?;
@@ -528,26 +327,6 @@ impl Engine {
             .values()
             .filter(|s| matches!(s, Slot::Held(_)))
             .count()
-    }
-
-    /// Ends every hold and wait at once by revoking this sidecar's leases (on SIGTERM).
-    pub async fn shutdown(&self) {
-        let holds: Vec<Arc<Hold>> = self
-            .0
-            .registry
-            .lock()
-            .unwrap()
-            .drain()
-            .filter_map(|(_, s)| if let Slot::Held(h) = s { Some(h) } else { None })
-            .collect();
-        for h in &holds {
-            h.ended.cancel();
-        }
-        self.0.sessions.close().await;
-        for h in &holds {
-            self.publish(h, EventKind::Released, None);
-        }
-        info!(released = holds.len(), "released every hold");
     }
 }
 

@@ -1,0 +1,128 @@
+//! The engine's requests, answers and events: what the sidecar serializes.
+
+use serde::Serialize;
+use std::time::Duration;
+
+use super::hold::Hold;
+use super::keys::{HolderInfo, LockId, rfc3339};
+
+/// What an acquire asks for.
+#[derive(Debug, Clone)]
+pub struct AcquireRequest {
+    /// The lock.
+    pub lock: LockId,
+    /// Who holds it (one pod may hold several ids).
+    pub holder_id: String,
+    /// How long to wait in the queue; zero: try once.
+    pub wait: Duration,
+    /// Overrides the lock's `ttlSeconds` for this hold.
+    pub ttl_seconds: Option<u32>,
+    /// Overrides the lock's `heartbeatTimeoutSeconds` for this hold.
+    pub heartbeat_timeout_seconds: Option<u32>,
+}
+
+/// A granted hold, as the API reports it.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Grant {
+    /// The lock's name.
+    pub lock: String,
+    /// The lock's namespace.
+    pub namespace: String,
+    /// The holder id.
+    pub holder_id: String,
+    /// Strictly greater than every token issued before for this lock.
+    pub fencing_token: i64,
+    /// The etcd lease behind the hold.
+    pub lease_id: i64,
+    /// The lease TTL.
+    pub ttl_seconds: u32,
+    /// The heartbeat window (0: none).
+    pub heartbeat_timeout_seconds: u32,
+    /// When the hold began (RFC 3339).
+    pub acquired_at: String,
+}
+
+impl Grant {
+    pub(crate) fn of(hold: &Hold) -> Self {
+        Grant {
+            lock: hold.lock.name.clone(),
+            namespace: hold.lock.namespace.clone(),
+            holder_id: hold.holder_id.clone(),
+            fencing_token: hold.token(),
+            lease_id: hold.ticket.lease,
+            ttl_seconds: hold.session.ttl,
+            heartbeat_timeout_seconds: hold.heartbeat.as_secs() as u32,
+            acquired_at: rfc3339(hold.acquired_at),
+        }
+    }
+}
+
+/// What happened to one of this sidecar's holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EventKind {
+    /// The hold was granted.
+    Acquired,
+    /// The app released it.
+    Released,
+    /// It ended by anything but release.
+    Lost,
+}
+
+/// An event about one hold, as streamed on `/v1/locks/{name}/events`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HoldEvent {
+    /// What happened.
+    #[serde(rename = "type")]
+    pub kind: EventKind,
+    /// The lock's name.
+    pub lock: String,
+    /// The lock's namespace.
+    pub namespace: String,
+    /// The holder id.
+    pub holder_id: String,
+    /// The hold's fencing token.
+    pub fencing_token: i64,
+    /// Why a hold was lost.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// When (RFC 3339).
+    pub at: String,
+}
+
+/// A lock as etcd has it now.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockInfo {
+    /// The lock's name.
+    pub lock: String,
+    /// Whether anyone holds it.
+    pub held: bool,
+    /// The newest holder's token (the largest one issued to a current holder).
+    pub fencing_token: Option<i64>,
+    /// Holders in acquisition order.
+    pub holders: Vec<HolderInfo>,
+    /// Contenders waiting behind them.
+    pub waiters: usize,
+    /// The lock's lease TTL.
+    pub ttl_seconds: u32,
+    /// The lock's number of slots.
+    pub max_holders: u32,
+}
+
+/// One of this sidecar's holds or waits, for `GET /v1/locks`.
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LocalEntry {
+    /// The lock's name.
+    pub lock: String,
+    /// The holder id.
+    pub holder_id: String,
+    /// `held` or `waiting`.
+    pub state: &'static str,
+    /// The token of a held lock.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fencing_token: Option<i64>,
+}
