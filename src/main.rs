@@ -35,7 +35,7 @@ enum Command {
     /// Run a command while holding a lock through the sidecar.
     Lock(run_locked::LockArgs),
     /// Reconcile DistributedLock objects with etcd.
-    Operator(operator::OperatorArgs),
+    Operator(Box<operator::OperatorArgs>),
     /// Print the DistributedLock CRD as YAML (what crds/ holds).
     Crd,
 }
@@ -55,7 +55,7 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Sidecar(args) => sidecar::run(args).await,
             Command::Declare(args) => declare::run(args).await,
-            Command::Operator(args) => operator::run(args).await,
+            Command::Operator(args) => operator::run(*args).await,
             Command::Crd => {
                 print!("{}", podlock::crd::crd_yaml());
                 Ok(())

@@ -14,9 +14,9 @@ pub struct LeaderArgs {
     /// Name of the Lease the replicas contend for.
     #[arg(long, env = "PODLOCK_LEADER_ELECTION_ID", default_value = "podlock-operator")]
     pub leader_election_id: String,
-    /// Namespace of that Lease (in a pod: the operator's own namespace).
-    #[arg(long, env = "PODLOCK_LEADER_ELECTION_NAMESPACE", default_value = "default")]
-    pub leader_election_namespace: String,
+    /// Namespace of that Lease (default: the operator's namespace).
+    #[arg(long, env = "PODLOCK_LEADER_ELECTION_NAMESPACE")]
+    pub leader_election_namespace: Option<String>,
     /// Lease duration in seconds: how long a dead leader blocks its successor.
     #[arg(long, env = "PODLOCK_LEADER_LEASE_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(u64).range(2..=300))]
     pub leader_lease_seconds: u64,
@@ -27,6 +27,7 @@ pub struct LeaderArgs {
 pub async fn run_when_leader<F, Fut>(
     client: kube::Client,
     args: &LeaderArgs,
+    namespace: &str,
     is_leader: impl Fn(bool),
     lead: F,
     shutdown: impl Future<Output = ()>,
@@ -42,7 +43,7 @@ where
     );
     let grace = (args.leader_lease_seconds / 3).max(1);
     let manager = LeaseManagerBuilder::new(client, &args.leader_election_id)
-        .with_namespace(&args.leader_election_namespace)
+        .with_namespace(namespace)
         .with_identity(&identity)
         .with_duration(args.leader_lease_seconds)
         .with_grace(grace)

@@ -1,9 +1,11 @@
 //! The operator: reconciles `DistributedLock` objects with etcd and serves health and metrics.
 
 mod etcd_watch;
+pub mod inject;
 mod leader;
 pub mod liveness;
 mod reconcile;
+mod webhook;
 
 use axum::Router;
 use axum::extract::State;
@@ -39,8 +41,13 @@ pub struct OperatorArgs {
     /// Only reconcile DistributedLocks of this namespace (default: every namespace).
     #[arg(long, env = "PODLOCK_WATCH_NAMESPACE")]
     pub watch_namespace: Option<String>,
+    /// The operator's own namespace (default: the service account's, else `default`).
+    #[arg(long, env = "PODLOCK_OPERATOR_NAMESPACE")]
+    pub operator_namespace: Option<String>,
     #[command(flatten)]
     pub leader: leader::LeaderArgs,
+    #[command(flatten)]
+    pub webhook: webhook::WebhookArgs,
     #[command(flatten)]
     pub etcd: EtcdArgs,
 }
@@ -76,11 +83,39 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     tokio::spawn(async move { axum::serve(listener, http).await });
     info!(listen = %args.listen, "operator serving health and metrics");
 
+    let own_ns = args.operator_namespace.clone().unwrap_or_else(own_namespace);
+    rustls::crypto::ring::default_provider().install_default().ok();
+    let tls = webhook::tls(&client, &args.webhook, &own_ns).await?;
+    let sidecar = inject::SidecarTemplate {
+        image: args.webhook.sidecar_image.clone(),
+        etcd_endpoints: args
+            .webhook
+            .sidecar_etcd_endpoints
+            .clone()
+            .unwrap_or_else(|| args.etcd.etcd_endpoints.join(",")),
+        credentials_secret: None,
+    };
+    tokio::spawn(webhook::keep_configuration(
+        client.clone(),
+        args.webhook.clone(),
+        own_ns.clone(),
+        args.watch_namespace.clone(),
+        tls.ca.clone(),
+    ));
+    let listen = args.webhook.webhook_listen;
+    tokio::spawn(async move {
+        if let Err(e) = webhook::serve(listen, &tls, sidecar).await {
+            tracing::error!(error = %e, "webhook server failed");
+        }
+    });
+
     let leader_gauge = metrics.leader.clone();
     let lead = || lead(ctx.clone(), args.watch_namespace.clone());
+    let lease_ns = args.leader.leader_election_namespace.clone().unwrap_or(own_ns);
     leader::run_when_leader(
         client,
         &args.leader,
+        &lease_ns,
         |l| leader_gauge.set(l.into()),
         lead,
         shutdown_signal(),
@@ -120,6 +155,13 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>) {
         _ = liveness => {}
         _ = controller => {}
     }
+}
+
+/// The namespace of the service account this process runs as, else `default`.
+fn own_namespace() -> String {
+    std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_else(|_| "default".into())
 }
 
 async fn shutdown_signal() {

@@ -32,6 +32,14 @@ pub struct SidecarArgs {
     /// The pod's uid (from the downward API), recorded with every hold.
     #[arg(long, env = "PODLOCK_POD_UID", default_value = "")]
     pub pod_uid: String,
+    /// Also serve /healthz, /readyz and /metrics (only those) here, e.g. 0.0.0.0:4041 for
+    /// kubelet probes and Prometheus; the lock API stays on --listen.
+    #[arg(long, env = "PODLOCK_HEALTH_LISTEN")]
+    pub health_listen: Option<SocketAddr>,
+    /// Heartbeat window for this pod's holds when the acquire does not set one (overrides the
+    /// lock's default; 0..3600).
+    #[arg(long, env = "PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", value_parser = clap::value_parser!(u32).range(0..=3600))]
+    pub heartbeat_timeout_seconds: Option<u32>,
     /// Serve locks that have no DistributedLock, with the default settings.
     #[arg(long, env = "PODLOCK_STANDALONE")]
     pub standalone: bool,
@@ -46,20 +54,26 @@ pub struct AppState {
     metrics: SidecarMetrics,
     namespace: String,
     default_holder: String,
+    default_heartbeat: Option<u32>,
+}
+
+/// The health routes, served on --listen and on --health-listen.
+fn health_router() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(api::healthz))
+        .route("/readyz", get(api::readyz))
+        .route("/metrics", get(api::metrics))
 }
 
 /// The sidecar's routes on `state`.
 pub fn router(state: AppState) -> Router {
-    Router::new()
+    health_router()
         .route("/v1/locks", get(api::list))
         .route("/v1/locks/{name}", get(api::inspect))
         .route("/v1/locks/{name}/acquire", post(api::acquire))
         .route("/v1/locks/{name}/release", post(api::release))
         .route("/v1/locks/{name}/heartbeat", post(api::heartbeat))
         .route("/v1/locks/{name}/events", get(events::events))
-        .route("/healthz", get(api::healthz))
-        .route("/readyz", get(api::readyz))
-        .route("/metrics", get(api::metrics))
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(1024 * 1024))
@@ -84,10 +98,19 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<()> {
         metrics,
         namespace: args.namespace.clone(),
         default_holder: pod_name,
+        default_heartbeat: args.heartbeat_timeout_seconds,
     };
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let bind = |addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
+    };
+    let listener = bind(args.listen).await?;
+    if let Some(addr) = args.health_listen {
+        let health = bind(addr).await?;
+        let app = health_router().with_state(state.clone());
+        tokio::spawn(async move { axum::serve(health, app).await });
+    }
     info!(listen = %args.listen, namespace = args.namespace, standalone = args.standalone, "sidecar serving");
     let mut term = signal(SignalKind::terminate())?;
     tokio::select! {

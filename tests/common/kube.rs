@@ -210,6 +210,7 @@ impl Operator {
             .tempdir()
             .unwrap();
         let listen = format!("127.0.0.1:{}", free_port());
+        let hook = format!("127.0.0.1:{}", free_port());
         let child = spawn_dying_with_parent(
             Command::new(super::podlock_bin())
                 .args([
@@ -220,6 +221,19 @@ impl Operator {
                     &listen,
                 ])
                 .args(["--watch-namespace", ns, "--leader-election-namespace", ns])
+                .args([
+                    "--webhook-listen",
+                    &hook,
+                    "--webhook-url",
+                    &format!("https://{hook}/mutate"),
+                ])
+                .args([
+                    "--webhook-configuration",
+                    &format!("podlock-{ns}"),
+                    "--operator-namespace",
+                    ns,
+                ])
+                .args(["--sidecar-image", "podlock:test"])
                 .args([
                     "--leader-election-id",
                     "podlock-operator",

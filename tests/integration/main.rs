@@ -5,6 +5,7 @@
 mod common;
 
 mod api;
+mod injection;
 mod liveness;
 mod lock_cmd;
 mod operator;

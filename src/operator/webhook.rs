@@ -1,0 +1,286 @@
+//! The mutating admission webhook: serves `/mutate` over TLS on every replica and keeps the
+//! `MutatingWebhookConfiguration` named `podlock` pointing at it with a current `caBundle`.
+//!
+//! TLS: `--tls-cert-file`/`--tls-key-file` (e.g. from cert-manager) win; then `caBundle` comes
+//! from `--tls-ca-file`, or is left to whoever manages it. Without them, the operator makes a CA
+//! and a serving certificate once and keeps them in the Secret `podlock-webhook-tls` of its
+//! namespace, so that every replica serves the same certificate.
+//!
+//! `failurePolicy: Ignore`: when the webhook is unreachable, pods are created without the
+//! sidecar rather than not at all. A lock service must not be able to stop a cluster from
+//! scheduling; a pod without a sidecar finds no lock API and its app can report that.
+
+use axum::Json;
+use axum::extract::State;
+use clap::Args;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::core::DynamicObject;
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::{info, warn};
+
+use super::inject::{self, SidecarTemplate};
+
+/// Webhook flags of `podlock operator`.
+#[derive(Debug, Clone, Args)]
+pub struct WebhookArgs {
+    /// Address for the webhook's HTTPS server (path /mutate).
+    #[arg(long, env = "PODLOCK_WEBHOOK_LISTEN", default_value = "0.0.0.0:9443")]
+    pub webhook_listen: SocketAddr,
+    /// Service (in the operator's namespace) through which the API server reaches the webhook.
+    #[arg(long, env = "PODLOCK_WEBHOOK_SERVICE", default_value = "podlock-webhook")]
+    pub webhook_service: String,
+    /// Register this URL (https://HOST:PORT/mutate) instead of the Service, for an operator
+    /// running outside the cluster.
+    #[arg(long, env = "PODLOCK_WEBHOOK_URL")]
+    pub webhook_url: Option<String>,
+    /// Name of the MutatingWebhookConfiguration this operator owns.
+    #[arg(long, env = "PODLOCK_WEBHOOK_CONFIGURATION", default_value = "podlock")]
+    pub webhook_configuration: String,
+    /// Serving certificate (PEM) instead of the self-made one.
+    #[arg(long, env = "PODLOCK_TLS_CERT_FILE", requires = "tls_key_file")]
+    pub tls_cert_file: Option<PathBuf>,
+    /// Key (PEM) of --tls-cert-file.
+    #[arg(long, env = "PODLOCK_TLS_KEY_FILE", requires = "tls_cert_file")]
+    pub tls_key_file: Option<PathBuf>,
+    /// CA (PEM) that signed --tls-cert-file, written into the webhook's caBundle.
+    #[arg(long, env = "PODLOCK_TLS_CA_FILE")]
+    pub tls_ca_file: Option<PathBuf>,
+    /// Image of the injected sidecar.
+    #[arg(long, env = "PODLOCK_SIDECAR_IMAGE", default_value = concat!("ghcr.io/podlock/podlock:", env!("CARGO_PKG_VERSION")))]
+    pub sidecar_image: String,
+    /// etcd endpoints given to injected sidecars (default: the operator's own).
+    #[arg(long, env = "PODLOCK_SIDECAR_ETCD_ENDPOINTS")]
+    pub sidecar_etcd_endpoints: Option<String>,
+}
+
+const SECRET: &str = "podlock-webhook-tls";
+
+/// PEM-encoded serving material.
+#[derive(Clone)]
+pub struct Tls {
+    /// Certificate chain.
+    pub cert: String,
+    /// Private key.
+    pub key: String,
+    /// The CA for caBundle, when known.
+    pub ca: Option<String>,
+}
+
+/// Loads the supplied certificate, or the self-made one (made on first start).
+pub async fn tls(client: &kube::Client, args: &WebhookArgs, namespace: &str) -> anyhow::Result<Tls> {
+    if let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_key_file) {
+        let ca = args
+            .tls_ca_file
+            .as_ref()
+            .map(std::fs::read_to_string)
+            .transpose()?;
+        return Ok(Tls {
+            cert: std::fs::read_to_string(cert)?,
+            key: std::fs::read_to_string(key)?,
+            ca,
+        });
+    }
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    if let Some(found) = secrets.get_opt(SECRET).await? {
+        return from_secret(&found);
+    }
+    let made = self_made(&hosts(args, namespace))?;
+    let data = BTreeMap::from([
+        ("tls.crt".to_string(), ByteString(made.cert.clone().into_bytes())),
+        ("tls.key".to_string(), ByteString(made.key.clone().into_bytes())),
+        (
+            "ca.crt".to_string(),
+            ByteString(made.ca.clone().unwrap_or_default().into_bytes()),
+        ),
+    ]);
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(SECRET.into()),
+            ..Default::default()
+        },
+        type_: Some("kubernetes.io/tls".into()),
+        data: Some(data),
+        ..Default::default()
+    };
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => {
+            info!(secret = SECRET, "made the webhook's CA and serving certificate");
+            Ok(made)
+        }
+        // Another replica was first: use its certificate.
+        Err(kube::Error::Api(e)) if e.code == 409 => from_secret(&secrets.get(SECRET).await?),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn from_secret(s: &Secret) -> anyhow::Result<Tls> {
+    let field = |k: &str| {
+        s.data
+            .as_ref()
+            .and_then(|d| d.get(k))
+            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
+            .ok_or_else(|| anyhow::anyhow!("Secret {SECRET} lacks {k}"))
+    };
+    Ok(Tls {
+        cert: field("tls.crt")?,
+        key: field("tls.key")?,
+        ca: Some(field("ca.crt")?),
+    })
+}
+
+/// The names the serving certificate must carry.
+fn hosts(args: &WebhookArgs, namespace: &str) -> Vec<String> {
+    if let Some(url) = &args.webhook_url {
+        let host = url
+            .trim_start_matches("https://")
+            .split(['/', ':'])
+            .next()
+            .unwrap_or_default();
+        return vec![host.to_string()];
+    }
+    let svc = &args.webhook_service;
+    vec![
+        format!("{svc}.{namespace}.svc"),
+        format!("{svc}.{namespace}.svc.cluster.local"),
+    ]
+}
+
+/// A new CA and a serving certificate for `hosts`, valid for ten years.
+fn self_made(hosts: &[String]) -> anyhow::Result<Tls> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate()?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "podlock webhook CA");
+    ca_params.not_after = rcgen::date_time_ymd(2036, 1, 1);
+    let ca_cert = ca_params.self_signed(&ca_key)?;
+    let issuer = Issuer::new(ca_params, ca_key);
+    let key = KeyPair::generate()?;
+    let mut params = CertificateParams::new(hosts.to_vec())?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, hosts[0].clone());
+    params.not_after = rcgen::date_time_ymd(2036, 1, 1);
+    let cert = params.signed_by(&key, &issuer)?;
+    Ok(Tls {
+        cert: cert.pem(),
+        key: key.serialize_pem(),
+        ca: Some(ca_cert.pem()),
+    })
+}
+
+/// Creates or updates the MutatingWebhookConfiguration (server-side apply), every minute, so
+/// that a deleted or edited configuration comes back. An operator limited to one namespace
+/// injects only there; otherwise every namespace but `kube-system`.
+pub async fn keep_configuration(
+    client: kube::Client,
+    args: WebhookArgs,
+    namespace: String,
+    watch_namespace: Option<String>,
+    ca: Option<String>,
+) {
+    let api: Api<MutatingWebhookConfiguration> = Api::all(client);
+    let mut client_config = match &args.webhook_url {
+        Some(url) => json!({"url": url}),
+        None => {
+            json!({"service": {"name": args.webhook_service, "namespace": namespace, "path": "/mutate", "port": 443}})
+        }
+    };
+    if let Some(ca) = &ca {
+        client_config["caBundle"] = json!(k8s_openapi::ByteString(ca.clone().into_bytes()));
+    }
+    let rule = |group: &str, resources: &[&str]| json!({"operations": ["CREATE", "UPDATE"], "apiGroups": [group], "apiVersions": ["v1"], "resources": resources});
+    let config = json!({
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "MutatingWebhookConfiguration",
+        "metadata": {"name": args.webhook_configuration, "labels": {"app.kubernetes.io/part-of": "podlock"}},
+        "webhooks": [{
+            "name": "inject.podlock.io",
+            "admissionReviewVersions": ["v1"],
+            "sideEffects": "None",
+            "failurePolicy": "Ignore",
+            "timeoutSeconds": 5,
+            "clientConfig": client_config,
+            "rules": [rule("", &["pods"]), rule("apps", &["deployments", "statefulsets", "daemonsets"]), rule("batch", &["jobs"])],
+            "namespaceSelector": match &watch_namespace {
+                Some(ns) => json!({"matchLabels": {"kubernetes.io/metadata.name": ns}}),
+                None => json!({"matchExpressions": [
+                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}]}),
+            },
+            "objectSelector": {"matchExpressions": [
+                {"key": inject::OPERATOR_LABEL.0, "operator": "NotIn", "values": [inject::OPERATOR_LABEL.1]}]}
+        }]
+    });
+    let params = PatchParams::apply("podlock-operator").force();
+    loop {
+        match api
+            .patch(&args.webhook_configuration, &params, &Patch::Apply(&config))
+            .await
+        {
+            Ok(_) => {}
+            Err(e) => warn!(error = %e, "could not apply the MutatingWebhookConfiguration; retrying"),
+        }
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
+}
+
+/// Serves `/mutate` over TLS until the process ends.
+pub async fn serve(listen: SocketAddr, tls: &Tls, template: SidecarTemplate) -> anyhow::Result<()> {
+    let config = axum_server::tls_rustls::RustlsConfig::from_pem(
+        tls.cert.clone().into_bytes(),
+        tls.key.clone().into_bytes(),
+    )
+    .await?;
+    let app = axum::Router::new()
+        .route("/mutate", axum::routing::post(mutate))
+        .with_state(Arc::new(template));
+    info!(%listen, "webhook serving");
+    axum_server::bind_rustls(listen, config)
+        .serve(app.into_make_service())
+        .await?;
+    Ok(())
+}
+
+async fn mutate(
+    State(tpl): State<Arc<SidecarTemplate>>,
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    let req: AdmissionRequest<DynamicObject> = match review.try_into() {
+        Ok(req) => req,
+        Err(e) => {
+            return Json(AdmissionResponse::invalid(format!("not an admission request: {e}")).into_review());
+        }
+    };
+    let resp = AdmissionResponse::from(&req);
+    let Some(object) = &req.object else {
+        return Json(resp.into_review());
+    };
+    let value = serde_json::to_value(object).expect("objects serialize");
+    let namespace = req.namespace.as_deref().unwrap_or_default();
+    let resp = match inject::patch(&tpl, &req.kind.kind, namespace, &value) {
+        Ok(None) => resp,
+        Ok(Some(patch)) => {
+            info!(
+                kind = req.kind.kind,
+                namespace,
+                name = req.name,
+                "injecting the podlock sidecar"
+            );
+            resp.with_patch(patch)
+                .unwrap_or_else(|e| AdmissionResponse::invalid(e.to_string()))
+        }
+        Err(reason) => resp.deny(reason),
+    };
+    Json(resp.into_review())
+}
