@@ -51,6 +51,11 @@ pub enum LockError {
         reason: String,
     },
 
+    /// etcd refused: these credentials may not touch this lock (another namespace's), or the
+    /// credentials are wrong.
+    #[error("etcd refused access: {0}")]
+    Forbidden(String),
+
     /// etcd could not be reached or answered with an error.
     #[error("etcd is unavailable: {0}")]
     Unavailable(String),
@@ -58,7 +63,17 @@ pub enum LockError {
 
 impl From<etcd_client::Error> for LockError {
     fn from(e: etcd_client::Error) -> Self {
-        LockError::Unavailable(e.to_string())
+        match &e {
+            etcd_client::Error::GRpcStatus(s)
+                if matches!(
+                    s.code(),
+                    tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
+                ) =>
+            {
+                LockError::Forbidden(s.message().to_string())
+            }
+            _ => LockError::Unavailable(e.to_string()),
+        }
     }
 }
 

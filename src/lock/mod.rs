@@ -90,7 +90,12 @@ impl Engine {
 
     /// Whether etcd answers within `within`.
     pub async fn ready(&self, within: Duration) -> bool {
-        let probe = self.0.etcd.get("/podlock/v1/readyz", None);
+        // Read something this sidecar may read even with namespace-scoped etcd credentials.
+        let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+        let probe = self
+            .0
+            .etcd
+            .get(keys::config_prefix(Some(&self.0.pod.namespace)), Some(opts));
         matches!(tokio::time::timeout(within, probe).await, Ok(Ok(_)))
     }
 

@@ -135,7 +135,8 @@ fn sidecar(tpl: &SidecarTemplate, port: u16, heartbeat: Option<u32>) -> Value {
             ("PODLOCK_ETCD_USER", "username"),
             ("PODLOCK_ETCD_PASSWORD", "password"),
         ] {
-            env.push(json!({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key}}}));
+            // Optional: a namespace without locks has no Secret yet; its sidecar then reports 403.
+            env.push(json!({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": true}}}));
         }
     }
     let probe = |path: &str| json!({"httpGet": {"path": path, "port": health}, "periodSeconds": 2, "failureThreshold": 3});

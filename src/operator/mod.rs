@@ -2,6 +2,7 @@
 
 mod etcd_watch;
 pub mod inject;
+pub mod isolation;
 mod leader;
 pub mod liveness;
 mod reconcile;
@@ -68,6 +69,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         etcd: etcd.clone(),
         metrics: metrics.clone(),
         recorder: Recorder::new(client.clone(), reporter),
+        isolation: isolation::Isolation::new(args.etcd.etcd_user.is_some()),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -93,7 +95,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             .sidecar_etcd_endpoints
             .clone()
             .unwrap_or_else(|| args.etcd.etcd_endpoints.join(",")),
-        credentials_secret: None,
+        credentials_secret: ctx.isolation.enabled().then(|| isolation::SECRET.to_string()),
     };
     tokio::spawn(webhook::keep_configuration(
         client.clone(),

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tracing::{info, warn};
 
+use super::isolation::Isolation;
 use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder};
 use crate::lock::etcd::Etcd;
 use crate::lock::keys::rfc3339;
@@ -33,6 +34,8 @@ pub struct Context {
     pub metrics: OperatorMetrics,
     /// Publishes Kubernetes Events.
     pub recorder: Recorder,
+    /// Per-namespace etcd credentials.
+    pub isolation: Isolation,
 }
 
 /// Why a reconciliation failed.
@@ -44,6 +47,9 @@ pub enum Error {
     /// The API server failed.
     #[error("Kubernetes API: {0}")]
     Kube(#[from] kube::Error),
+    /// Provisioning the namespace's etcd credentials failed.
+    #[error("etcd credentials for the namespace: {0}")]
+    Isolation(String),
     /// Adding or removing the finalizer failed.
     #[error("finalizer: {0}")]
     Finalizer(String),
@@ -89,6 +95,10 @@ fn lock_id(dl: &DistributedLock) -> LockId {
 
 async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) -> Result<Action, Error> {
     let id = lock_id(dl);
+    ctx.isolation
+        .ensure(&ctx.client, &ctx.etcd, &id.namespace)
+        .await
+        .map_err(|e| Error::Isolation(e.to_string()))?;
     let want = dl.spec.settings();
     let read = settings::read(&ctx.etcd, &id).await;
     let published = match read {

@@ -50,6 +50,7 @@ impl From<LockError> for ApiError {
             },
             LockError::NotHolder { .. } => ApiError::new(StatusCode::CONFLICT, "not_holder", message),
             LockError::Lost { .. } => ApiError::new(StatusCode::GONE, "lock_lost", message),
+            LockError::Forbidden(_) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", message),
             LockError::Unavailable(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "backend_unavailable", message)
             }

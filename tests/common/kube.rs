@@ -205,6 +205,11 @@ impl Operator {
     /// Starts an operator for namespace `ns` of `plane` (its leader Lease in that namespace
     /// too, so tests do not contend), waiting until it serves.
     pub async fn start(plane: &ControlPlane, ns: &str) -> Self {
+        Self::start_with(plane, ns, &plane.etcd.endpoint, &[]).await
+    }
+
+    /// Like [`Operator::start`], with podlock's locks in the etcd at `etcd` and `extra` flags.
+    pub async fn start_with(plane: &ControlPlane, ns: &str, etcd: &str, extra: &[&str]) -> Self {
         let logs = tempfile::Builder::new()
             .prefix("podlock-operator-")
             .tempdir()
@@ -213,13 +218,7 @@ impl Operator {
         let hook = format!("127.0.0.1:{}", free_port());
         let child = spawn_dying_with_parent(
             Command::new(super::podlock_bin())
-                .args([
-                    "operator",
-                    "--etcd-endpoints",
-                    &plane.etcd.endpoint,
-                    "--listen",
-                    &listen,
-                ])
+                .args(["operator", "--etcd-endpoints", etcd, "--listen", &listen])
                 .args(["--watch-namespace", ns, "--leader-election-namespace", ns])
                 .args([
                     "--webhook-listen",
@@ -234,6 +233,7 @@ impl Operator {
                     ns,
                 ])
                 .args(["--sidecar-image", "podlock:test"])
+                .args(extra)
                 .args([
                     "--leader-election-id",
                     "podlock-operator",

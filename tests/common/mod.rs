@@ -134,6 +134,14 @@ impl EtcdServer {
             .unwrap()
     }
 
+    /// Turns on etcd auth with a `root` user whose password is `password`.
+    pub async fn enable_auth(&self, password: &str) {
+        let mut c = self.client().await;
+        c.user_add("root", password, None).await.unwrap();
+        c.user_grant_role("root", "root").await.unwrap();
+        c.auth_enable().await.unwrap();
+    }
+
     /// Number of keys under `prefix`.
     pub async fn count(&self, prefix: &str) -> i64 {
         let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();

@@ -6,6 +6,7 @@ mod common;
 
 mod api;
 mod injection;
+mod isolation;
 mod liveness;
 mod lock_cmd;
 mod operator;

@@ -1,0 +1,116 @@
+//! Namespace isolation in etcd: with etcd auth, each namespace that uses podlock gets an etcd
+//! role that can read its settings and read-write its queues only, and a user with that role
+//! whose credentials live in the Secret `podlock-etcd` of the namespace. The webhook gives the
+//! injected sidecar those credentials, so a pod cannot take or break another namespace's locks.
+//!
+//! The operator manages users and roles, so it must connect as etcd's `root` (or a user with
+//! the root role). Without `--etcd-user` there is no isolation: it says so once, in the log.
+
+use etcd_client::Permission;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use std::collections::{BTreeMap, HashSet};
+use std::io::Read;
+use std::sync::Mutex;
+use tracing::{info, warn};
+
+use crate::lock::etcd::Etcd;
+use crate::lock::keys;
+
+/// The Secret with a namespace's etcd credentials (`username`, `password`).
+pub const SECRET: &str = "podlock-etcd";
+
+/// Provisions etcd credentials per namespace, once per namespace and process.
+pub struct Isolation {
+    enabled: bool,
+    done: Mutex<HashSet<String>>,
+}
+
+impl Isolation {
+    /// Isolation on (the operator connects to etcd as a user) or off (warned about once).
+    pub fn new(enabled: bool) -> Self {
+        if !enabled {
+            warn!(
+                "etcd auth is not configured (no --etcd-user): pods of any namespace can take or break any \
+                 lock; enable etcd auth and give the operator root credentials for namespace isolation"
+            );
+        }
+        Isolation {
+            enabled,
+            done: Mutex::default(),
+        }
+    }
+
+    /// Whether sidecars get per-namespace credentials.
+    pub fn enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Makes sure `namespace` has its role, user and Secret.
+    pub async fn ensure(&self, client: &kube::Client, etcd: &Etcd, namespace: &str) -> anyhow::Result<()> {
+        if !self.enabled || self.done.lock().unwrap().contains(namespace) {
+            return Ok(());
+        }
+        let name = format!("podlock-ns-{namespace}");
+        let mut c = etcd.client().clone();
+        if c.role_get(name.as_str()).await.is_err() {
+            c.role_add(name.as_str()).await?;
+        }
+        c.role_grant_permission(
+            name.as_str(),
+            Permission::read(keys::config_prefix(Some(namespace))).with_prefix(),
+        )
+        .await?;
+        c.role_grant_permission(
+            name.as_str(),
+            Permission::read_write(keys::queue_root(Some(namespace))).with_prefix(),
+        )
+        .await?;
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+        let have_secret = secrets.get_opt(SECRET).await?.is_some();
+        let have_user = c.user_get(name.as_str()).await.is_ok();
+        if !(have_secret && have_user) {
+            let password = random_password()?;
+            if have_user {
+                c.user_change_password(name.as_str(), password.as_str()).await?;
+            } else {
+                c.user_add(name.as_str(), password.as_str(), None).await?;
+            }
+            c.user_grant_role(name.as_str(), name.as_str()).await?;
+            let data = BTreeMap::from([
+                ("username".to_string(), ByteString(name.clone().into_bytes())),
+                ("password".to_string(), ByteString(password.into_bytes())),
+            ]);
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(SECRET.into()),
+                    ..Default::default()
+                },
+                data: Some(data),
+                ..Default::default()
+            };
+            secrets
+                .patch(
+                    SECRET,
+                    &PatchParams::apply("podlock-operator").force(),
+                    &Patch::Apply(&secret),
+                )
+                .await?;
+            info!(
+                namespace,
+                user = name,
+                "provisioned etcd credentials for the namespace"
+            );
+        }
+        self.done.lock().unwrap().insert(namespace.to_string());
+        Ok(())
+    }
+}
+
+/// 32 hex characters from the kernel's random source.
+fn random_password() -> std::io::Result<String> {
+    let mut bytes = [0u8; 16];
+    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
