@@ -210,6 +210,24 @@ impl Operator {
 
     /// Like [`Operator::start`], with podlock's locks in the etcd at `etcd` and `extra` flags.
     pub async fn start_with(plane: &ControlPlane, ns: &str, etcd: &str, extra: &[&str]) -> Self {
+        Self::start_as(plane, &plane.kubeconfig, ns, etcd, extra).await
+    }
+
+    /// Like [`Operator::start_with`], with the identity of `kubeconfig`.
+    pub async fn start_as(
+        plane: &ControlPlane,
+        kubeconfig: &std::path::Path,
+        ns: &str,
+        etcd: &str,
+        extra: &[&str],
+    ) -> Self {
+        let _ = plane;
+        let configuration = format!("podlock-{ns}");
+        let configuration: &[&str] = if extra.contains(&"--webhook-configuration") {
+            &[]
+        } else {
+            &["--webhook-configuration", &configuration]
+        };
         let logs = tempfile::Builder::new()
             .prefix("podlock-operator-")
             .tempdir()
@@ -226,12 +244,8 @@ impl Operator {
                     "--webhook-url",
                     &format!("https://{hook}/mutate"),
                 ])
-                .args([
-                    "--webhook-configuration",
-                    &format!("podlock-{ns}"),
-                    "--operator-namespace",
-                    ns,
-                ])
+                .args(configuration)
+                .args(["--operator-namespace", ns])
                 .args(["--sidecar-image", "podlock:test"])
                 .args(extra)
                 .args([
@@ -240,7 +254,7 @@ impl Operator {
                     "--leader-lease-seconds",
                     "3",
                 ])
-                .env("KUBECONFIG", &plane.kubeconfig)
+                .env("KUBECONFIG", kubeconfig)
                 .env("PODLOCK_LOG", "info,kube=warn")
                 .stdout(Stdio::null())
                 .stderr(log_file(logs.path(), "operator.log")),

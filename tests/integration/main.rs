@@ -12,3 +12,4 @@ mod lock_cmd;
 mod operator;
 mod pod_liveness;
 mod queue;
+mod rbac;
