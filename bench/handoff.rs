@@ -1,0 +1,247 @@
+//! Benchmark: podlock through its sidecar (HTTP on loopback) on one local etcd.
+//!
+//! `cargo bench --bench handoff` (add `-- --quick` for a short run) prints one markdown table:
+//! uncontended acquire+release latency, handoffs per second and p99 wait at 1, 8 and 64
+//! contenders (one sidecar process per contender, like one pod each), fairness, etcd requests
+//! and watch events per handoff, sidecar CPU per 1,000 handoffs and sidecar RSS. Peers (etcd's
+//! Go Mutex, Redis, Lease election) implement [`Contender`] and become more columns.
+
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use common::{EtcdServer, Sidecar, declare};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One process contending for a lock.
+trait Contender: Send + Sync {
+    /// Blocks until granted (FIFO), then returns.
+    fn acquire(&self) -> impl Future<Output = ()> + Send;
+    /// Releases the hold.
+    fn release(&self) -> impl Future<Output = ()> + Send;
+}
+
+/// A podlock sidecar, spoken to over HTTP with a keep-alive client.
+struct Podlock {
+    sidecar: Sidecar,
+    http: reqwest::Client,
+    lock: String,
+}
+
+impl Podlock {
+    async fn call(&self, verb: &str, body: serde_json::Value) {
+        let url = format!("{}/v1/locks/{}/{verb}", self.sidecar.addr, self.lock);
+        let resp = self
+            .http
+            .post(url)
+            .json(&body)
+            .send()
+            .await
+            .expect("sidecar answers");
+        assert!(
+            resp.status().is_success(),
+            "{verb}: {}",
+            resp.text().await.unwrap_or_default()
+        );
+    }
+}
+
+impl Contender for Podlock {
+    async fn acquire(&self) {
+        self.call("acquire", json!({"waitSeconds": 60})).await
+    }
+    async fn release(&self) {
+        self.call("release", json!({})).await
+    }
+}
+
+fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() as f64 * p).ceil() as usize).clamp(1, samples.len()) - 1]
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
+}
+
+/// Uncontended acquire+release cycles: (p50, p99, cycles per second).
+async fn uncontended(c: &impl Contender, cycles: usize) -> (Duration, Duration, f64) {
+    for _ in 0..cycles / 10 {
+        c.acquire().await;
+        c.release().await;
+    }
+    let mut samples = Vec::with_capacity(cycles);
+    let start = Instant::now();
+    for _ in 0..cycles {
+        let t = Instant::now();
+        c.acquire().await;
+        c.release().await;
+        samples.push(t.elapsed());
+    }
+    let rate = cycles as f64 / start.elapsed().as_secs_f64();
+    (
+        percentile(&mut samples, 0.5),
+        percentile(&mut samples, 0.99),
+        rate,
+    )
+}
+
+/// What a contended run measured.
+struct Contended {
+    handoffs_per_s: f64,
+    p99_wait: Duration,
+    min_max_grants: (usize, usize),
+    grants: usize,
+}
+
+/// Every contender loops acquire → release for `window`; counts grants and waits.
+async fn contended<C: Contender + 'static>(contenders: &[Arc<C>], window: Duration) -> Contended {
+    let start = Instant::now();
+    let tasks: Vec<_> = contenders
+        .iter()
+        .map(|c| {
+            let c = c.clone();
+            tokio::spawn(async move {
+                let mut waits = vec![];
+                while start.elapsed() < window {
+                    let t = Instant::now();
+                    c.acquire().await;
+                    waits.push(t.elapsed());
+                    c.release().await;
+                }
+                waits
+            })
+        })
+        .collect();
+    let mut per: Vec<Vec<Duration>> = vec![];
+    for t in tasks {
+        per.push(t.await.unwrap());
+    }
+    let elapsed = start.elapsed();
+    let grants: usize = per.iter().map(Vec::len).sum();
+    let mut all: Vec<Duration> = per.iter().flatten().copied().collect();
+    Contended {
+        handoffs_per_s: grants as f64 / elapsed.as_secs_f64(),
+        p99_wait: percentile(&mut all, 0.99),
+        min_max_grants: (
+            per.iter().map(Vec::len).min().unwrap(),
+            per.iter().map(Vec::len).max().unwrap(),
+        ),
+        grants,
+    }
+}
+
+/// Sum of a metric over sidecars.
+async fn total(contenders: &[Arc<Podlock>], metric: &str) -> f64 {
+    let mut sum = 0.0;
+    for c in contenders {
+        sum += c.sidecar.metric(metric).await;
+    }
+    sum
+}
+
+/// (RSS in MiB, CPU seconds) of a process, from /proc.
+fn usage(pid: i32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss_kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks: f64 = fields
+        .get(11..13)
+        .map_or(0.0, |f| f.iter().filter_map(|t| t.parse::<f64>().ok()).sum());
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (rss_kb / 1024.0, ticks / hz)
+}
+
+async fn podlock_contenders(etcd: &EtcdServer, lock: &str, n: usize) -> Vec<Arc<Podlock>> {
+    let mut out = vec![];
+    for i in 0..n {
+        let sidecar = Sidecar::start(&etcd.endpoint, &format!("bench-{lock}-{i}"), &[]).await;
+        out.push(Arc::new(Podlock {
+            sidecar,
+            http: reqwest::Client::new(),
+            lock: lock.into(),
+        }));
+    }
+    out
+}
+
+#[tokio::main]
+async fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let (cycles, window) = if quick {
+        (300, Duration::from_secs(2))
+    } else {
+        (2000, Duration::from_secs(5))
+    };
+    let etcd = EtcdServer::start().await;
+    let etcd_version = std::process::Command::new(common::bin_dir().join("etcd"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    let etcd_version = String::from_utf8_lossy(&etcd_version.stdout)
+        .lines()
+        .next()
+        .unwrap_or("?")
+        .to_string();
+    let mut rows: Vec<(String, String)> = vec![];
+
+    declare(&etcd.endpoint, &["solo"]);
+    let solo = podlock_contenders(&etcd, "solo", 1).await;
+    let (p50, p99, rate) = uncontended(solo[0].as_ref(), cycles).await;
+    rows.push((
+        "uncontended acquire+release p50 / p99".into(),
+        format!("{} / {}", ms(p50), ms(p99)),
+    ));
+    rows.push(("uncontended cycles/s".into(), format!("{rate:.0}")));
+
+    let mut rss: f64 = usage(solo[0].sidecar.pid()).0;
+    for n in [1usize, 8, 64] {
+        let lock = format!("c{n}");
+        declare(&etcd.endpoint, &[&lock]);
+        let cs = podlock_contenders(&etcd, &lock, n).await;
+        let before = (
+            total(&cs, "podlock_etcd_requests_total").await,
+            total(&cs, "podlock_watch_events_total").await,
+        );
+        let cpu_before: f64 = cs.iter().map(|c| usage(c.sidecar.pid()).1).sum();
+        let r = contended(&cs, window).await;
+        let cpu: f64 = cs.iter().map(|c| usage(c.sidecar.pid()).1).sum::<f64>() - cpu_before;
+        let requests = total(&cs, "podlock_etcd_requests_total").await - before.0;
+        let events = total(&cs, "podlock_watch_events_total").await - before.1;
+        let per = r.grants.max(1) as f64;
+        rows.push((
+            format!("handoffs/s, {n} contender(s)"),
+            format!("{:.0}", r.handoffs_per_s),
+        ));
+        rows.push((format!("p99 wait, {n} contender(s)"), ms(r.p99_wait)));
+        if n > 1 {
+            rows.push((
+                format!("grants per contender min / max, {n} contenders"),
+                format!("{} / {}", r.min_max_grants.0, r.min_max_grants.1),
+            ));
+        }
+        rows.push((
+            format!("etcd requests / watch events per handoff, {n} contender(s)"),
+            format!("{:.2} / {:.2}", requests / per, events / per),
+        ));
+        rows.push((
+            format!("sidecar CPU s per 1,000 handoffs, {n} contender(s)"),
+            format!("{:.2}", cpu / per * 1000.0),
+        ));
+        rss = cs.iter().map(|c| usage(c.sidecar.pid()).0).fold(rss, f64::max);
+    }
+    rows.push(("sidecar RSS, max over sidecars".into(), format!("{rss:.1} MiB")));
+
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!("machine: {cores} cores; {etcd_version}; one local etcd; window {window:?} per contended run\n");
+    println!("| measurement | podlock |\n|---|---|");
+    for (name, value) in rows {
+        println!("| {name} | {value} |");
+    }
+}
