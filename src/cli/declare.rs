@@ -26,7 +26,7 @@ pub struct DeclareArgs {
     #[arg(long, env = "PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", default_value_t = 0)]
     pub heartbeat_timeout_seconds: u32,
     /// Remove the lock instead: its settings and every hold (holders see `lost`).
-    #[arg(long)]
+    #[arg(long, env = "PODLOCK_DECLARE_DELETE")]
     pub delete: bool,
     #[command(flatten)]
     pub etcd: EtcdArgs,

@@ -225,35 +225,22 @@ pub async fn wait_turn(
 pub async fn mark_acquired(etcd: &Etcd, ticket: &Ticket, entry: &Entry) -> Result<bool, LockError> {
     let value = serde_json::to_vec(entry).expect("entry serializes");
     let put = etcd_client::PutOptions::new().with_lease(ticket.lease);
-    let resp = etcd
-        .txn(
-            Txn::new()
-                .when([Compare::create_revision(
-                    ticket.key.as_str(),
-                    CompareOp::Equal,
-                    ticket.revision,
-                )])
-                .and_then([TxnOp::put(ticket.key.as_str(), value, Some(put))]),
-        )
-        .await?;
-    Ok(resp.succeeded())
+    if_still_ours(etcd, ticket, TxnOp::put(ticket.key.as_str(), value, Some(put))).await
 }
 
 /// Deletes `ticket`'s key if it is still the same key (same create revision), so that a late
 /// or retried release never deletes a newer hold. Returns whether it deleted.
 pub async fn remove(etcd: &Etcd, ticket: &Ticket) -> Result<bool, LockError> {
-    let resp = etcd
-        .txn(
-            Txn::new()
-                .when([Compare::create_revision(
-                    ticket.key.as_str(),
-                    CompareOp::Equal,
-                    ticket.revision,
-                )])
-                .and_then([TxnOp::delete(ticket.key.as_str(), None)]),
-        )
-        .await?;
-    Ok(resp.succeeded())
+    if_still_ours(etcd, ticket, TxnOp::delete(ticket.key.as_str(), None)).await
+}
+
+/// Runs `op` only while `ticket`'s key still has its create revision; returns whether it ran.
+async fn if_still_ours(etcd: &Etcd, ticket: &Ticket, op: TxnOp) -> Result<bool, LockError> {
+    let ours = Compare::create_revision(ticket.key.as_str(), CompareOp::Equal, ticket.revision);
+    Ok(etcd
+        .txn(Txn::new().when([ours]).and_then([op]))
+        .await?
+        .succeeded())
 }
 
 /// A lock's queue as it stands: holders in acquisition order and the number of waiters.

@@ -78,9 +78,7 @@ pub async fn release(
     uri: Uri,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
-    let lock = lock_id(&st.namespace, &name)?;
-    let opts: HolderOptions = options(&uri, body)?;
-    let holder = opts.holder_id.unwrap_or_else(|| st.default_holder.clone());
+    let (lock, holder) = lock_and_holder(&st, &name, &uri, body)?;
     let span = info_span!("release", lock = %lock, holder = %holder);
     st.engine.release(&lock, &holder).instrument(span).await?;
     Ok(Json(json!({ "released": true })))
@@ -93,11 +91,21 @@ pub async fn heartbeat(
     uri: Uri,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
-    let lock = lock_id(&st.namespace, &name)?;
-    let opts: HolderOptions = options(&uri, body)?;
-    let holder = opts.holder_id.unwrap_or_else(|| st.default_holder.clone());
+    let (lock, holder) = lock_and_holder(&st, &name, &uri, body)?;
     let expires = st.engine.heartbeat(&lock, &holder)?;
     Ok(Json(json!({ "expiresAt": rfc3339(expires) })))
+}
+
+/// The lock and holder id a release or heartbeat names.
+fn lock_and_holder(
+    st: &AppState,
+    name: &str,
+    uri: &Uri,
+    body: Result<Bytes, BytesRejection>,
+) -> ApiResult<(crate::lock::LockId, String)> {
+    let lock = lock_id(&st.namespace, name)?;
+    let opts: HolderOptions = options(uri, body)?;
+    Ok((lock, opts.holder_id.unwrap_or_else(|| st.default_holder.clone())))
 }
 
 /// `GET /v1/locks/{name}`.
