@@ -1,7 +1,7 @@
-//! A real Kubernetes control plane for tests, started the way controller-runtime's envtest does:
-//! etcd, `kube-apiserver` (self-signed serving certificate, a service-account key, a static
-//! admin token in `system:masters`) and, on request, `kube-controller-manager`. No kubelet:
-//! tests create Pods and set their status themselves.
+//! A real Kubernetes control plane for tests, started by `scripts/control-plane.sh` (the way
+//! controller-runtime's envtest does: etcd, `kube-apiserver` with a self-signed serving
+//! certificate, a service-account key and a static admin token, `kube-controller-manager`).
+//! No kubelet: tests create Pods and set their status themselves.
 //!
 //! One control plane serves every test of a test binary ([`shared`]); tests isolate themselves
 //! by namespace. Its processes are started from a thread that lives as long as the test binary
@@ -12,20 +12,17 @@ use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use super::{EtcdServer, bin_dir, free_port, log_file, spawn_dying_with_parent};
+use super::{EtcdAt, free_port, log_file, spawn_dying_with_parent};
 
 /// A running control plane.
 pub struct ControlPlane {
     /// The etcd behind the API server; podlock's locks live in it too, under `/podlock/`.
-    pub etcd: EtcdServer,
-    _apiserver: Child,
-    _controller_manager: Child,
+    pub etcd: EtcdAt,
+    _script: Child,
     _dir: tempfile::TempDir,
     /// A kubeconfig with admin rights.
     pub kubeconfig: PathBuf,
 }
-
-const TOKEN: &str = "podlock-test-admin-token";
 
 /// The shared control plane with the DistributedLock CRD installed and established.
 pub fn with_crd() -> &'static ControlPlane {
@@ -66,87 +63,39 @@ pub fn shared() -> &'static ControlPlane {
 }
 
 impl ControlPlane {
+    /// Starts `scripts/control-plane.sh` and waits until it reports ready.
     async fn start() -> Self {
-        let etcd = EtcdServer::start().await;
         let dir = tempfile::Builder::new()
             .prefix("podlock-kube-")
             .tempdir()
             .unwrap();
-        let path = |f: &str| dir.path().join(f);
-        let openssl = Command::new("openssl")
-            .args(["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out"])
-            .arg(path("sa.key"))
-            .status()
-            .expect("openssl");
-        assert!(openssl.success(), "could not make a service-account key");
-        std::fs::write(
-            path("tokens.csv"),
-            format!("{TOKEN},admin,admin,\"system:masters\"\n"),
-        )
-        .unwrap();
-        let port = free_port();
-        let url = format!("https://127.0.0.1:{port}");
-        let mut cmd = Command::new(bin_dir().join("kube-apiserver"));
-        cmd.arg(format!("--etcd-servers={}", etcd.endpoint))
-            .arg(format!("--cert-dir={}", path("certs").display()))
-            .arg(format!("--secure-port={port}"))
-            .args(["--bind-address=127.0.0.1", "--advertise-address=127.0.0.1"])
-            .arg("--service-cluster-ip-range=10.0.0.0/24")
-            .arg(format!("--service-account-issuer={url}"))
-            .arg(format!("--service-account-key-file={}", path("sa.key").display()))
-            .arg(format!(
-                "--service-account-signing-key-file={}",
-                path("sa.key").display()
-            ))
-            .arg(format!("--token-auth-file={}", path("tokens.csv").display()))
-            .args(["--authorization-mode=RBAC", "--allow-privileged=true"])
-            .stdout(Stdio::null())
-            .stderr(log_file(dir.path(), "kube-apiserver.log"));
-        let apiserver = spawn_dying_with_parent(&mut cmd);
-        let kubeconfig = path("kubeconfig");
-        std::fs::write(
-            &kubeconfig,
-            format!(
-                "apiVersion: v1\nkind: Config\nclusters:\n- name: test\n  cluster:\n    server: {url}\n    \
-                 certificate-authority: {ca}\nusers:\n- name: admin\n  user:\n    token: {TOKEN}\n\
-                 contexts:\n- name: test\n  context:\n    cluster: test\n    user: admin\n    namespace: default\n\
-                 current-context: test\n",
-                ca = path("certs/apiserver.crt").display()
-            ),
-        )
-        .unwrap();
-        super::wait_until(Duration::from_secs(90), || async {
-            let out = Command::new("kubectl")
-                .arg("--kubeconfig")
-                .arg(&kubeconfig)
-                .args(["get", "--raw", "/readyz"])
-                .output();
-            matches!(out, Ok(o) if o.status.success())
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/control-plane.sh");
+        let script = spawn_dying_with_parent(
+            Command::new("bash")
+                .arg(script)
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .stderr(log_file(dir.path(), "control-plane.log")),
+        );
+        super::wait_until(Duration::from_secs(120), || async {
+            dir.path().join("ready").exists()
         })
         .await
-        .unwrap_or_else(|e| panic!("kube-apiserver not ready ({e}); log in {}", dir.path().display()));
-        let mut cmd = Command::new(bin_dir().join("kube-controller-manager"));
-        cmd.arg(format!("--kubeconfig={}", kubeconfig.display()))
-            .arg(format!(
-                "--service-account-private-key-file={}",
-                path("sa.key").display()
-            ))
-            .args([
-                "--leader-elect=false",
-                "--controllers=*",
-                "--use-service-account-credentials=false",
-            ])
-            .arg(format!("--secure-port={}", free_port()))
-            .args(["--bind-address=127.0.0.1"])
-            .stdout(Stdio::null())
-            .stderr(log_file(dir.path(), "kube-controller-manager.log"));
-        let controller_manager = spawn_dying_with_parent(&mut cmd);
+        .unwrap_or_else(|e| panic!("control plane not ready ({e}); logs in {}", dir.path().display()));
+        let env = std::fs::read_to_string(dir.path().join("env")).unwrap();
+        let var = |name: &str| {
+            env.lines()
+                .find_map(|l| l.strip_prefix(&format!("{name}=")))
+                .map(str::to_string)
+                .expect(name)
+        };
         ControlPlane {
-            etcd,
-            _apiserver: apiserver,
-            _controller_manager: controller_manager,
+            etcd: EtcdAt {
+                endpoint: var("ETCD_ENDPOINT"),
+            },
+            kubeconfig: var("KUBECONFIG").into(),
+            _script: script,
             _dir: dir,
-            kubeconfig,
         }
     }
 

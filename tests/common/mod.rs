@@ -57,14 +57,40 @@ fn log_file(dir: &std::path::Path, name: &str) -> std::fs::File {
     std::fs::File::create(dir.join(name)).unwrap()
 }
 
+/// An etcd reached at a client URL.
+pub struct EtcdAt {
+    /// The client URL.
+    pub endpoint: String,
+}
+
+impl EtcdAt {
+    /// An etcd client.
+    pub async fn client(&self) -> etcd_client::Client {
+        etcd_client::Client::connect([&self.endpoint], None)
+            .await
+            .unwrap()
+    }
+
+    /// Number of keys under `prefix`.
+    pub async fn count(&self, prefix: &str) -> i64 {
+        let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+        self.client().await.get(prefix, Some(opts)).await.unwrap().count()
+    }
+}
+
 /// A single-member etcd server; killed on drop.
 pub struct EtcdServer {
     child: Option<Child>,
     dir: tempfile::TempDir,
-    client_port: u16,
     peer_port: u16,
-    /// The client URL.
-    pub endpoint: String,
+    at: EtcdAt,
+}
+
+impl std::ops::Deref for EtcdServer {
+    type Target = EtcdAt;
+    fn deref(&self) -> &EtcdAt {
+        &self.at
+    }
 }
 
 impl EtcdServer {
@@ -75,12 +101,14 @@ impl EtcdServer {
             .tempdir()
             .unwrap();
         let (client_port, peer_port) = (free_port(), free_port());
+        let at = EtcdAt {
+            endpoint: format!("http://127.0.0.1:{client_port}"),
+        };
         let mut etcd = EtcdServer {
             child: None,
-            endpoint: format!("http://127.0.0.1:{client_port}"),
             dir,
-            client_port,
             peer_port,
+            at,
         };
         etcd.resume().await;
         etcd
@@ -127,25 +155,12 @@ impl EtcdServer {
         }
     }
 
-    /// An etcd client.
-    pub async fn client(&self) -> etcd_client::Client {
-        etcd_client::Client::connect([&self.endpoint], None)
-            .await
-            .unwrap()
-    }
-
     /// Turns on etcd auth with a `root` user whose password is `password`.
     pub async fn enable_auth(&self, password: &str) {
         let mut c = self.client().await;
         c.user_add("root", password, None).await.unwrap();
         c.user_grant_role("root", "root").await.unwrap();
         c.auth_enable().await.unwrap();
-    }
-
-    /// Number of keys under `prefix`.
-    pub async fn count(&self, prefix: &str) -> i64 {
-        let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
-        self.client().await.get(prefix, Some(opts)).await.unwrap().count()
     }
 }
 
