@@ -220,3 +220,61 @@ async fn pods_and_jobs_are_injected_only_when_annotated() {
     ]);
     assert_eq!(inits.trim(), "podlock");
 }
+
+#[tokio::test]
+async fn a_supplied_certificate_wins_over_the_self_made_one() {
+    let plane = with_crd();
+    let ns = plane.namespace("own-cert");
+    let dir = tempfile::tempdir().unwrap();
+    let sh = format!(
+        "cd {d} && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+         -subj /CN=test-ca -keyout ca.key -out ca.crt && \
+         openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=127.0.0.1 \
+         -keyout tls.key -out tls.csr && \
+         printf 'subjectAltName=IP:127.0.0.1' > ext && \
+         openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile ext -out tls.crt",
+        d = dir.path().display()
+    );
+    assert!(
+        std::process::Command::new("sh")
+            .args(["-c", &sh])
+            .output()
+            .unwrap()
+            .status
+            .success()
+    );
+    let file = |f: &str| dir.path().join(f).display().to_string();
+    let flags = [
+        "--tls-cert-file",
+        &file("tls.crt"),
+        "--tls-key-file",
+        &file("tls.key"),
+        "--tls-ca-file",
+        &file("ca.crt"),
+    ];
+    let _op = Operator::start_with(plane, &ns, &plane.etcd.endpoint, &flags).await;
+    webhook_ready(plane, &ns).await;
+    let (_, bundle, _) = plane.kubectl(&[
+        "get",
+        "mutatingwebhookconfiguration",
+        &format!("podlock-{ns}"),
+        "-o",
+        "jsonpath={.webhooks[0].clientConfig.caBundle}",
+    ]);
+    let ca = std::fs::read_to_string(dir.path().join("ca.crt")).unwrap();
+    use k8s_openapi::ByteString;
+    let expected = serde_json::to_value(ByteString(ca.into_bytes())).unwrap();
+    assert_eq!(json!(bundle.trim()), expected, "caBundle is the supplied CA");
+    assert!(
+        !plane
+            .kubectl(&["get", "secret", "podlock-webhook-tls", "-n", &ns])
+            .0,
+        "no self-made certificate"
+    );
+    // And the API server trusts the webhook through it: an annotated pod is injected.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace": ns,
+        "annotations": {"podlock.io/inject": "true"}}, "spec": {"containers": [{"name": "app", "image": "app"}]}});
+    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &pod.to_string()).0);
+    let pods: Api<Pod> = Api::namespaced(plane.client().await, &ns);
+    assert_eq!(sidecars(&pods.get("p").await.unwrap()), 1);
+}

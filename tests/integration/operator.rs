@@ -144,6 +144,17 @@ async fn status_follows_etcd_within_a_second() {
         "the largest token stays after release"
     );
     eprintln!("status lag after each change: {lags:?}");
+    let (_, events, _) = plane.kubectl(&[
+        "get",
+        "events",
+        "-n",
+        &ns,
+        "--field-selector",
+        "reason=HolderChanged",
+        "-o",
+        "name",
+    ]);
+    assert!(events.lines().count() >= 1, "no HolderChanged event (the recorder folds repeats into one series)");
     let metrics = _op.metrics().await;
     for m in [
         "podlock_reconcile_total{result=\"ok\"}",
