@@ -4,7 +4,8 @@
 #   protoc            Debian's protobuf-compiler (etcd-client's build script needs it)
 #   etcd, etcdctl     built from the Go module go.etcd.io/etcd (server/v3, etcdctl/v3)
 #   with --kubernetes: kube-apiserver and kube-controller-manager, built from the Go module
-#                     k8s.io/kubernetes (about 3 + 3 minutes of compile on 2 cores)
+#                     k8s.io/kubernetes (about 3 + 3 minutes of compile on 2 cores), and helm
+#                     from helm.sh/helm/v3 (about 2 minutes)
 #
 # Slow builds are cached outside the repo in $PODLOCK_CACHE (default ~/.cache/podlock) and
 # reused while their version matches. Prints the cache's bin directory on the last line.
@@ -12,6 +13,7 @@ set -euo pipefail
 
 ETCD_VERSION="${ETCD_VERSION:-v3.5.17}"
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
+HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 WITH_KUBERNETES=false
 [ "${1:-}" = "--kubernetes" ] && WITH_KUBERNETES=true
 CACHE="${PODLOCK_CACHE:-$HOME/.cache/podlock}"
@@ -45,24 +47,25 @@ else
   step "hadolint: $(hadolint --version)"
 fi
 
-# build_go_cmd NAME MODULE PACKAGE: builds PACKAGE of MODULE@ETCD_VERSION into $BIN/NAME.
+# build_go_cmd NAME MODULE PACKAGE [VERSION]: builds PACKAGE of MODULE@VERSION (default
+# ETCD_VERSION) into $BIN/NAME.
 build_go_cmd() {
-  local name=$1 module=$2 pkg=$3 stamp="$BIN/.$1.version"
-  if [ -x "$BIN/$name" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$ETCD_VERSION" ]; then
-    step "$name $ETCD_VERSION: cached in $BIN"
+  local name=$1 module=$2 pkg=$3 version=${4:-$ETCD_VERSION} stamp="$BIN/.$1.version"
+  if [ -x "$BIN/$name" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$version" ]; then
+    step "$name $version: cached in $BIN"
     return
   fi
-  step "building $name $ETCD_VERSION from the Go module $module (about a minute)"
+  step "building $name $version from the Go module $module (a minute or two)"
   local work
   work=$(mktemp -d)
   (
     cd "$work"
     go mod init podlock-build-$name >/dev/null 2>&1
-    go get "$module@$ETCD_VERSION" >&2
+    go get "$pkg@$version" >&2
     go build -o "$BIN/$name" "$pkg" >&2
   )
   rm -rf "$work"
-  echo "$ETCD_VERSION" > "$stamp"
+  echo "$version" > "$stamp"
   step "$name built: $BIN/$name"
 }
 
@@ -110,6 +113,7 @@ build_kube_cmds() {
 
 if $WITH_KUBERNETES; then
   build_kube_cmds kube-apiserver kube-controller-manager
+  build_go_cmd helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
 fi
 
 echo "$BIN"

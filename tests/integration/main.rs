@@ -5,6 +5,7 @@
 mod common;
 
 mod api;
+mod chart;
 mod injection;
 mod isolation;
 mod liveness;

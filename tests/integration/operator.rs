@@ -154,7 +154,10 @@ async fn status_follows_etcd_within_a_second() {
         "-o",
         "name",
     ]);
-    assert!(events.lines().count() >= 1, "no HolderChanged event (the recorder folds repeats into one series)");
+    assert!(
+        events.lines().count() >= 1,
+        "no HolderChanged event (the recorder folds repeats into one series)"
+    );
     let metrics = _op.metrics().await;
     for m in [
         "podlock_reconcile_total{result=\"ok\"}",

@@ -1,4 +1,4 @@
-//! `manifests/rbac.yaml` is enough: the operator, run with a token of exactly that
+//! `manifests/rbac.yaml` (the chart's RBAC, rendered) is enough: the operator, run with a token of exactly that
 //! ServiceAccount, reconciles, mirrors status, revokes a dead pod's hold, elects a leader,
 //! makes its webhook certificate and registers its webhook, without one refusal.
 
