@@ -6,6 +6,7 @@ mod common;
 
 mod api;
 mod chart;
+mod examples;
 mod injection;
 mod isolation;
 mod liveness;

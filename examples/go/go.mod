@@ -1,0 +1,3 @@
+module podlock.io/examples/go
+
+go 1.22

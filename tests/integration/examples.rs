@@ -1,0 +1,78 @@
+//! The client examples in `examples/` run against a real sidecar and write to the fenced store.
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use crate::common::{EtcdServer, Sidecar, declare, free_port, spawn_dying_with_parent, wait_until};
+
+const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
+
+#[tokio::test]
+async fn the_curl_python_and_go_examples_take_the_lock_and_write_fenced() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["report"]);
+    let s = Sidecar::start(&etcd.endpoint, "example-pod", &[]).await;
+    let port = free_port();
+    let _store = spawn_dying_with_parent(
+        Command::new("python3")
+            .arg(format!("{EXAMPLES}/fenced_store.py"))
+            .arg(port.to_string())
+            .stdout(Stdio::null()),
+    );
+    let store = format!("http://127.0.0.1:{port}");
+    wait_until(Duration::from_secs(10), || async {
+        reqwest::get(format!("{store}/")).await.is_ok()
+    })
+    .await
+    .expect("fenced store up");
+
+    // (program, arguments, directory under examples/)
+    let runs: [(&str, &[&str], &str); 3] = [
+        ("bash", &["curl.sh"], ""),
+        ("python3", &["python_client.py"], ""),
+        ("go", &["run", "."], "go"),
+    ];
+    let mut tokens = vec![];
+    for (program, args, dir) in runs {
+        let out = Command::new(program)
+            .args(args)
+            .current_dir(format!("{EXAMPLES}/{dir}"))
+            .env("PODLOCK_ADDR", &s.addr)
+            .env("STORE_URL", &store)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{program} {args:?}: {stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(stdout.contains("released"), "{program}: {stdout}");
+        let token: i64 = stdout
+            .lines()
+            .find_map(|l| l.strip_prefix("acquired report with fencing token "))
+            .and_then(|t| t.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{program}: no token in {stdout}"));
+        tokens.push(token);
+        if program == "python3" {
+            assert!(stdout.contains("as expected: lock_not_found"), "{stdout}");
+        }
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens rise: {tokens:?}");
+    let state: serde_json::Value = reqwest::get(format!("{store}/"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (state["accepted"].as_u64(), state["rejected"].as_u64()),
+        (Some(3), Some(0)),
+        "{state}"
+    );
+    assert_eq!(
+        s.get("/v1/locks/report").await.1["held"],
+        false,
+        "every example released"
+    );
+}
