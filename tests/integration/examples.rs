@@ -13,7 +13,7 @@ async fn the_curl_python_and_go_examples_take_the_lock_and_write_fenced() {
     declare(&etcd.endpoint, &["report"]);
     let s = Sidecar::start(&etcd.endpoint, "example-pod", &[]).await;
     let port = free_port();
-    let _store = spawn_dying_with_parent(
+    let mut store_process = spawn_dying_with_parent(
         Command::new("python3")
             .arg(format!("{EXAMPLES}/fenced_store.py"))
             .arg(port.to_string())
