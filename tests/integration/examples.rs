@@ -75,4 +75,6 @@ async fn the_curl_python_and_go_examples_take_the_lock_and_write_fenced() {
         false,
         "every example released"
     );
+    store_process.kill().unwrap();
+    store_process.wait().unwrap();
 }
