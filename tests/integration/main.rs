@@ -11,6 +11,7 @@ mod injection;
 mod isolation;
 mod liveness;
 mod lock_cmd;
+mod openapi;
 mod operator;
 mod pod_liveness;
 mod queue;
