@@ -3,8 +3,8 @@
 //! `cargo bench --bench handoff` (add `-- --quick` for a short run) prints one markdown table:
 //! uncontended acquire+release latency, handoffs per second and p99 wait at 1, 8 and 64
 //! contenders (one sidecar process per contender, like one pod each), fairness, etcd requests
-//! and watch events per handoff, sidecar CPU per 1,000 handoffs and sidecar RSS. Peers (etcd's
-//! Go Mutex, Redis, Lease election) implement [`Contender`] and become more columns.
+//! and watch events per handoff, sidecar CPU per 1,000 handoffs and sidecar RSS; beside it, etcd's
+//! own Go `concurrency.Mutex` (bench/peers/etcd-mutex) on the same etcd in the same run.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
@@ -171,6 +171,33 @@ async fn podlock_contenders(etcd: &EtcdServer, lock: &str, n: usize) -> Vec<Arc<
     out
 }
 
+/// etcd's Go Mutex, built from bench/peers/etcd-mutex; runs one measurement, returns its JSON.
+fn go_mutex(etcd: &str, lock: &str, args: &[&str]) -> serde_json::Value {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/peers/etcd-mutex");
+    let bin = concat!(env!("CARGO_MANIFEST_DIR"), "/target/peers/etcd-mutex");
+    let built = std::process::Command::new("go")
+        .args(["build", "-o", bin, "."])
+        .current_dir(dir)
+        .status();
+    assert!(built.is_ok_and(|s| s.success()), "go build of {dir} failed");
+    let out = std::process::Command::new(bin)
+        .args(["-endpoint", etcd, "-lock", lock])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "etcd-mutex {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// A ratio cell: podlock's value over the peer's, "higher/lower is better" left to the row.
+fn ratio(podlock: f64, peer: f64) -> String {
+    format!("{:.2}x", podlock / peer)
+}
+
 #[tokio::main]
 async fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
@@ -189,16 +216,28 @@ async fn main() {
         .next()
         .unwrap_or("?")
         .to_string();
-    let mut rows: Vec<(String, String)> = vec![];
+    // (measurement, podlock, etcd Go Mutex, podlock / Go Mutex)
+    let mut rows: Vec<[String; 4]> = vec![];
+    let dash = || "—".to_string();
 
     declare(&etcd.endpoint, &["solo"]);
     let solo = podlock_contenders(&etcd, "solo", 1).await;
     let (p50, p99, rate) = uncontended(solo[0].as_ref(), cycles).await;
-    rows.push((
+    let go = go_mutex(&etcd.endpoint, "solo", &["uncontended", &cycles.to_string()]);
+    let go_p50 = go["p50_ms"].as_f64().unwrap();
+    let go_rate = go["cycles_per_s"].as_f64().unwrap();
+    rows.push([
         "uncontended acquire+release p50 / p99".into(),
         format!("{} / {}", ms(p50), ms(p99)),
-    ));
-    rows.push(("uncontended cycles/s".into(), format!("{rate:.0}")));
+        format!("{go_p50:.2} ms / {:.2} ms", go["p99_ms"].as_f64().unwrap()),
+        format!("{} (p50)", ratio(p50.as_secs_f64() * 1000.0, go_p50)),
+    ]);
+    rows.push([
+        "uncontended cycles/s".into(),
+        format!("{rate:.0}"),
+        format!("{go_rate:.0}"),
+        ratio(rate, go_rate),
+    ]);
 
     let mut rss: f64 = usage(solo[0].sidecar.pid()).0;
     for n in [1usize, 8, 64] {
@@ -214,34 +253,60 @@ async fn main() {
         let cpu: f64 = cs.iter().map(|c| usage(c.sidecar.pid()).1).sum::<f64>() - cpu_before;
         let requests = total(&cs, "podlock_etcd_requests_total").await - before.0;
         let events = total(&cs, "podlock_watch_events_total").await - before.1;
+        rss = cs.iter().map(|c| usage(c.sidecar.pid()).0).fold(rss, f64::max);
+        drop(cs); // stop these sidecars before the Go Mutex runs
         let per = r.grants.max(1) as f64;
-        rows.push((
+        let go = go_mutex(
+            &etcd.endpoint,
+            &lock,
+            &["contend", &n.to_string(), &window.as_secs_f64().to_string()],
+        );
+        let go_rate = go["handoffs_per_s"].as_f64().unwrap();
+        rows.push([
             format!("handoffs/s, {n} contender(s)"),
             format!("{:.0}", r.handoffs_per_s),
-        ));
-        rows.push((format!("p99 wait, {n} contender(s)"), ms(r.p99_wait)));
+            format!("{go_rate:.0}"),
+            ratio(r.handoffs_per_s, go_rate),
+        ]);
+        rows.push([
+            format!("p99 wait, {n} contender(s)"),
+            ms(r.p99_wait),
+            format!("{:.2} ms", go["p99_wait_ms"].as_f64().unwrap()),
+            dash(),
+        ]);
         if n > 1 {
-            rows.push((
+            rows.push([
                 format!("grants per contender min / max, {n} contenders"),
                 format!("{} / {}", r.min_max_grants.0, r.min_max_grants.1),
-            ));
+                format!("{} / {}", go["min_grants"], go["max_grants"]),
+                dash(),
+            ]);
         }
-        rows.push((
+        rows.push([
             format!("etcd requests / watch events per handoff, {n} contender(s)"),
             format!("{:.2} / {:.2}", requests / per, events / per),
-        ));
-        rows.push((
+            dash(),
+            dash(),
+        ]);
+        rows.push([
             format!("sidecar CPU s per 1,000 handoffs, {n} contender(s)"),
             format!("{:.2}", cpu / per * 1000.0),
-        ));
-        rss = cs.iter().map(|c| usage(c.sidecar.pid()).0).fold(rss, f64::max);
+            dash(),
+            dash(),
+        ]);
     }
-    rows.push(("sidecar RSS, max over sidecars".into(), format!("{rss:.1} MiB")));
+    rows.push([
+        "sidecar RSS, max over sidecars".into(),
+        format!("{rss:.1} MiB"),
+        dash(),
+        dash(),
+    ]);
 
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!("machine: {cores} cores; {etcd_version}; one local etcd; window {window:?} per contended run\n");
-    println!("| measurement | podlock |\n|---|---|");
-    for (name, value) in rows {
-        println!("| {name} | {value} |");
+    println!("| measurement | podlock (sidecar, HTTP) | etcd Go Mutex | podlock / Go Mutex |");
+    println!("|---|---|---|---|");
+    for [name, podlock, go, ratio] in rows {
+        println!("| {name} | {podlock} | {go} | {ratio} |");
     }
 }

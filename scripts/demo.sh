@@ -101,7 +101,7 @@ done
 step "three pods contend; what \`kubectl get dlock -w\` shows, plus the fenced counter:"
 show() {
   printf '  %s  %s   counter=%s\n' "$(date +%T)" \
-    "$(k get dlock report -n demo --no-headers -o custom-columns=HOLDER:.status.holders[0].pod,WAITERS:.status.waiters,TOKEN:.status.fencingToken | tr -s ' ')" \
+    "$(k get dlock report -n demo --no-headers -o custom-columns=HOLDER:.status.holders[0].pod,WAITERS:.status.waiters,TOKEN:.status.fencingToken 2>/dev/null | tr -s ' ')" \
     "$(curl -s "$STORE/" | sed -n 's/.*"value": \([0-9]*\).*/\1/p')"
 }
 printf '  %-8s  HOLDER WAITERS TOKEN\n' TIME
