@@ -52,6 +52,16 @@ fn sidecars(pod: &Pod) -> usize {
         .count()
 }
 
+/// The init containers' names in the pod template of `kind`/`name`.
+fn template_init_containers(plane: &ControlPlane, kind: &str, name: &str, ns: &str) -> String {
+    let path = "jsonpath={.spec.template.spec.initContainers[*].name}";
+    plane
+        .kubectl(&["get", kind, name, "-n", ns, "-o", path])
+        .1
+        .trim()
+        .to_string()
+}
+
 async fn webhook_ready(plane: &ControlPlane, ns: &str) {
     let name = format!("podlock-{ns}");
     wait_until(Duration::from_secs(15), || async {
@@ -153,16 +163,10 @@ async fn annotating_a_deployment_rolls_out_pods_with_exactly_one_sidecar() {
     let annotated = deployment(&ns, "web", json!({"podlock.io/inject": "true"}));
     assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &annotated).0);
     assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &annotated).0);
-    let (_, inits, _) = plane.kubectl(&[
-        "get",
-        "deployment",
-        "web",
-        "-n",
-        &ns,
-        "-o",
-        "jsonpath={.spec.template.spec.initContainers[*].name}",
-    ]);
-    assert_eq!(inits.trim(), "podlock");
+    assert_eq!(
+        template_init_containers(plane, "deployment", "web", &ns),
+        "podlock"
+    );
 }
 
 #[tokio::test]
@@ -209,16 +213,7 @@ async fn pods_and_jobs_are_injected_only_when_annotated() {
         "spec": {"template": {"metadata": {"annotations": {"podlock.io/inject": "true"}},
                  "spec": {"restartPolicy": "Never", "containers": [{"name": "m", "image": "m"}]}}}});
     assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &job.to_string()).0);
-    let (_, inits, _) = plane.kubectl(&[
-        "get",
-        "job",
-        "migrate",
-        "-n",
-        &ns,
-        "-o",
-        "jsonpath={.spec.template.spec.initContainers[*].name}",
-    ]);
-    assert_eq!(inits.trim(), "podlock");
+    assert_eq!(template_init_containers(plane, "job", "migrate", &ns), "podlock");
 }
 
 #[tokio::test]
