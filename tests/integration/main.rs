@@ -16,3 +16,4 @@ mod operator;
 mod pod_liveness;
 mod queue;
 mod rbac;
+mod safety;
