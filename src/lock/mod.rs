@@ -223,6 +223,14 @@ impl Engine {
                 }
             }
         }
+        // A hold must start with most of its lease confirmed: if keepalives have been failing,
+        // the lease may end any moment and the lock move on while the app believes it holds.
+        let confirmed = session.expires_at().saturating_duration_since(Instant::now());
+        if confirmed < Duration::from_secs(session.ttl.into()) / 2 {
+            return Err(LockError::Unavailable(format!(
+                "etcd keepalives are failing (lease confirmed for only {confirmed:?} more); retry"
+            )));
+        }
         let heartbeat = req
             .heartbeat_timeout_seconds
             .unwrap_or(declared.settings.heartbeat_timeout_seconds);
