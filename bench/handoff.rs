@@ -174,7 +174,8 @@ async fn podlock_contenders(etcd: &EtcdServer, lock: &str, n: usize) -> Vec<Arc<
 /// etcd's Go Mutex, built from bench/peers/etcd-mutex; runs one measurement, returns its JSON.
 fn go_mutex(etcd: &str, lock: &str, args: &[&str]) -> serde_json::Value {
     let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/bench/peers/etcd-mutex");
-    let bin = concat!(env!("CARGO_MANIFEST_DIR"), "/target/peers/etcd-mutex");
+    let bin = std::env::temp_dir().join("podlock-bench-etcd-mutex"); // Go's build cache keeps rebuilds fast
+    let bin = bin.to_str().unwrap();
     let built = std::process::Command::new("go")
         .args(["build", "-o", bin, "."])
         .current_dir(dir)
