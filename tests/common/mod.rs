@@ -326,3 +326,50 @@ where
     }
     Err(format!("condition not met within {limit:?}"))
 }
+
+/// `examples/fenced_store.py` on a free port; stopped on drop.
+pub struct FencedStore {
+    child: Child,
+    /// Its base URL.
+    pub url: String,
+}
+
+impl FencedStore {
+    /// Starts the store and waits until it answers.
+    pub async fn start() -> Self {
+        let port = free_port();
+        let child = spawn_dying_with_parent(
+            Command::new("python3")
+                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/fenced_store.py"))
+                .arg(port.to_string())
+                .stdout(Stdio::null()),
+        );
+        let store = FencedStore {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        wait_until(Duration::from_secs(10), || async {
+            reqwest::get(format!("{}/", store.url)).await.is_ok()
+        })
+        .await
+        .expect("fenced store up");
+        store
+    }
+
+    /// Its state: `{value, accepted, rejected, highest}`.
+    pub async fn state(&self) -> Value {
+        reqwest::get(format!("{}/", self.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for FencedStore {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -1,9 +1,8 @@
 //! The client examples in `examples/` run against a real sidecar and write to the fenced store.
 
-use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::process::Command;
 
-use crate::common::{EtcdServer, Sidecar, declare, free_port, spawn_dying_with_parent, wait_until};
+use crate::common::{EtcdServer, FencedStore, Sidecar, declare};
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
 
@@ -12,19 +11,7 @@ async fn the_curl_python_and_go_examples_take_the_lock_and_write_fenced() {
     let etcd = EtcdServer::start().await;
     declare(&etcd.endpoint, &["report"]);
     let s = Sidecar::start(&etcd.endpoint, "example-pod", &[]).await;
-    let port = free_port();
-    let mut store_process = spawn_dying_with_parent(
-        Command::new("python3")
-            .arg(format!("{EXAMPLES}/fenced_store.py"))
-            .arg(port.to_string())
-            .stdout(Stdio::null()),
-    );
-    let store = format!("http://127.0.0.1:{port}");
-    wait_until(Duration::from_secs(10), || async {
-        reqwest::get(format!("{store}/")).await.is_ok()
-    })
-    .await
-    .expect("fenced store up");
+    let store = FencedStore::start().await;
 
     // (program, arguments, directory under examples/)
     let runs: [(&str, &[&str], &str); 3] = [
@@ -38,7 +25,7 @@ async fn the_curl_python_and_go_examples_take_the_lock_and_write_fenced() {
             .args(args)
             .current_dir(format!("{EXAMPLES}/{dir}"))
             .env("PODLOCK_ADDR", &s.addr)
-            .env("STORE_URL", &store)
+            .env("STORE_URL", &store.url)
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -59,12 +46,7 @@ async fn the_curl_python_and_go_examples_take_the_lock_and_write_fenced() {
         }
     }
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens rise: {tokens:?}");
-    let state: serde_json::Value = reqwest::get(format!("{store}/"))
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let state = store.state().await;
     assert_eq!(
         (state["accepted"].as_u64(), state["rejected"].as_u64()),
         (Some(3), Some(0)),
@@ -75,6 +57,4 @@ async fn the_curl_python_and_go_examples_take_the_lock_and_write_fenced() {
         false,
         "every example released"
     );
-    store_process.kill().unwrap();
-    store_process.wait().unwrap();
 }
