@@ -194,6 +194,37 @@ fn go_mutex(etcd: &str, lock: &str, args: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// Runs `cmd` (a lock CLI around `true`) in `loops` parallel loops for `window`; returns
+/// completed cycles per second.
+async fn cli_rate(cmd: &[String], loops: usize, window: Duration) -> f64 {
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..loops)
+        .map(|_| {
+            let cmd = cmd.to_vec();
+            tokio::spawn(async move {
+                let mut cycles = 0u32;
+                while start.elapsed() < window {
+                    let status = tokio::process::Command::new(&cmd[0])
+                        .args(&cmd[1..])
+                        .stdout(std::process::Stdio::null())
+                        .stderr(std::process::Stdio::null())
+                        .status()
+                        .await
+                        .unwrap();
+                    assert!(status.success(), "{cmd:?} failed");
+                    cycles += 1;
+                }
+                cycles
+            })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    f64::from(total) / start.elapsed().as_secs_f64()
+}
+
 /// A ratio cell: podlock's value over the peer's, "higher/lower is better" left to the row.
 fn ratio(podlock: f64, peer: f64) -> String {
     format!("{:.2}x", podlock / peer)
@@ -309,5 +340,44 @@ async fn main() {
     println!("|---|---|---|---|");
     for [name, podlock, go, ratio] in rows {
         println!("| {name} | {podlock} | {go} | {ratio} |");
+    }
+
+    // The same lock from the shell: one process per cycle around `true`.
+    declare(&etcd.endpoint, &["cli"]);
+    let cli_sidecar = podlock_contenders(&etcd, "cli", 1).await;
+    let podlock_cli: Vec<String> = [
+        common::podlock_bin(),
+        "lock",
+        "cli",
+        "--addr",
+        &cli_sidecar[0].sidecar.addr,
+        "--",
+        "true",
+    ]
+    .map(String::from)
+    .to_vec();
+    let etcdctl = common::bin_dir().join("etcdctl").display().to_string();
+    let etcdctl_cli: Vec<String> = [
+        etcdctl.as_str(),
+        "--endpoints",
+        &etcd.endpoint,
+        "lock",
+        "cli-etcdctl",
+        "--",
+        "true",
+    ]
+    .map(String::from)
+    .to_vec();
+    println!(
+        "\n| `LOCKCLI NAME -- true`, one process per cycle | podlock lock | etcdctl lock | podlock / etcdctl |"
+    );
+    println!("|---|---|---|---|");
+    for loops in [1usize, 8] {
+        let p = cli_rate(&podlock_cli, loops, window).await;
+        let e = cli_rate(&etcdctl_cli, loops, window).await;
+        println!(
+            "| cycles/s, {loops} loop(s) | {p:.0} | {e:.0} | {} |",
+            ratio(p, e)
+        );
     }
 }
