@@ -9,7 +9,7 @@
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use common::{EtcdServer, Sidecar, declare};
+use common::{EtcdServer, Sidecar, declare, percentile};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -54,11 +54,6 @@ impl Contender for Podlock {
     async fn release(&self) {
         self.call("release", json!({})).await
     }
-}
-
-fn percentile(samples: &mut [Duration], p: f64) -> Duration {
-    samples.sort();
-    samples[((samples.len() as f64 * p).ceil() as usize).clamp(1, samples.len()) - 1]
 }
 
 fn ms(d: Duration) -> String {

@@ -208,18 +208,14 @@ pub struct HolderInfo {
 
 impl HolderInfo {
     /// Reads a holder from a queue key-value pair; `None` when the value is not an entry.
-    pub fn from_kv(kv: &etcd_client::KeyValue) -> Option<(Self, Entry)> {
+    pub fn from_kv(kv: &etcd_client::KeyValue) -> Option<Self> {
         let entry: Entry = serde_json::from_slice(kv.value()).ok()?;
-        let info = HolderInfo {
-            holder_id: entry.holder_id.clone(),
-            pod: entry.pod.name.clone(),
+        Some(HolderInfo {
             fencing_token: kv.create_revision(),
-            acquired_at: entry
-                .acquired_at
-                .clone()
-                .unwrap_or_else(|| entry.requested_at.clone()),
-        };
-        Some((info, entry))
+            acquired_at: entry.acquired_at.unwrap_or(entry.requested_at),
+            holder_id: entry.holder_id,
+            pod: entry.pod.name,
+        })
     }
 }
 

@@ -296,7 +296,7 @@ impl Engine {
             .etcd
             .get(lock.queue_prefix(), Some(queue::queue_order()))
             .await?;
-        let state = queue::split_queue(resp.kvs(), d.settings.max_holders, 0);
+        let state = queue::split_queue(resp.kvs(), d.settings.max_holders);
         Ok(LockInfo {
             lock: lock.name.clone(),
             held: !state.holders.is_empty(),

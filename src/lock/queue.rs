@@ -250,21 +250,18 @@ pub struct QueueState {
     pub holders: Vec<HolderInfo>,
     /// How many entries wait behind them.
     pub waiters: usize,
-    /// The revision this state was read at.
-    pub revision: i64,
 }
 
 /// Splits a queue range (sorted by create revision) into holders and waiters.
-pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32, revision: i64) -> QueueState {
+pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32) -> QueueState {
     let holders: Vec<HolderInfo> = kvs
         .iter()
         .take(max_holders as usize)
-        .filter_map(|kv| HolderInfo::from_kv(kv).map(|(h, _)| h))
+        .filter_map(HolderInfo::from_kv)
         .collect();
     QueueState {
         waiters: kvs.len().saturating_sub(max_holders as usize),
         holders,
-        revision,
     }
 }
 

@@ -124,7 +124,7 @@ async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) 
         .etcd
         .get(id.queue_prefix(), Some(queue::queue_order()))
         .await?;
-    let state = queue::split_queue(resp.kvs(), want.max_holders, 0);
+    let state = queue::split_queue(resp.kvs(), want.max_holders);
     let old = dl.status.clone().unwrap_or_default();
     let newest = state.holders.iter().map(|h| h.fencing_token).max();
     let status = DistributedLockStatus {

@@ -159,18 +159,11 @@ impl Operator {
 
     /// Like [`Operator::start`], with podlock's locks in the etcd at `etcd` and `extra` flags.
     pub async fn start_with(plane: &ControlPlane, ns: &str, etcd: &str, extra: &[&str]) -> Self {
-        Self::start_as(plane, &plane.kubeconfig, ns, etcd, extra).await
+        Self::start_as(&plane.kubeconfig, ns, etcd, extra).await
     }
 
     /// Like [`Operator::start_with`], with the identity of `kubeconfig`.
-    pub async fn start_as(
-        plane: &ControlPlane,
-        kubeconfig: &std::path::Path,
-        ns: &str,
-        etcd: &str,
-        extra: &[&str],
-    ) -> Self {
-        let _ = plane;
+    pub async fn start_as(kubeconfig: &std::path::Path, ns: &str, etcd: &str, extra: &[&str]) -> Self {
         let configuration = format!("podlock-{ns}");
         let configuration: &[&str] = if extra.contains(&"--webhook-configuration") {
             &[]

@@ -296,6 +296,12 @@ pub fn sum_metric(text: &str, name: &str) -> f64 {
         .sum()
 }
 
+/// The `p` quantile (0..1) of `samples`, nearest-rank; sorts them.
+pub fn percentile(samples: &mut [Duration], p: f64) -> Duration {
+    samples.sort();
+    samples[((samples.len() as f64 * p).ceil() as usize).clamp(1, samples.len()) - 1]
+}
+
 /// Runs `podlock declare` with `args` against `etcd`.
 pub fn declare(etcd: &str, args: &[&str]) {
     let out = Command::new(podlock_bin())

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::common::kube::{ControlPlane, Operator, with_crd};
-use crate::common::{Sidecar, wait_until};
+use crate::common::{Sidecar, percentile, wait_until};
 
 /// The control plane, the CRD, a namespace with one lock (TTL 30 s, so a handoff within a
 /// second can only come from the operator), and an operator for it.
@@ -89,10 +89,6 @@ async fn holder_and_waiter(
     (hs, ws, granted)
 }
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    sorted[((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1]
-}
-
 #[tokio::test]
 async fn a_dead_holders_pod_hands_the_lock_over_within_a_second() {
     let ns = "liveness";
@@ -135,8 +131,7 @@ async fn a_dead_holders_pod_hands_the_lock_over_within_a_second() {
         assert_eq!(waiter.post("job", "release", json!({})).await.0, 200);
     }
     let mut all: Vec<Duration> = handoffs.iter().map(|(_, d)| *d).collect();
-    all.sort();
-    let (p50, p99) = (percentile(&all, 0.50), percentile(&all, 0.99));
+    let (p50, p99) = (percentile(&mut all, 0.50), percentile(&mut all, 0.99));
     eprintln!(
         "pod liveness handoff over {} trials: p50 {p50:?}, p99 {p99:?}; each: {handoffs:?}",
         all.len()

@@ -29,7 +29,6 @@ async fn the_operator_needs_no_more_than_manifests_rbac() {
     std::fs::write(&kubeconfig, admin.replace(admin_token, token.trim())).unwrap();
 
     let op = Operator::start_as(
-        plane,
         &kubeconfig,
         &ns,
         &plane.etcd.endpoint,
