@@ -2,6 +2,8 @@
 # Installs what podlock's build, tests and demo need, idempotently, with visible progress.
 #
 #   protoc            Debian's protobuf-compiler (etcd-client's build script needs it)
+#   redis-server      Debian's redis-server, for the Redis lock peer in bench/ (not started as
+#                     a service; the benchmark starts its own on a free loopback port)
 #   etcd, etcdctl     built from the Go module go.etcd.io/etcd (server/v3, etcdctl/v3)
 #   with --kubernetes: kube-apiserver and kube-controller-manager, built from the Go module
 #                     k8s.io/kubernetes (about 3 + 3 minutes of compile on 2 cores), and helm
@@ -37,6 +39,15 @@ if ! command -v protoc >/dev/null 2>&1; then
   apt-get install -y -qq protobuf-compiler >&2
 else
   step "protoc: $(protoc --version)"
+fi
+
+if ! command -v redis-server >/dev/null 2>&1; then
+  step "installing redis-server (Debian redis-server, for bench/peers/redis-lock)"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >&2
+  apt-get install -y -qq redis-server >&2
+else
+  step "redis-server: $(redis-server --version)"
 fi
 
 if ! command -v hadolint >/dev/null 2>&1; then

@@ -27,6 +27,8 @@ pub struct Hold {
     pub holder_id: String,
     /// The queue key; its create revision is the fencing token.
     pub ticket: Ticket,
+    /// A revision at which the key was known to be in place: its watch starts after it.
+    pub confirmed: i64,
     /// The session whose lease the key is bound to.
     pub session: Arc<Session>,
     /// When the hold began.
@@ -44,6 +46,7 @@ impl Hold {
         lock: LockId,
         holder_id: String,
         ticket: Ticket,
+        confirmed: i64,
         session: Arc<Session>,
         heartbeat: Duration,
     ) -> Self {
@@ -52,6 +55,7 @@ impl Hold {
             lock,
             holder_id,
             ticket,
+            confirmed,
             session,
             acquired_at: SystemTime::now(),
             heartbeat,
@@ -88,7 +92,7 @@ pub fn spawn_monitor(engine: Engine, hold: Arc<Hold>) {
             let reason = tokio::select! {
                 _ = hold.ended.cancelled() => return,
                 _ = hold.session.lost() => "its lease expired or was revoked",
-                reason = key_deleted(&engine, &hold.ticket) => reason,
+                reason = key_deleted(&engine, &hold) => reason,
                 _ = heartbeat_missed(&hold) => "no heartbeat within heartbeatTimeoutSeconds",
             };
             engine.end_lost(&hold, reason).await;
@@ -97,27 +101,36 @@ pub fn spawn_monitor(engine: Engine, hold: Arc<Hold>) {
     );
 }
 
-/// Completes when the hold's key is deleted (or replaced), watching it from now on.
-async fn key_deleted(engine: &Engine, ticket: &Ticket) -> &'static str {
-    let etcd = engine.etcd();
+/// How long a hold runs before its key is watched. Most holds of a busy lock are shorter, and
+/// a watch from the confirmed revision still sees a deletion in this gap: it only arrives
+/// later, well within the 1 s the contract allows for a `lost` notice.
+const KEY_WATCH_DELAY: Duration = Duration::from_millis(100);
+
+/// Why a hold whose key disappeared was lost.
+pub(crate) const KEY_DELETED: &str = "its key was deleted (lock deleted or hold revoked)";
+
+/// Completes when the hold's key is deleted (or replaced).
+async fn key_deleted(engine: &Engine, hold: &Hold) -> &'static str {
+    let (etcd, ticket) = (engine.etcd(), &hold.ticket);
+    sleep(KEY_WATCH_DELAY).await;
+    // First from the confirmed revision; after a broken watch, from now, with a read.
+    let mut from = Some(hold.confirmed + 1);
     loop {
-        let watch = etcd
-            .watch_keys(
-                std::slice::from_ref(&ticket.key.clone().into_bytes()),
-                &[WatchFilterType::NoPut],
-            )
-            .await;
-        match watch {
+        let key = [ticket.key.clone().into_bytes()];
+        match etcd
+            .watch_keys(&key, &[WatchFilterType::NoPut], from.take())
+            .await
+        {
             Ok(mut w) => {
-                match etcd.get(ticket.key.as_str(), None).await {
-                    Ok(r) if r.kvs().first().map(|kv| kv.create_revision()) != Some(ticket.revision) => {
-                        return "its key was deleted (lock deleted or hold revoked)";
+                if w.start_revision != hold.confirmed {
+                    match queue::is_ours(etcd, ticket).await {
+                        Ok(false) => return KEY_DELETED,
+                        Ok(true) => {}
+                        Err(e) => warn!(error = %e, "could not confirm the hold's key; watching anyway"),
                     }
-                    Ok(_) => {}
-                    Err(e) => warn!(error = %e, "could not confirm the hold's key; watching anyway"),
                 }
                 match w.changed().await {
-                    Ok(()) => return "its key was deleted (lock deleted or hold revoked)",
+                    Ok(()) => return KEY_DELETED,
                     Err(e) => warn!(error = %e, "hold watch broke; re-watching"),
                 }
             }

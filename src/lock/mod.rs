@@ -132,6 +132,18 @@ impl Engine {
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Grant, LockError> {
         keys::check_holder_id(&req.holder_id)?;
         let slot_key = (req.lock.clone(), req.holder_id.clone());
+        let held = match self.0.registry.lock().unwrap().get(&slot_key) {
+            Some(Slot::Held(h)) => Some(h.clone()),
+            _ => None,
+        };
+        if let Some(h) = held {
+            // Acquiring again is idempotent, but only while the key is still there: the hold's
+            // monitor may not have seen a deletion yet.
+            if queue::is_ours(&self.0.etcd, &h.ticket).await? {
+                return Ok(Grant::of(&h));
+            }
+            self.end_lost(&h, hold::KEY_DELETED).await;
+        }
         {
             let mut reg = self.0.registry.lock().unwrap();
             match reg.get(&slot_key) {
@@ -153,7 +165,7 @@ impl Engine {
         };
         let deadline = Instant::now() + req.wait;
         let mut declared = self.declared(&req.lock, false).await?;
-        let (ticket, session, held) = loop {
+        let (ticket, session, held, mut seen) = loop {
             let s = declared.settings;
             let ttl = keys::check_bounds(
                 "ttlSeconds",
@@ -174,7 +186,7 @@ impl Engine {
             )
             .await?;
             match enqueued {
-                Enqueued::Placed { ticket, held } => break (ticket, session, held),
+                Enqueued::Placed { ticket, held, at } => break (ticket, session, held, at),
                 Enqueued::SettingsChanged(kv) => {
                     declared = self.remember(&req.lock, kv.as_ref().map(Declared::from_kv).transpose()?)?;
                 }
@@ -189,11 +201,26 @@ impl Engine {
                 queue::wait_turn(&self.0.etcd, &req.lock, &ticket, max_holders, deadline).await?
             };
             match turn {
-                Turn::Granted => {
+                Turn::Granted(at) => {
+                    seen = at;
                     let mut entry = self.entry(&req, session.ttl, declared.settings);
                     entry.acquired_at = Some(rfc3339(SystemTime::now()));
-                    if !queue::mark_acquired(&self.0.etcd, &ticket, &entry).await? {
-                        return Err(self.vanished(&req.lock).await);
+                    let (etcd, marked) = (self.0.etcd.clone(), ticket.clone());
+                    let mark = async move { queue::mark_acquired(&etcd, &marked, &entry).await };
+                    if max_holders > 1 {
+                        // The next waiter of a semaphore wakes on this write: it must be done.
+                        if !mark.await? {
+                            return Err(self.vanished(&req.lock).await);
+                        }
+                    } else {
+                        // Nobody waits on a mutex holder's write (it only records acquiredAt):
+                        // keep it off the handoff path. It is guarded by the key's create
+                        // revision, so landing after the release changes nothing.
+                        tokio::spawn(async move {
+                            if let Err(e) = mark.await {
+                                warn!(error = %e, "could not record acquiredAt");
+                            }
+                        });
                     }
                 }
                 Turn::Gone => return Err(self.vanished(&req.lock).await),
@@ -238,6 +265,7 @@ impl Engine {
             req.lock,
             req.holder_id,
             ticket,
+            seen,
             session,
             Duration::from_secs(heartbeat.into()),
         ));

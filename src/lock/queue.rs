@@ -37,8 +37,9 @@ pub struct Ticket {
 
 /// The outcome of putting a key into a queue.
 pub enum Enqueued {
-    /// The key is in the queue; `held` says whether it is among the first `max_holders`.
-    Placed { ticket: Ticket, held: bool },
+    /// The key is in the queue; `held` says whether it is among the first `max_holders` at
+    /// revision `at`.
+    Placed { ticket: Ticket, held: bool, at: i64 },
     /// The lock's settings changed since they were read: here is the new value (`None`:
     /// deleted) with its mod revision.
     SettingsChanged(Option<etcd_client::KeyValue>),
@@ -114,6 +115,7 @@ pub async fn enqueue(
     let revision = gets[0].kvs().first().map_or(0, |kv| kv.create_revision());
     let held = gets[1].kvs().iter().any(|kv| kv.create_revision() == revision);
     Ok(Enqueued::Placed {
+        at: resp.header().map_or(0, |h| h.revision()),
         ticket: Ticket {
             key: key.into(),
             revision,
@@ -166,8 +168,8 @@ async fn position(
 /// How a wait ended.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Turn {
-    /// The ticket is among the first `max_holders`.
-    Granted,
+    /// The ticket is among the first `max_holders` at this revision.
+    Granted(i64),
     /// The ticket's key disappeared (lease expired or revoked, key deleted).
     Gone,
     /// The deadline passed first.
@@ -186,13 +188,13 @@ pub async fn wait_turn(
     let (mut pos, mut rev) = position(etcd, &prefix, ticket, max_holders).await?;
     loop {
         let (targets, filters) = match &pos {
-            Position::Holder => return Ok(Turn::Granted),
+            Position::Holder => return Ok(Turn::Granted(rev)),
             Position::Gone => return Ok(Turn::Gone),
             Position::FirstWaiter(holders) => (holders.clone(), vec![WatchFilterType::NoPut]),
             Position::Waiter(pred) if max_holders > 1 => (vec![pred.clone()], vec![]),
             Position::Waiter(pred) => (vec![pred.clone()], vec![WatchFilterType::NoPut]),
         };
-        let Ok(watch) = timeout_at(deadline, etcd.watch_keys(&targets, &filters)).await else {
+        let Ok(watch) = timeout_at(deadline, etcd.watch_keys(&targets, &filters, None)).await else {
             return Ok(Turn::TimedOut);
         };
         let mut watch = watch?;
@@ -226,6 +228,12 @@ pub async fn mark_acquired(etcd: &Etcd, ticket: &Ticket, entry: &Entry) -> Resul
     let value = serde_json::to_vec(entry).expect("entry serializes");
     let put = etcd_client::PutOptions::new().with_lease(ticket.lease);
     if_still_ours(etcd, ticket, TxnOp::put(ticket.key.as_str(), value, Some(put))).await
+}
+
+/// Whether `ticket`'s key is still in place (same create revision).
+pub async fn is_ours(etcd: &Etcd, ticket: &Ticket) -> Result<bool, LockError> {
+    let resp = etcd.get(ticket.key.as_str(), None).await?;
+    Ok(resp.kvs().first().map(|kv| kv.create_revision()) == Some(ticket.revision))
 }
 
 /// Deletes `ticket`'s key if it is still the same key (same create revision), so that a late

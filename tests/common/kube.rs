@@ -7,10 +7,13 @@
 //! by namespace. Its processes are started from a thread that lives as long as the test binary
 //! and die with it (PR_SET_PDEATHSIG).
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use serde_json::json;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use super::{EtcdAt, free_port, log_file, spawn_dying_with_parent};
 
@@ -255,4 +258,32 @@ impl Drop for Operator {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// RFC 3339 with milliseconds, as the API server writes times.
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// Creates a running pod (app container + podlock sidecar) and returns its uid.
+pub async fn running_pod(pods: &Api<Pod>, name: &str) -> String {
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name, "labels": {"podlock.io/sidecar": "true"}},
+        "spec": {"containers": [{"name": "app", "image": "app"}, {"name": "podlock", "image": "podlock"}]}
+    }))
+    .unwrap();
+    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
+    set_status(pods, name, "Running", SystemTime::now() - Duration::from_secs(60)).await;
+    created.metadata.uid.unwrap()
+}
+
+/// Writes the pod's phase and its app container's start time, as a kubelet would.
+pub async fn set_status(pods: &Api<Pod>, name: &str, phase: &str, app_started: SystemTime) {
+    let status = json!({"status": {"phase": phase, "containerStatuses": [{
+        "name": "app", "image": "app", "imageID": "", "ready": true, "restartCount": 0, "started": true,
+        "state": {"running": {"startedAt": rfc3339(app_started)}}
+    }]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .unwrap();
 }

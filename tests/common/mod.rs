@@ -114,6 +114,11 @@ impl EtcdServer {
         etcd
     }
 
+    /// Its process id.
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("etcd is running").id() as i32
+    }
+
     /// Starts the stopped server again on the same ports and data.
     pub async fn resume(&mut self) {
         assert!(self.child.is_none(), "etcd is running");

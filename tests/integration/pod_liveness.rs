@@ -3,12 +3,12 @@
 //! create Pods and write their status themselves.
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::common::kube::{ControlPlane, Operator, with_crd};
+use crate::common::kube::{ControlPlane, Operator, rfc3339, running_pod, set_status, with_crd};
 use crate::common::{Sidecar, percentile, wait_until};
 
 /// The control plane, the CRD, a namespace with one lock (TTL 30 s, so a handoff within a
@@ -28,33 +28,6 @@ async fn setup(ns: &str) -> (&'static ControlPlane, Operator, Api<Pod>) {
     .await
     .expect("lock published");
     (plane, op, Api::namespaced(plane.client().await, ns))
-}
-
-fn rfc3339(t: SystemTime) -> String {
-    humantime::format_rfc3339_millis(t).to_string()
-}
-
-/// Creates a running pod (app container + podlock sidecar) and returns its uid.
-async fn running_pod(pods: &Api<Pod>, name: &str) -> String {
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"podlock.io/sidecar": "true"}},
-        "spec": {"containers": [{"name": "app", "image": "app"}, {"name": "podlock", "image": "podlock"}]}
-    }))
-    .unwrap();
-    let created = pods.create(&PostParams::default(), &pod).await.unwrap();
-    set_status(pods, name, "Running", SystemTime::now() - Duration::from_secs(60)).await;
-    created.metadata.uid.unwrap()
-}
-
-/// Writes the pod's phase and its app container's start time, as a kubelet would.
-async fn set_status(pods: &Api<Pod>, name: &str, phase: &str, app_started: SystemTime) {
-    let status = json!({"status": {"phase": phase, "containerStatuses": [{
-        "name": "app", "image": "app", "imageID": "", "ready": true, "restartCount": 0, "started": true,
-        "state": {"running": {"startedAt": rfc3339(app_started)}}
-    }]}});
-    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .unwrap();
 }
 
 /// A sidecar for pod `name` (uid `uid`) in namespace `ns`.

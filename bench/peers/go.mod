@@ -1,12 +1,17 @@
-module podlock.io/bench/peers/etcd-mutex
+module podlock.io/bench/peers
 
-go 1.22
-
-require go.etcd.io/etcd/client/v3 v3.5.17
+go 1.24
 
 require (
+	github.com/redis/go-redis/v9 v9.7.3
+	go.etcd.io/etcd/client/v3 v3.5.17
+)
+
+require (
+	github.com/cespare/xxhash/v2 v2.2.0 // indirect
 	github.com/coreos/go-semver v0.3.0 // indirect
 	github.com/coreos/go-systemd/v22 v22.3.2 // indirect
+	github.com/dgryski/go-rendezvous v0.0.0-20200823014737-9f7001d12a5f // indirect
 	github.com/gogo/protobuf v1.3.2 // indirect
 	github.com/golang/protobuf v1.5.4 // indirect
 	go.etcd.io/etcd/api/v3 v3.5.17 // indirect
