@@ -1,12 +1,12 @@
-//! Safety under faults, the way Jepsen checks lock services: workers on several sidecars
-//! increment a fenced counter while a fault loop kills sidecars (kill -9, then restarts them)
-//! and pauses the holder's sidecar past its TTL (SIGSTOP, then SIGCONT) while its worker
-//! stalls too. Afterwards: accepted writes never come from overlapping holds, none is lost or
+//! Safety under faults, the way Jepsen checks lock services: workers on several sidecars, on a
+//! 3-member etcd cluster, increment a fenced counter while a fault loop kills sidecars (kill -9,
+//! then restarts them), pauses a holder's sidecar past its TTL (SIGSTOP, then SIGCONT) while its
+//! worker stalls too, and kills and restarts an etcd follower and the etcd leader. Afterwards: accepted writes never come from overlapping holds, none is lost or
 //! duplicated, the paused holder's stale writes were rejected by fencing, progress resumed
 //! after every fault, and no queue key outlives its client.
 //!
 //! Short form in CI; `PODLOCK_SAFETY_SECONDS=300 cargo test --test integration safety --
-//! --nocapture` runs longer. (etcd member and leader faults are not in this checker yet.)
+//! --nocapture` runs longer.
 
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -87,9 +87,14 @@ async fn fencing_keeps_the_counter_right_under_crashes_and_pauses() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(16);
-    let etcd = EtcdServer::start().await;
+    let mut etcd = EtcdServer::cluster(3).await;
+    let endpoints = etcd
+        .iter()
+        .map(|m| m.endpoint.clone())
+        .collect::<Vec<_>>()
+        .join(",");
     declare(
-        &etcd.endpoint,
+        &endpoints,
         &["counter", "--ttl-seconds", &TTL.as_secs().to_string()],
     );
     let store = FencedStore::start().await;
@@ -97,7 +102,7 @@ async fn fencing_keeps_the_counter_right_under_crashes_and_pauses() {
     let mut sidecars = vec![];
     let mut slots = vec![];
     for i in 0..3 {
-        let s = Sidecar::start(&etcd.endpoint, &format!("w{i}"), &[]).await;
+        let s = Sidecar::start(&endpoints, &format!("w{i}"), &[]).await;
         slots.push(Arc::new(Slot {
             addr: Mutex::new(s.addr.clone()),
             stall: AtomicBool::new(false),
@@ -112,17 +117,39 @@ async fn fencing_keeps_the_counter_right_under_crashes_and_pauses() {
         .map(|s| tokio::spawn(worker(s.clone(), store.url.clone(), stop.clone())))
         .collect();
 
-    let (mut kills, mut pauses) = (0, 0);
+    let (mut kills, mut pauses, mut members, mut leaders) = (0, 0, 0, 0);
     let start = Instant::now();
     let mut round = 0;
     while start.elapsed() < Duration::from_secs(seconds) {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         round += 1;
-        if round % 2 == 1 {
+        if round % 4 == 0 {
+            // kill -9 an etcd member (the leader every other time), restart it a second later.
+            let mut leader = None;
+            for (i, m) in etcd.iter().enumerate() {
+                if m.is_leader().await {
+                    leader = Some(i);
+                }
+            }
+            let Some(leader) = leader else { continue };
+            let victim = if round % 8 == 0 {
+                leader
+            } else {
+                (leader + 1) % etcd.len()
+            };
+            etcd[victim].stop();
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            etcd[victim].resume().await;
+            if victim == leader {
+                leaders += 1
+            } else {
+                members += 1
+            }
+        } else if round % 2 == 1 {
             // kill -9 one sidecar (whatever it was doing), then start a new one for its pod.
             let i = (round / 2) % sidecars.len();
             sidecars[i].kill9();
-            sidecars[i] = Sidecar::start(&etcd.endpoint, &format!("w{i}"), &[]).await;
+            sidecars[i] = Sidecar::start(&endpoints, &format!("w{i}"), &[]).await;
             *slots[i].addr.lock().unwrap() = sidecars[i].addr.clone();
             kills += 1;
         } else {
@@ -173,11 +200,12 @@ async fn fencing_keeps_the_counter_right_under_crashes_and_pauses() {
     gaps.sort();
     let max_gap = gaps.last().copied().unwrap_or_default();
     let leftover = wait_until(Duration::from_secs(5), || async {
-        etcd.count("/podlock/v1/queue/").await == 0
+        etcd[0].count("/podlock/v1/queue/").await == 0
     })
     .await;
     eprintln!(
-        "safety: {seconds} s, {kills} kill -9 + restart, {pauses} pauses past the TTL; {} grants, {} writes accepted, \
+        "safety: {seconds} s, {kills} sidecar kill -9 + restart, {pauses} pauses past the TTL, {members} etcd \
+         follower and {leaders} etcd leader kill -9 + restart; {} grants, {} writes accepted, \
          {rejected} stale writes rejected by fencing, {overlaps} overlapping accepted holds, counter {} (store accepted {}), \
          longest stall between accepted writes {max_gap:?}, queue empty after clients left: {}",
         writes.len(),
