@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod kube;
+pub mod store;
 
 /// Where `scripts/setup.sh` puts etcd and the Kubernetes binaries.
 pub fn bin_dir() -> PathBuf {
@@ -183,12 +184,21 @@ impl EtcdServer {
     }
 
     async fn wait_healthy(&self) {
-        wait_until(Duration::from_secs(20), || async {
+        let healthy = wait_until(Duration::from_secs(20), || async {
             let url = format!("{}/health", self.endpoint);
             matches!(reqwest::get(url).await, Ok(r) if r.status().is_success())
         })
-        .await
-        .expect("etcd did not become healthy");
+        .await;
+        if healthy.is_err() {
+            let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!(
+                "etcd {} did not become healthy; its log ends:\n{}",
+                self.name,
+                tail.join("\n")
+            );
+        }
     }
 
     /// Kills etcd (SIGKILL) and waits for it to exit.
@@ -375,51 +385,4 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Err(format!("condition not met within {limit:?}"))
-}
-
-/// `examples/fenced_store.py` on a free port; stopped on drop.
-pub struct FencedStore {
-    child: Child,
-    /// Its base URL.
-    pub url: String,
-}
-
-impl FencedStore {
-    /// Starts the store and waits until it answers.
-    pub async fn start() -> Self {
-        let port = free_port();
-        let child = spawn_dying_with_parent(
-            Command::new("python3")
-                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/fenced_store.py"))
-                .arg(port.to_string())
-                .stdout(Stdio::null()),
-        );
-        let store = FencedStore {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        };
-        wait_until(Duration::from_secs(10), || async {
-            reqwest::get(format!("{}/", store.url)).await.is_ok()
-        })
-        .await
-        .expect("fenced store up");
-        store
-    }
-
-    /// Its state: `{value, accepted, rejected, highest}`.
-    pub async fn state(&self) -> Value {
-        reqwest::get(format!("{}/", self.url))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for FencedStore {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
