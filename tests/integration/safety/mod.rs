@@ -15,7 +15,7 @@
 //! waiting by disconnecting), no queue key remained in etcd.
 //!
 //! `cargo test --test integration safety -- --nocapture` runs the CI form: every fault kind
-//! twice, about 30 s. `PODLOCK_SAFETY_SECONDS=300` goes on injecting faults for 300 s.
+//! twice, about 20 s. `PODLOCK_SAFETY_SECONDS=300` goes on injecting faults for 300 s.
 
 mod check;
 mod faults;
@@ -176,7 +176,7 @@ fn report(
             .map(|(_, t)| t.unwrap_or(f64::INFINITY))
             .collect();
         times.sort_by(f64::total_cmp);
-        let (Some(max), Some(median)) = (times.last(), times.get(times.len() / 2)) else {
+        let (Some(max), Some(median)) = (times.last(), times.get(times.len().saturating_sub(1) / 2)) else {
             continue;
         };
         out += &format!(
