@@ -4,10 +4,51 @@
 use etcd_client::{
     Client, GetOptions, GetResponse, Txn, TxnResponse, WatchFilterType, WatchOptions, WatchStream,
 };
+use std::collections::VecDeque;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::Poll;
+use std::time::Duration;
+use tokio::time::{Instant, timeout_at};
 
 use super::LockError;
+
+/// How long a read or transaction may go unanswered before it is sent once more, the earlier
+/// attempts still running. A write that reaches a follower just after the leader died is
+/// forwarded to the dead leader and lost: etcd answers it only at its own request timeout
+/// (7 s), long after a new leader (elected 1 to 2 s after the old one died, with etcd's default
+/// timeouts) could have served it. Sending it again is safe: every request of the engine is a
+/// read, or a transaction guarded by a key's create revision or the settings' mod revision,
+/// which takes effect at most once however often it is sent.
+const HEDGE: Duration = Duration::from_millis(500);
+
+/// At most this many attempts of one request run at once; a new one replaces the oldest.
+const MAX_ATTEMPTS: usize = 3;
+
+/// The budget of one request, all attempts included (the client's request timeout).
+const BUDGET: Duration = Duration::from_secs(5);
+
+/// The pause before sending a failed request again (a refused connection fails at once).
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
+
+/// Whether an error may go away by itself: a member or connection down, no leader, a leader
+/// change. Anything else (a refused permission, a bad request) is final.
+fn transient(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => matches!(
+            s.code(),
+            tonic::Code::Unavailable
+                | tonic::Code::DeadlineExceeded
+                | tonic::Code::Cancelled
+                | tonic::Code::Unknown
+                | tonic::Code::Aborted
+        ),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
+}
 
 /// Counters of the etcd work this process caused.
 #[derive(Debug, Default)]
@@ -44,24 +85,70 @@ impl Etcd {
         &self.stats
     }
 
-    fn count(&self) {
-        self.stats.requests.fetch_add(1, Ordering::Relaxed);
+    /// Runs `request`: sends it again after a transient error, or when no attempt answered
+    /// within [`HEDGE`]; the first answer wins. Fails after [`BUDGET`].
+    async fn retrying<T, F: Future<Output = Result<T, etcd_client::Error>>>(
+        &self,
+        request: impl Fn() -> F,
+    ) -> Result<T, LockError> {
+        let deadline = Instant::now() + BUDGET;
+        let mut attempts: VecDeque<Pin<Box<F>>> = VecDeque::new();
+        let mut send_at = Instant::now();
+        let mut error = LockError::Unavailable(format!("etcd did not answer within {BUDGET:?}"));
+        while Instant::now() < deadline {
+            if Instant::now() >= send_at {
+                if attempts.len() == MAX_ATTEMPTS {
+                    attempts.pop_front();
+                }
+                self.stats.requests.fetch_add(1, Ordering::Relaxed);
+                attempts.push_back(Box::pin(request()));
+                send_at = Instant::now() + HEDGE;
+            }
+            let answer = poll_fn(|cx| {
+                let ready = attempts
+                    .iter_mut()
+                    .enumerate()
+                    .find_map(|(i, a)| match a.as_mut().poll(cx) {
+                        Poll::Ready(r) => Some((i, r)),
+                        Poll::Pending => None,
+                    });
+                ready.map_or(Poll::Pending, Poll::Ready)
+            });
+            match timeout_at(send_at.min(deadline), answer).await {
+                Ok((_, Ok(resp))) => return Ok(resp),
+                Ok((_, Err(e))) if !transient(&e) => return Err(e.into()),
+                Ok((i, Err(e))) => {
+                    attempts.remove(i);
+                    error = e.into();
+                    send_at = send_at.min(Instant::now() + RETRY_PAUSE);
+                }
+                Err(_) => {} // time to send again, or to give up
+            }
+        }
+        Err(error)
     }
 
-    /// Runs a transaction.
+    /// Runs a transaction (sent again if need be: see [`HEDGE`]).
     pub async fn txn(&self, txn: Txn) -> Result<TxnResponse, LockError> {
-        self.count();
-        Ok(self.client.kv_client().txn(txn).await?)
+        self.retrying(|| {
+            let (mut kv, txn) = (self.client.kv_client(), txn.clone());
+            async move { kv.txn(txn).await }
+        })
+        .await
     }
 
-    /// Reads a key or range.
+    /// Reads a key or range (sent again if need be: see [`HEDGE`]).
     pub async fn get(
         &self,
         key: impl Into<Vec<u8>>,
         opts: Option<GetOptions>,
     ) -> Result<GetResponse, LockError> {
-        self.count();
-        Ok(self.client.kv_client().get(key, opts).await?)
+        let key = key.into();
+        self.retrying(|| {
+            let (mut kv, key, opts) = (self.client.kv_client(), key.clone(), opts.clone());
+            async move { kv.get(key, opts).await }
+        })
+        .await
     }
 
     /// Watches each of `keys` with `filters`, on one stream, from revision `from` on, or from

@@ -6,15 +6,16 @@
 //! registry lock, and exactly one event (`released` or `lost`) is published.
 
 use etcd_client::WatchFilterType;
+use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
 use super::keys::LockId;
-use super::queue::{self, Ticket};
+use super::queue::{self, Enqueued, Ticket};
 use super::session::Session;
 use super::{Engine, EventKind, LockError, Slot};
 
@@ -155,6 +156,47 @@ async fn heartbeat_missed(hold: &Hold) {
                 }
             }
             _ = deadline.changed() => {}
+        }
+    }
+}
+
+/// Runs `enqueue` to its end in a task of its own, even if the acquire awaiting it is dropped
+/// (its client went away): etcd may apply the transaction all the same, and a key that nobody
+/// tracks would stay as long as the session and, once first in the queue, hold the lock. A key
+/// placed for an acquire that is gone is removed as soon as the transaction answers.
+pub async fn enqueue_to_completion(
+    engine: &Engine,
+    session: &Arc<Session>,
+    enqueue: impl Future<Output = Result<Enqueued, LockError>> + Send + 'static,
+) -> Result<Enqueued, LockError> {
+    let (tx, rx) = oneshot::channel();
+    let (engine, session) = (engine.clone(), session.clone());
+    tokio::spawn(async move {
+        let result = Some(enqueue.await);
+        // Undelivered (the acquire is gone), the answer removes its key when dropped.
+        let _ = tx.send(Answer {
+            result,
+            engine,
+            session,
+        });
+    });
+    match rx.await {
+        Ok(mut answer) => answer.result.take().expect("answered once"),
+        Err(_) => Err(LockError::Unavailable("the enqueue task failed".into())),
+    }
+}
+
+/// An enqueue's answer on its way to the acquire that asked for it.
+struct Answer {
+    result: Option<Result<Enqueued, LockError>>,
+    engine: Engine,
+    session: Arc<Session>,
+}
+
+impl Drop for Answer {
+    fn drop(&mut self) {
+        if let Some(Ok(Enqueued::Placed { ticket, .. })) = self.result.take() {
+            spawn_removal(self.engine.clone(), ticket, self.session.clone());
         }
     }
 }

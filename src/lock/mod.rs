@@ -175,16 +175,12 @@ impl Engine {
             let session = self.0.sessions.get(ttl).await?;
             let entry = self.entry(&req, ttl, declared.settings);
             let key = req.lock.entry_key(session.id, &req.holder_id);
-            let enqueued = queue::enqueue(
-                &self.0.etcd,
-                &req.lock,
-                &key,
-                &entry,
-                session.id,
-                declared.revision,
-                s.max_holders,
-            )
-            .await?;
+            let enqueue = {
+                let (etcd, lock, max) = (self.0.etcd.clone(), req.lock.clone(), s.max_holders);
+                let (lease, revision) = (session.id, declared.revision);
+                async move { queue::enqueue(&etcd, &lock, &key, &entry, lease, revision, max).await }
+            };
+            let enqueued = hold::enqueue_to_completion(self, &session, enqueue).await?;
             match enqueued {
                 Enqueued::Placed { ticket, held, at } => break (ticket, session, held, at),
                 Enqueued::SettingsChanged(kv) => {

@@ -56,7 +56,9 @@ enum Position {
 
 /// Puts `entry` at `key` (bound to `lease`) if the lock's settings still have `settings_rev`
 /// as their mod revision (0: undeclared), in one transaction that also reads the holders.
-/// An existing key (a retried request) keeps its place.
+/// An existing key keeps its place if it is this request's own (sent again: the same value).
+/// Another one is an earlier request's of the same holder, which is being removed: taking it
+/// over would hand out a grant whose key that removal then deletes, so this fails (retry).
 pub async fn enqueue(
     etcd: &Etcd,
     lock: &LockId,
@@ -83,7 +85,11 @@ pub async fn enqueue(
             Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, 0)])
                 .and_then([
-                    TxnOp::put(key, value, Some(etcd_client::PutOptions::new().with_lease(lease))),
+                    TxnOp::put(
+                        key,
+                        value.clone(),
+                        Some(etcd_client::PutOptions::new().with_lease(lease)),
+                    ),
                     TxnOp::get(key, None),
                     TxnOp::get(lock.queue_prefix(), Some(head.clone())),
                 ])
@@ -112,7 +118,13 @@ pub async fn enqueue(
             }
         })
         .collect();
-    let revision = gets[0].kvs().first().map_or(0, |kv| kv.create_revision());
+    let mine = gets[0].kvs().first();
+    if !inner.succeeded() && mine.is_some_and(|kv| kv.value() != value.as_slice()) {
+        return Err(LockError::Unavailable(
+            "this holder's previous request is still leaving the queue; retry".into(),
+        ));
+    }
+    let revision = mine.map_or(0, |kv| kv.create_revision());
     let held = gets[1].kvs().iter().any(|kv| kv.create_revision() == revision);
     Ok(Enqueued::Placed {
         at: resp.header().map_or(0, |h| h.revision()),

@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod kube;
+pub mod store;
 
 /// Where `scripts/setup.sh` puts etcd and the Kubernetes binaries.
 pub fn bin_dir() -> PathBuf {
@@ -82,7 +83,9 @@ impl EtcdAt {
 pub struct EtcdServer {
     child: Option<Child>,
     dir: tempfile::TempDir,
+    name: String,
     peer_port: u16,
+    initial_cluster: String,
     at: EtcdAt,
 }
 
@@ -96,22 +99,51 @@ impl std::ops::Deref for EtcdServer {
 impl EtcdServer {
     /// Starts etcd and waits until it serves.
     pub async fn start() -> Self {
-        let dir = tempfile::Builder::new()
-            .prefix("podlock-etcd-")
-            .tempdir()
-            .unwrap();
-        let (client_port, peer_port) = (free_port(), free_port());
-        let at = EtcdAt {
-            endpoint: format!("http://127.0.0.1:{client_port}"),
-        };
-        let mut etcd = EtcdServer {
-            child: None,
-            dir,
-            peer_port,
-            at,
-        };
-        etcd.resume().await;
-        etcd
+        let mut cluster = Self::cluster(1).await;
+        cluster.pop().unwrap()
+    }
+
+    /// Starts an etcd cluster of `n` members and waits until every member serves.
+    pub async fn cluster(n: usize) -> Vec<Self> {
+        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
+        let initial_cluster = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members: Vec<Self> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &(client_port, peer_port))| EtcdServer {
+                child: None,
+                dir: tempfile::Builder::new()
+                    .prefix("podlock-etcd-")
+                    .tempdir()
+                    .unwrap(),
+                name: format!("m{i}"),
+                peer_port,
+                initial_cluster: initial_cluster.clone(),
+                at: EtcdAt {
+                    endpoint: format!("http://127.0.0.1:{client_port}"),
+                },
+            })
+            .collect();
+        for m in &mut members {
+            m.spawn();
+        }
+        for m in &members {
+            m.wait_healthy().await;
+        }
+        members
+    }
+
+    /// Whether this member is the cluster's leader now.
+    pub async fn is_leader(&self) -> bool {
+        match self.client().await.status().await {
+            Ok(st) => st.header().is_some_and(|h| h.member_id() == st.leader()),
+            Err(_) => false,
+        }
     }
 
     /// Its process id.
@@ -121,11 +153,16 @@ impl EtcdServer {
 
     /// Starts the stopped server again on the same ports and data.
     pub async fn resume(&mut self) {
+        self.spawn();
+        self.wait_healthy().await;
+    }
+
+    fn spawn(&mut self) {
         assert!(self.child.is_none(), "etcd is running");
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let child = spawn_dying_with_parent(
             Command::new(bin_dir().join("etcd"))
-                .args(["--name", "default", "--data-dir"])
+                .args(["--name", &self.name, "--data-dir"])
                 .arg(self.dir.path().join("data"))
                 .args([
                     "--listen-client-urls",
@@ -139,17 +176,34 @@ impl EtcdServer {
                     "--initial-advertise-peer-urls",
                     &peer,
                 ])
-                .args(["--initial-cluster", &format!("default={peer}")])
+                .args([
+                    "--initial-cluster",
+                    &self.initial_cluster,
+                    "--initial-cluster-token",
+                    "podlock-test",
+                ])
                 .stdout(Stdio::null())
                 .stderr(log_file(self.dir.path(), "etcd.log")),
         );
         self.child = Some(child);
-        wait_until(Duration::from_secs(20), || async {
+    }
+
+    async fn wait_healthy(&self) {
+        let healthy = wait_until(Duration::from_secs(20), || async {
             let url = format!("{}/health", self.endpoint);
             matches!(reqwest::get(url).await, Ok(r) if r.status().is_success())
         })
-        .await
-        .expect("etcd did not become healthy");
+        .await;
+        if healthy.is_err() {
+            let log = std::fs::read_to_string(self.dir.path().join("etcd.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!(
+                "etcd {} did not become healthy; its log ends:\n{}",
+                self.name,
+                tail.join("\n")
+            );
+        }
     }
 
     /// Kills etcd (SIGKILL) and waits for it to exit.
@@ -336,51 +390,4 @@ where
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     Err(format!("condition not met within {limit:?}"))
-}
-
-/// `examples/fenced_store.py` on a free port; stopped on drop.
-pub struct FencedStore {
-    child: Child,
-    /// Its base URL.
-    pub url: String,
-}
-
-impl FencedStore {
-    /// Starts the store and waits until it answers.
-    pub async fn start() -> Self {
-        let port = free_port();
-        let child = spawn_dying_with_parent(
-            Command::new("python3")
-                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/fenced_store.py"))
-                .arg(port.to_string())
-                .stdout(Stdio::null()),
-        );
-        let store = FencedStore {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-        };
-        wait_until(Duration::from_secs(10), || async {
-            reqwest::get(format!("{}/", store.url)).await.is_ok()
-        })
-        .await
-        .expect("fenced store up");
-        store
-    }
-
-    /// Its state: `{value, accepted, rejected, highest}`.
-    pub async fn state(&self) -> Value {
-        reqwest::get(format!("{}/", self.url))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap()
-    }
-}
-
-impl Drop for FencedStore {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }

@@ -2,7 +2,8 @@
 
 use std::process::Command;
 
-use crate::common::{EtcdServer, FencedStore, Sidecar, declare};
+use crate::common::store::FencedStore;
+use crate::common::{EtcdServer, Sidecar, declare};
 
 const EXAMPLES: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/examples");
 

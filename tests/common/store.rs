@@ -1,0 +1,94 @@
+//! `examples/fenced_store.py`, the fenced counter, run by the tests.
+
+use serde_json::Value;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use super::{free_port, spawn_dying_with_parent, wait_until};
+
+/// `examples/fenced_store.py` on a free port, logging every accepted write; stopped on drop.
+pub struct FencedStore {
+    child: Child,
+    log: tempfile::TempDir,
+    /// Its base URL.
+    pub url: String,
+}
+
+/// One write the store accepted, from its log.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AcceptedWrite {
+    /// When the store accepted it: seconds since the Unix epoch (wall clock).
+    pub at: f64,
+    /// The fencing token it carried.
+    pub token: i64,
+    /// The counter's value after it.
+    pub value: u64,
+}
+
+impl FencedStore {
+    /// Starts the store and waits until it answers.
+    pub async fn start() -> Self {
+        let port = free_port();
+        let log = tempfile::Builder::new()
+            .prefix("podlock-store-")
+            .tempdir()
+            .unwrap();
+        let child = spawn_dying_with_parent(
+            Command::new("python3")
+                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/fenced_store.py"))
+                .arg(port.to_string())
+                .arg(log.path().join("writes.log"))
+                .stdout(Stdio::null()),
+        );
+        let store = FencedStore {
+            child,
+            log,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        wait_until(Duration::from_secs(10), || async {
+            reqwest::get(format!("{}/", store.url)).await.is_ok()
+        })
+        .await
+        .expect("fenced store up");
+        store
+    }
+
+    /// Its state: `{value, accepted, rejected, highest}`.
+    pub async fn state(&self) -> Value {
+        reqwest::get(format!("{}/", self.url))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+
+    /// Every accepted write so far, in the order the store accepted them.
+    pub fn accepted(&self) -> Vec<AcceptedWrite> {
+        let text = std::fs::read_to_string(self.log.path().join("writes.log")).unwrap_or_default();
+        text.lines()
+            .map(|line| {
+                let f: Vec<&str> = line.split(' ').collect();
+                AcceptedWrite {
+                    at: field(&f, 0, line),
+                    token: field(&f, 1, line),
+                    value: field(&f, 3, line),
+                }
+            })
+            .collect()
+    }
+}
+
+/// Field `i` of a log line split into `f`.
+fn field<T: std::str::FromStr>(f: &[&str], i: usize, line: &str) -> T {
+    f.get(i)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad store log line {line:?}"))
+}
+
+impl Drop for FencedStore {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

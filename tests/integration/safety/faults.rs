@@ -1,0 +1,186 @@
+//! The fault loop: one fault at a time, the next only once a hold granted after the previous
+//! fault has written, so that the time each fault cost is measured on its own.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::time::sleep;
+
+use super::worker::Slot;
+use super::{TTL, now};
+use crate::common::{EtcdServer, Sidecar, wait_until};
+
+/// A kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// kill -9 of a sidecar (the lock holder's when there is one), then a new one for its pod.
+    SidecarKill,
+    /// A holder stalls past the TTL between its grant and its write, and its sidecar is
+    /// stopped (SIGSTOP, keepalives included) for the TTL plus 1 s, then continued.
+    Pause,
+    /// kill -9 of an etcd follower, restarted 1 s later.
+    FollowerKill,
+    /// kill -9 of the etcd leader, restarted 1 s later.
+    LeaderKill,
+}
+
+impl Kind {
+    /// Every kind, in the order the loop injects them.
+    pub const CYCLE: [Kind; 4] = [
+        Kind::LeaderKill,
+        Kind::SidecarKill,
+        Kind::FollowerKill,
+        Kind::Pause,
+    ];
+
+    /// How the report names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::SidecarKill => "sidecar kill -9 + restart",
+            Kind::Pause => "pause past the TTL",
+            Kind::FollowerKill => "etcd follower kill -9 + restart",
+            Kind::LeaderKill => "etcd leader kill -9 + restart",
+        }
+    }
+}
+
+/// One injected fault. Times are wall-clock seconds since the Unix epoch.
+#[derive(Debug, Clone, Copy)]
+pub struct Fault {
+    /// What was done.
+    pub kind: Kind,
+    /// To which worker's sidecar (pauses and kills) or etcd member.
+    pub target: usize,
+    /// When: the kill or the SIGSTOP.
+    pub at: f64,
+    /// When the victim ran again (SIGCONT, or the restarted member serving).
+    pub until: f64,
+}
+
+/// The processes under test.
+pub struct Rig {
+    /// The etcd members.
+    pub etcd: Vec<EtcdServer>,
+    /// Their client URLs, comma-separated, as the sidecars get them.
+    pub endpoints: String,
+    /// Sidecar `i` serves worker `i`.
+    pub sidecars: Vec<Sidecar>,
+    /// The workers' slots.
+    pub slots: Vec<Arc<Slot>>,
+}
+
+impl Rig {
+    /// The index of the etcd leader, if a member says it is.
+    async fn leader(&self) -> Option<usize> {
+        for (i, m) in self.etcd.iter().enumerate() {
+            if m.is_leader().await {
+                return Some(i);
+            }
+        }
+        None
+    }
+
+    /// The worker whose sidecar holds the lock now, if any.
+    async fn holder(&self) -> Option<usize> {
+        let (_, info) = self.sidecars[0].get("/v1/locks/counter").await;
+        let pod = info["holders"][0]["pod"].as_str()?;
+        self.slots.iter().position(|s| s.pod == pod)
+    }
+
+    /// Whether a hold granted after `t` has had its write accepted.
+    fn progressed_since(&self, t: f64) -> bool {
+        self.slots.iter().any(|s| {
+            s.holds
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|h| h.granted > t && h.write.is_some_and(|w| w.status == 200))
+        })
+    }
+
+    /// Injects one fault of `kind` (`round` picks among victims); `None` if there was no
+    /// victim to be had.
+    async fn inject(&mut self, kind: Kind, round: usize) -> Option<Fault> {
+        let n = self.slots.len();
+        match kind {
+            Kind::SidecarKill => {
+                let i = self.holder().await.unwrap_or(round % n);
+                let at = now();
+                self.sidecars[i].kill9();
+                let pod = self.slots[i].pod.clone();
+                self.sidecars[i] = Sidecar::start(&self.endpoints, &pod, &[]).await;
+                *self.slots[i].addr.lock().unwrap() = self.sidecars[i].addr.clone();
+                Some(Fault {
+                    kind,
+                    target: i,
+                    at,
+                    until: now(),
+                })
+            }
+            Kind::Pause => {
+                let i = round % n;
+                let slot = &self.slots[i];
+                slot.stall.store(true, Ordering::Relaxed);
+                let stalling = wait_until(Duration::from_secs(10), || async {
+                    slot.stalling.load(Ordering::Relaxed)
+                })
+                .await;
+                if stalling.is_err() {
+                    slot.stall.store(false, Ordering::Relaxed);
+                    return None;
+                }
+                let at = now();
+                self.sidecars[i].signal(libc::SIGSTOP);
+                sleep(TTL + Duration::from_secs(1)).await;
+                self.sidecars[i].signal(libc::SIGCONT);
+                Some(Fault {
+                    kind,
+                    target: i,
+                    at,
+                    until: now(),
+                })
+            }
+            Kind::FollowerKill | Kind::LeaderKill => {
+                let leader = self.leader().await?;
+                let victim = if kind == Kind::LeaderKill {
+                    leader
+                } else {
+                    (leader + 1 + round % 2) % self.etcd.len()
+                };
+                let at = now();
+                self.etcd[victim].stop();
+                sleep(Duration::from_secs(1)).await;
+                self.etcd[victim].resume().await;
+                Some(Fault {
+                    kind,
+                    target: victim,
+                    at,
+                    until: now(),
+                })
+            }
+        }
+    }
+}
+
+/// Injects faults for `seconds`, and at least two of each kind, each after half a second of
+/// normal work and only once the lock made progress after the previous one.
+pub async fn run(rig: &mut Rig, seconds: f64) -> Vec<Fault> {
+    let start = now();
+    let mut faults = vec![];
+    let mut round = 0;
+    while now() - start < seconds || round < 2 * Kind::CYCLE.len() {
+        sleep(Duration::from_millis(500)).await;
+        let kind = Kind::CYCLE[round % Kind::CYCLE.len()];
+        round += 1;
+        let Some(fault) = rig.inject(kind, round).await else {
+            continue;
+        };
+        faults.push(fault);
+        // The checker reports a fault after which progress did not resume.
+        let _ = wait_until(Duration::from_secs(20), || async {
+            rig.progressed_since(fault.at)
+        })
+        .await;
+    }
+    faults
+}
