@@ -78,11 +78,19 @@ fn json_f64(v: &serde_json::Value, key: &str) -> f64 {
 /// p50 / max of failover times, as (p50 seconds, text).
 fn spread(mut d: Vec<Duration>) -> (f64, String) {
     let (p50, p99) = (percentile(&mut d, 0.5), percentile(&mut d, 0.99));
-    let s = |d: Duration| format!("{:.2} s", d.as_secs_f64());
+    let s = |d: Duration| match d.as_secs_f64() {
+        secs if secs < 1.0 => format!("{:.0} ms", secs * 1000.0),
+        secs => format!("{secs:.2} s"),
+    };
     let text = if d.len() >= 10 {
         format!("{} / {} (p50 / p99, {} trials)", s(p50), s(p99), d.len())
     } else {
-        format!("{} / {} (p50 / max, {} trials)", s(p50), s(p99), d.len())
+        let trials = if d.len() == 1 {
+            "1 trial".into()
+        } else {
+            format!("{} trials", d.len())
+        };
+        format!("{} / {} (p50 / max, {trials})", s(p50), s(p99))
     };
     (p50.as_secs_f64(), text)
 }
@@ -101,6 +109,9 @@ async fn main() {
     let (endpoint, raddr) = (etcd.endpoint.as_str(), redis.addr.as_str());
     let go_flags = ["-endpoint", endpoint];
     let redis_flags = ["-addr", raddr];
+    let (ttl_s, ttl_ms) = (TTL.to_string(), (TTL * 1000).to_string());
+    let go_failover = ["-endpoint", endpoint, "-ttl", &ttl_s];
+    let redis_failover = ["-addr", raddr, "-ttl-ms", &ttl_ms];
     let mut rows: Vec<Row> = vec![];
 
     declare(endpoint, &["solo"]);
@@ -224,8 +235,8 @@ async fn main() {
         };
         let cells = [
             spread(podlock),
-            spread(failover::peer(&peers, "etcd-mutex", &go_flags, fault, trials).await),
-            spread(failover::peer(&peers, "redis-lock", &redis_flags, fault, trials).await),
+            spread(failover::peer(&peers, "etcd-mutex", &go_failover, fault, trials).await),
+            spread(failover::peer(&peers, "redis-lock", &redis_failover, fault, trials).await),
             spread(failover::lease_election(&peers, fault, trials).await),
         ];
         let mut row = Row::new(format!("failover: {what}, TTL {TTL} s"));
