@@ -20,8 +20,10 @@ use super::LockError;
 /// forwarded to the dead leader and lost: etcd answers it only at its own request timeout
 /// (7 s), long after a new leader (elected 1 to 2 s after the old one died, with etcd's default
 /// timeouts) could have served it. Sending it again is safe: every request of the engine is a
-/// read, or a transaction guarded by a key's create revision, which takes effect at most once
-/// however often it is sent. The enqueue's put-if-absent is not: it uses [`Etcd::txn_once`].
+/// read, or a transaction guarded by a key's create revision or the settings' mod revision,
+/// which takes effect at most once however often it is sent. (The enqueue's put-if-absent could
+/// in principle take effect again if a copy were applied after the hold was released: see
+/// docs/design.md, "etcd trouble".)
 const HEDGE: Duration = Duration::from_millis(500);
 
 /// At most this many attempts of one request run at once; a new one replaces the oldest.
@@ -135,15 +137,6 @@ impl Etcd {
             async move { kv.txn(txn).await }
         })
         .await
-    }
-
-    /// Runs a transaction once, waiting for etcd's answer however long it takes. For the one
-    /// transaction that must not be sent twice: a put-if-absent whose copy, applied after the
-    /// key was released, would re-create a key nobody tracks (see `hold::enqueue_to_completion`
-    /// for how a late answer is cleaned up instead).
-    pub async fn txn_once(&self, txn: Txn) -> Result<TxnResponse, LockError> {
-        self.stats.requests.fetch_add(1, Ordering::Relaxed);
-        Ok(self.client.kv_client().txn(txn).await?)
     }
 
     /// Reads a key or range (sent again if need be: see [`HEDGE`]).

@@ -96,7 +96,7 @@ pub async fn enqueue(
                 .or_else([TxnOp::get(key, None), TxnOp::get(lock.queue_prefix(), Some(head))]),
         )])
         .or_else([TxnOp::get(config.as_str(), None)]);
-    let resp = etcd.txn_once(txn).await?;
+    let resp = etcd.txn(txn).await?;
     let mut ops = resp.op_responses().into_iter();
     if !resp.succeeded() {
         let Some(TxnOpResponse::Get(mut get)) = ops.next() else {
