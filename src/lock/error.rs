@@ -28,6 +28,18 @@ pub enum LockError {
         why: String,
     },
 
+    /// The holder id already has an acquire of this lock in progress (waiting, or being
+    /// granted): one acquire per holder id and lock at a time.
+    #[error(
+        "{holder} already has an acquire of lock {lock} in progress; wait for its answer, or use another holderId"
+    )]
+    AlreadyWaiting {
+        /// The lock that was asked for.
+        lock: LockId,
+        /// The holder id named in the request.
+        holder: String,
+    },
+
     /// The holder id does not hold this lock (never did, or already released).
     #[error("{holder} does not hold lock {lock}{why}")]
     NotHolder {
@@ -56,6 +68,10 @@ pub enum LockError {
     #[error("etcd refused access: {0}")]
     Forbidden(String),
 
+    /// etcd no longer has the lease a request used (revoked or expired): the session is over.
+    #[error("the sidecar's etcd lease is gone (revoked or expired): {0}; retry")]
+    LeaseNotFound(String),
+
     /// etcd could not be reached or answered with an error.
     #[error("etcd is unavailable: {0}")]
     Unavailable(String),
@@ -71,6 +87,11 @@ impl From<etcd_client::Error> for LockError {
                 ) =>
             {
                 LockError::Forbidden(s.message().to_string())
+            }
+            etcd_client::Error::GRpcStatus(s)
+                if s.code() == tonic::Code::NotFound && s.message().contains("lease not found") =>
+            {
+                LockError::LeaseNotFound(s.message().to_string())
             }
             _ => LockError::Unavailable(e.to_string()),
         }

@@ -2,7 +2,8 @@
 //! can show that etcd work per release stays flat as a queue grows.
 
 use etcd_client::{
-    Client, GetOptions, GetResponse, Txn, TxnResponse, WatchFilterType, WatchOptions, WatchStream,
+    Client, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn, TxnResponse, WatchFilterType, WatchOptions,
+    WatchStream,
 };
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
@@ -153,33 +154,48 @@ impl Etcd {
         .await
     }
 
-    /// Watches each of `keys` with `filters`, on one stream, from revision `from` on, or from
-    /// the current revision on when `from` is `None`.
+    /// The keys attached to lease `id`, or `None` if etcd no longer has the lease.
+    pub async fn lease_keys(&self, id: i64) -> Result<Option<Vec<Vec<u8>>>, LockError> {
+        let resp = self
+            .retrying(|| {
+                let (mut lease, opts) = (self.client.lease_client(), LeaseTimeToLiveOptions::new());
+                async move { lease.time_to_live(id, Some(opts.with_keys())).await }
+            })
+            .await?;
+        Ok((resp.ttl() > 0).then(|| resp.keys().to_vec()))
+    }
+
+    /// Watches each of `targets` on one stream, from revision `from` on, or from the current
+    /// revision on when `from` is `None`.
     ///
     /// Returns once etcd confirmed every watch, with the revision the watches start after:
     /// every change after it will be delivered. Watching from "now" rather than from a past
     /// revision keeps the watch on etcd's synced path; a watch that starts in the past waits for
     /// etcd's 100 ms catch-up loop, which is what makes etcd's own Mutex hand off slowly. Where
     /// that delay does not matter, `from` saves the read that would close the gap.
-    pub async fn watch_keys(
-        &self,
-        keys: &[Vec<u8>],
-        filters: &[WatchFilterType],
-        from: Option<i64>,
-    ) -> Result<KeyWatch, LockError> {
-        let opts = || {
-            let o = WatchOptions::new().with_filters(filters.to_vec());
+    pub async fn watch_keys(&self, targets: &[Target], from: Option<i64>) -> Result<KeyWatch, LockError> {
+        let opts = |t: &Target| {
+            let filters = if t.puts {
+                vec![]
+            } else {
+                vec![WatchFilterType::NoPut]
+            };
+            let o = WatchOptions::new().with_filters(filters);
             Some(match from {
                 Some(rev) => o.with_start_revision(rev),
                 None => o,
             })
         };
-        let (first, rest) = keys
+        let (first, rest) = targets
             .split_first()
             .ok_or_else(|| LockError::Invalid("nothing to watch".into()))?;
-        let mut stream = self.client.watch_client().watch(first.clone(), opts()).await?;
-        for key in rest {
-            stream.watch(key.clone(), opts()).await?;
+        let mut stream = self
+            .client
+            .watch_client()
+            .watch(first.key.clone(), opts(first))
+            .await?;
+        for t in rest {
+            stream.watch(t.key.clone(), opts(t)).await?;
         }
         let mut watch = KeyWatch {
             stream,
@@ -188,7 +204,7 @@ impl Etcd {
             fired: false,
         };
         let mut created = 0;
-        while created < keys.len() && !watch.fired {
+        while created < targets.len() && !watch.fired {
             let resp = watch.next().await?;
             if resp.created() {
                 created += 1;
@@ -200,6 +216,31 @@ impl Etcd {
             }
         }
         Ok(watch)
+    }
+}
+
+/// A key to watch, for deletion only or for any change.
+#[derive(Debug, Clone)]
+pub struct Target {
+    key: Vec<u8>,
+    puts: bool,
+}
+
+impl Target {
+    /// Watch `key` for its deletion.
+    pub fn deletion(key: &[u8]) -> Self {
+        Target {
+            key: key.to_vec(),
+            puts: false,
+        }
+    }
+
+    /// Watch `key` for any write or deletion.
+    pub fn any_change(key: &[u8]) -> Self {
+        Target {
+            key: key.to_vec(),
+            puts: true,
+        }
     }
 }
 

@@ -5,7 +5,6 @@
 //! whole TTL), or its heartbeat window passed. Whichever comes first wins under the engine's
 //! registry lock, and exactly one event (`released` or `lost`) is published.
 
-use etcd_client::WatchFilterType;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -14,10 +13,11 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::keys::LockId;
+use super::etcd::Target;
+use super::keys::{Entry, LockId};
 use super::queue::{self, Enqueued, Ticket};
 use super::session::Session;
-use super::{Engine, EventKind, LockError, Slot};
+use super::{Engine, EventKind, LockError};
 
 /// One granted hold of this sidecar.
 #[derive(Debug)]
@@ -85,21 +85,74 @@ impl Hold {
     }
 }
 
-/// Watches `hold` until it ends; reports a loss through the engine.
-pub fn spawn_monitor(engine: Engine, hold: Arc<Hold>) {
+/// When a new hold records its grant (`acquiredAt` in its entry), which keys behind it in a
+/// semaphore's window wait for before they may be granted (see `wait`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MarkWhen {
+    /// Before answering: the next waiter of a semaphore wakes on this write.
+    Now,
+    /// Right after answering, off the handoff path: nobody waits on it now, but a raised
+    /// `maxHolders` would, and `acquiredAt` should be true.
+    Background,
+    /// Only if the hold outlives [`KEY_WATCH_DELAY`]: a mutex hold granted at once, whose
+    /// `acquiredAt` equals its `requestedAt`; short holds never pay for the write.
+    Later,
+}
+
+impl MarkWhen {
+    /// The policy for a grant made at once (`at_enqueue`) or after waiting, in a lock with
+    /// `max_holders` slots.
+    pub(crate) fn for_grant(at_enqueue: bool, max_holders: u32) -> Self {
+        match (at_enqueue, max_holders > 1) {
+            (false, true) => MarkWhen::Now,
+            (true, false) => MarkWhen::Later,
+            _ => MarkWhen::Background,
+        }
+    }
+}
+
+/// Why a hold whose session ended was lost.
+pub(crate) const SESSION_LOST: &str = "its lease expired or was revoked";
+
+/// Why a hold ended by the sidecar's shutdown was lost.
+const SHUTDOWN: &str = "the sidecar stopped (its pod is terminating); the lease was revoked";
+
+/// Watches `hold` until it ends; reports a loss through the engine. Records the grant (`entry`)
+/// in the background when `mark` says so.
+pub(crate) fn spawn_monitor(engine: Engine, hold: Arc<Hold>, mark: MarkWhen, entry: Entry) {
     let span = info_span!("hold", lock = %hold.lock, holder = %hold.holder_id, token = hold.token());
     tokio::spawn(
         async move {
+            let record = record_grant(&engine, &hold, mark, entry);
             let reason = tokio::select! {
+                // Biased: a release cancels `ended` before deleting the key, and that deletion
+                // must not be mistaken for a loss.
+                biased;
                 _ = hold.ended.cancelled() => return,
-                _ = hold.session.lost() => "its lease expired or was revoked",
-                reason = key_deleted(&engine, &hold) => reason,
+                _ = hold.session.lost() => SESSION_LOST,
+                reason = async { tokio::join!(record, key_deleted(&engine, &hold)).1 } => reason,
                 _ = heartbeat_missed(&hold) => "no heartbeat within heartbeatTimeoutSeconds",
             };
+            if reason == KEY_DELETED {
+                engine.check_session(&hold.session).await;
+            }
             engine.end_lost(&hold, reason).await;
         }
         .instrument(span),
     );
+}
+
+/// Writes the hold's `acquiredAt` in the background, as `mark` says.
+async fn record_grant(engine: &Engine, hold: &Hold, mark: MarkWhen, entry: Entry) {
+    match mark {
+        MarkWhen::Now => return,
+        MarkWhen::Later => sleep(KEY_WATCH_DELAY).await,
+        MarkWhen::Background => {}
+    }
+    // Guarded by the key's create revision: landing after the release changes nothing.
+    if let Err(e) = queue::mark_acquired(engine.etcd(), &hold.ticket, &entry).await {
+        warn!(error = %e, "could not record acquiredAt");
+    }
 }
 
 /// How long a hold runs before its key is watched. Most holds of a busy lock are shorter, and
@@ -117,11 +170,8 @@ async fn key_deleted(engine: &Engine, hold: &Hold) -> &'static str {
     // First from the confirmed revision; after a broken watch, from now, with a read.
     let mut from = Some(hold.confirmed + 1);
     loop {
-        let key = [ticket.key.clone().into_bytes()];
-        match etcd
-            .watch_keys(&key, &[WatchFilterType::NoPut], from.take())
-            .await
-        {
+        let key = [Target::deletion(ticket.key.as_bytes())];
+        match etcd.watch_keys(&key, from.take()).await {
             Ok(mut w) => {
                 if w.start_revision != hold.confirmed {
                     match queue::is_ours(etcd, ticket).await {
@@ -195,6 +245,7 @@ struct Answer {
 
 impl Drop for Answer {
     fn drop(&mut self) {
+        // A stale key is not this request's: the acquire that gets it removes it, or the sweep.
         if let Some(Ok(Enqueued::Placed { ticket, .. })) = self.result.take() {
             spawn_removal(self.engine.clone(), ticket, self.session.clone());
         }
@@ -223,80 +274,69 @@ pub fn spawn_removal(engine: Engine, ticket: Ticket, session: Arc<Session>) {
 
 /// Ending holds: release, heartbeat, loss and shutdown.
 impl Engine {
-    /// Takes the slot of `lock`/`holder` if it holds; otherwise says why not.
-    fn take_held(&self, lock: &LockId, holder: &str) -> Result<Arc<Hold>, LockError> {
-        let mut reg = self.0.registry.lock().unwrap();
-        let key = (lock.clone(), holder.to_string());
-        match reg.remove(&key) {
-            Some(Slot::Held(h)) => Ok(h),
-            other => {
-                let why = match &other {
-                    Some(Slot::Lost { token, reason }) => {
-                        format!("; its hold (token {token}) was lost: {reason}")
-                    }
-                    Some(Slot::Waiting) => "; it is still waiting".into(),
-                    _ => String::new(),
-                };
-                if let Some(slot) = other {
-                    reg.insert(key, slot);
-                }
-                Err(LockError::NotHolder {
-                    lock: lock.clone(),
-                    holder: holder.into(),
-                    why,
-                })
-            }
-        }
-    }
-
-    /// Releases a hold: deletes its key (guarded by its create revision) and ends it.
+    /// Releases a hold: deletes its key (guarded by its create revision) and ends it. A key
+    /// found already gone, or a session already lost, means the hold had ended without this
+    /// sidecar knowing yet: that is a loss (410 and a `lost` event), never a success.
     pub async fn release(&self, lock: &LockId, holder: &str) -> Result<(), LockError> {
-        let hold = self.take_held(lock, holder)?;
-        hold.ended.cancel();
-        if let Err(e) = queue::remove(&self.0.etcd, &hold.ticket).await {
-            warn!(lock = %lock, holder, error = %e, "release could not reach etcd; retrying in the background");
-            spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
+        let hold = self.0.registry.get_held(lock, holder)?;
+        hold.ended.cancel(); // the monitor stops before our own deletion reaches it
+        let removed = match queue::remove(&self.0.etcd, &hold.ticket).await {
+            Ok(removed) => removed,
+            Err(e) => {
+                warn!(lock = %lock, holder, error = %e, "release could not reach etcd; retrying in the background");
+                spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
+                true
+            }
+        };
+        if hold.session.is_lost() {
+            return Err(self.lose(&hold, SESSION_LOST).await);
+        }
+        if !removed {
+            self.check_session(&hold.session).await;
+            return Err(self.lose(&hold, KEY_DELETED).await);
+        }
+        if !self.0.registry.end_released(&hold) {
+            // Its monitor ended it meanwhile (lost), and has reported that.
+            return Err(self.lose(&hold, "it ended while being released").await);
         }
         info!(lock = %lock, holder, token = hold.token(), "released");
         self.publish(&hold, EventKind::Released, None);
         Ok(())
     }
 
-    /// Restarts a hold's heartbeat window; returns when it will expire.
-    pub fn heartbeat(&self, lock: &LockId, holder: &str) -> Result<SystemTime, LockError> {
-        let reg = self.0.registry.lock().unwrap();
-        match reg.get(&(lock.clone(), holder.to_string())) {
-            Some(Slot::Held(h)) => Ok(h.heartbeat()),
-            Some(Slot::Lost { reason, .. }) => Err(LockError::Lost {
-                lock: lock.clone(),
-                holder: holder.into(),
-                reason: reason.clone(),
-            }),
-            _ => Err(LockError::NotHolder {
-                lock: lock.clone(),
-                holder: holder.into(),
-                why: String::new(),
-            }),
+    /// Restarts a hold's heartbeat window; returns when it will expire. The hold's key is read:
+    /// a key found gone is a loss (410). If etcd does not answer, the window is restarted all
+    /// the same (the app is alive; the lease is watched over separately).
+    pub async fn heartbeat(&self, lock: &LockId, holder: &str) -> Result<SystemTime, LockError> {
+        let hold = self.0.registry.get_held(lock, holder)?;
+        let expires = hold.heartbeat();
+        match queue::is_ours(&self.0.etcd, &hold.ticket).await {
+            Ok(_) if hold.session.is_lost() => Err(self.lose(&hold, SESSION_LOST).await),
+            Ok(true) => Ok(expires),
+            Ok(false) => Err(self.lose(&hold, KEY_DELETED).await),
+            Err(e) => {
+                warn!(lock = %lock, holder, error = %e, "heartbeat could not read the hold's key");
+                Ok(expires)
+            }
         }
+    }
+
+    /// Ends `hold` as lost for `reason` (unless it already ended) and returns the error that
+    /// tells its holder so.
+    async fn lose(&self, hold: &Arc<Hold>, reason: &str) -> LockError {
+        self.end_lost(hold, reason).await;
+        let slot = self.0.registry.get_held(&hold.lock, &hold.holder_id);
+        slot.err().unwrap_or_else(|| LockError::Lost {
+            lock: hold.lock.clone(),
+            holder: hold.holder_id.clone(),
+            reason: reason.into(),
+        })
     }
 
     /// Ends `hold` as lost (called by its monitor), unless it already ended.
     pub(crate) async fn end_lost(&self, hold: &Arc<Hold>, reason: &str) {
-        {
-            let mut reg = self.0.registry.lock().unwrap();
-            let key = (hold.lock.clone(), hold.holder_id.clone());
-            match reg.get(&key) {
-                Some(Slot::Held(h)) if Arc::ptr_eq(h, hold) => {
-                    reg.insert(
-                        key,
-                        Slot::Lost {
-                            token: hold.token(),
-                            reason: reason.into(),
-                        },
-                    );
-                }
-                _ => return,
-            }
+        if !self.0.registry.mark_lost(hold, reason) {
+            return;
         }
         hold.ended.cancel();
         warn!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), reason, "hold lost");
@@ -304,23 +344,26 @@ impl Engine {
         spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
     }
 
-    /// Ends every hold and wait at once by revoking this sidecar's leases (on SIGTERM).
+    /// Ends `session` at once if etcd no longer has its lease: a key of it that vanished may
+    /// mean the lease was revoked, and then every hold on it is lost.
+    pub(crate) async fn check_session(&self, session: &Session) {
+        if let Ok(None) = self.0.etcd.lease_keys(session.id).await {
+            session.end("etcd no longer has the lease (revoked or expired)");
+        }
+    }
+
+    /// Ends every hold and wait at once by revoking this sidecar's leases (on SIGTERM). The
+    /// holds end by something other than their release, so each is reported `lost`.
     pub async fn shutdown(&self) {
-        let holds: Vec<Arc<Hold>> = self
-            .0
-            .registry
-            .lock()
-            .unwrap()
-            .drain()
-            .filter_map(|(_, s)| if let Slot::Held(h) = s { Some(h) } else { None })
-            .collect();
+        let holds = self.0.registry.drain_held();
         for h in &holds {
             h.ended.cancel();
         }
         self.0.sessions.close().await;
         for h in &holds {
-            self.publish(h, EventKind::Released, None);
+            self.publish(h, EventKind::Lost, Some(SHUTDOWN.into()));
         }
-        info!(released = holds.len(), "released every hold");
+        self.0.events.close();
+        info!(ended = holds.len(), "ended every hold");
     }
 }

@@ -59,6 +59,18 @@ impl LockId {
     }
 }
 
+/// The lock and holder id of a queue key written by [`LockId::entry_key`].
+pub fn parse_entry_key(key: &str) -> Option<(LockId, String)> {
+    let rest = key.strip_prefix(ROOT)?.strip_prefix("/queue/")?;
+    let mut parts = rest.split('/');
+    let (ns, name, _lease, holder) = (parts.next()?, parts.next()?, parts.next()?, parts.next()?);
+    if parts.next().is_some() {
+        return None;
+    }
+    let lock = LockId::new(ns, name).ok()?;
+    Some((lock, holder.to_string()))
+}
+
 /// The prefix of every lock's settings in a namespace (all namespaces when `None`).
 pub fn config_prefix(namespace: Option<&str>) -> String {
     match namespace {
@@ -250,6 +262,15 @@ mod tests {
         assert!(check_holder_id("web-7d9f:worker_1.a").is_ok());
         assert!(check_holder_id("a/b").is_err());
         assert!(check_holder_id("").is_err());
+    }
+
+    #[test]
+    fn entry_keys_parse_back() {
+        let lock = LockId::new("ns-a", "db.migration").unwrap();
+        let key = lock.entry_key(0x1f, "web-1:42");
+        assert_eq!(parse_entry_key(&key), Some((lock.clone(), "web-1:42".into())));
+        assert_eq!(parse_entry_key(&lock.config_key()), None);
+        assert_eq!(parse_entry_key(&format!("{key}/extra")), None);
     }
 
     #[test]

@@ -14,11 +14,7 @@
 //! Watches start at the current revision and the position is re-read once they are in place, so
 //! no change is missed and no watch waits in etcd's catch-up loop.
 
-use etcd_client::{
-    Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
-};
-use tokio::time::{Instant, timeout_at};
-use tracing::warn;
+use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 
 use super::LockError;
 use super::etcd::Etcd;
@@ -37,28 +33,31 @@ pub struct Ticket {
 
 /// The outcome of putting a key into a queue.
 pub enum Enqueued {
-    /// The key is in the queue; `held` says whether it is among the first `max_holders` at
-    /// revision `at`.
+    /// The key is in the queue; `held` says whether it may hold the lock at revision `at`
+    /// (among the first `max_holders`, every key ahead of it granted).
     Placed { ticket: Ticket, held: bool, at: i64 },
     /// The lock's settings changed since they were read: here is the new value (`None`:
     /// deleted) with its mod revision.
     SettingsChanged(Option<etcd_client::KeyValue>),
+    /// The key is taken by an earlier request of the same holder that no acquire tracks (being
+    /// removed, or a late copy of an enqueue applied after its acquire ended): remove this
+    /// ticket, then enqueue again.
+    Stale(Ticket),
 }
 
-/// Where a ticket stands.
-#[derive(Debug, PartialEq, Eq)]
-enum Position {
-    Holder,
-    Gone,
-    FirstWaiter(Vec<Vec<u8>>),
-    Waiter(Vec<u8>),
+/// Whether a queue entry records that it was granted (its `acquiredAt` is written). A grant
+/// waits until every key ahead of it in the window is granted, so that grants, and with them
+/// fencing tokens, follow the queue order however the window (`maxHolders`) changes. A value
+/// that is not an entry blocks nobody.
+pub(crate) fn granted(kv: &etcd_client::KeyValue) -> bool {
+    serde_json::from_slice::<Entry>(kv.value()).map_or(true, |e| e.acquired_at.is_some())
 }
 
 /// Puts `entry` at `key` (bound to `lease`) if the lock's settings still have `settings_rev`
-/// as their mod revision (0: undeclared), in one transaction that also reads the holders.
-/// An existing key keeps its place if it is this request's own (sent again: the same value).
-/// Another one is an earlier request's of the same holder, which is being removed: taking it
-/// over would hand out a grant whose key that removal then deletes, so this fails (retry).
+/// as their mod revision (0: undeclared), in one transaction that also reads the head of the
+/// queue. An existing key keeps its place if it is this request's own (sent again: the same
+/// value); another one is an earlier request's ([`Enqueued::Stale`]): taking it over would hand
+/// out a grant whose key a pending removal then deletes.
 pub async fn enqueue(
     etcd: &Etcd,
     lock: &LockId,
@@ -69,34 +68,33 @@ pub async fn enqueue(
     max_holders: u32,
 ) -> Result<Enqueued, LockError> {
     let config = lock.config_key();
-    let head = GetOptions::new()
+    let mut head = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(max_holders.into())
-        .with_keys_only();
+        .with_limit(max_holders.into());
+    if max_holders == 1 {
+        head = head.with_keys_only(); // nothing can be ahead of a mutex's holder
+    }
     let value = serde_json::to_vec(entry).expect("entry serializes");
+    let put = etcd_client::PutOptions::new().with_lease(lease);
+    let place = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(key, value.clone(), Some(put)),
+            TxnOp::get(key, None),
+            TxnOp::get(lock.queue_prefix(), Some(head.clone())),
+        ])
+        .or_else([TxnOp::get(key, None), TxnOp::get(lock.queue_prefix(), Some(head))]);
     let txn = Txn::new()
         .when([Compare::mod_revision(
             config.as_str(),
             CompareOp::Equal,
             settings_rev,
         )])
-        .and_then([TxnOp::txn(
-            Txn::new()
-                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-                .and_then([
-                    TxnOp::put(
-                        key,
-                        value.clone(),
-                        Some(etcd_client::PutOptions::new().with_lease(lease)),
-                    ),
-                    TxnOp::get(key, None),
-                    TxnOp::get(lock.queue_prefix(), Some(head.clone())),
-                ])
-                .or_else([TxnOp::get(key, None), TxnOp::get(lock.queue_prefix(), Some(head))]),
-        )])
+        .and_then([TxnOp::txn(place)])
         .or_else([TxnOp::get(config.as_str(), None)]);
     let resp = etcd.txn(txn).await?;
+    let at = resp.header().map_or(0, |h| h.revision());
     let mut ops = resp.op_responses().into_iter();
     if !resp.succeeded() {
         let Some(TxnOpResponse::Get(mut get)) = ops.next() else {
@@ -107,130 +105,30 @@ pub async fn enqueue(
     let Some(TxnOpResponse::Txn(inner)) = ops.next() else {
         unreachable!("nested txn")
     };
-    let gets: Vec<_> = inner
-        .op_responses()
-        .into_iter()
-        .filter_map(|op| {
-            if let TxnOpResponse::Get(g) = op {
-                Some(g)
-            } else {
-                None
-            }
-        })
-        .collect();
-    let mine = gets[0].kvs().first();
-    if !inner.succeeded() && mine.is_some_and(|kv| kv.value() != value.as_slice()) {
-        return Err(LockError::Unavailable(
-            "this holder's previous request is still leaving the queue; retry".into(),
-        ));
-    }
-    let revision = mine.map_or(0, |kv| kv.create_revision());
-    let held = gets[1].kvs().iter().any(|kv| kv.create_revision() == revision);
-    Ok(Enqueued::Placed {
-        at: resp.header().map_or(0, |h| h.revision()),
-        ticket: Ticket {
-            key: key.into(),
-            revision,
-            lease,
-        },
-        held,
-    })
-}
-
-/// Reads where `ticket` stands, and the revision of the read.
-async fn position(
-    etcd: &Etcd,
-    prefix: &str,
-    ticket: &Ticket,
-    max_holders: u32,
-) -> Result<(Position, i64), LockError> {
-    let ahead = GetOptions::new()
-        .with_prefix()
-        .with_max_create_revision(ticket.revision - 1)
-        .with_sort(SortTarget::Create, SortOrder::Descend)
-        .with_limit(max_holders.into())
-        .with_keys_only();
-    let resp = etcd
-        .txn(Txn::new().and_then([
-            TxnOp::get(ticket.key.as_str(), None),
-            TxnOp::get(prefix, Some(ahead)),
-        ]))
-        .await?;
-    let rev = resp.header().map_or(0, |h| h.revision());
-    let mut gets = resp.op_responses().into_iter().filter_map(|op| match op {
+    let mut gets = inner.op_responses().into_iter().filter_map(|op| match op {
         TxnOpResponse::Get(g) => Some(g),
         _ => None,
     });
-    let (mine, ahead) = (gets.next().expect("own key"), gets.next().expect("queue"));
-    // Field note: re-check our own key before granting; a waiter's lease may have expired.
-    if mine.kvs().first().map(|kv| kv.create_revision()) != Some(ticket.revision) {
-        return Ok((Position::Gone, rev));
-    }
-    let keys: Vec<Vec<u8>> = ahead.kvs().iter().map(|kv| kv.key().to_vec()).collect();
-    let pos = if keys.len() < max_holders as usize {
-        Position::Holder
-    } else if !ahead.more() {
-        Position::FirstWaiter(keys)
-    } else {
-        Position::Waiter(keys.into_iter().next().expect("limit >= 1"))
+    let (mine, head) = (gets.next().expect("own key"), gets.next().expect("head"));
+    let mine = mine.kvs().first().expect("the key was just read");
+    let ticket = Ticket {
+        key: key.into(),
+        revision: mine.create_revision(),
+        lease,
     };
-    Ok((pos, rev))
-}
-
-/// How a wait ended.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Turn {
-    /// The ticket is among the first `max_holders` at this revision.
-    Granted(i64),
-    /// The ticket's key disappeared (lease expired or revoked, key deleted).
-    Gone,
-    /// The deadline passed first.
-    TimedOut,
-}
-
-/// Waits until `ticket` holds the lock, its key is gone, or `deadline` passes.
-pub async fn wait_turn(
-    etcd: &Etcd,
-    lock: &LockId,
-    ticket: &Ticket,
-    max_holders: u32,
-    deadline: Instant,
-) -> Result<Turn, LockError> {
-    let prefix = lock.queue_prefix();
-    let (mut pos, mut rev) = position(etcd, &prefix, ticket, max_holders).await?;
-    loop {
-        let (targets, filters) = match &pos {
-            Position::Holder => return Ok(Turn::Granted(rev)),
-            Position::Gone => return Ok(Turn::Gone),
-            Position::FirstWaiter(holders) => (holders.clone(), vec![WatchFilterType::NoPut]),
-            Position::Waiter(pred) if max_holders > 1 => (vec![pred.clone()], vec![]),
-            Position::Waiter(pred) => (vec![pred.clone()], vec![WatchFilterType::NoPut]),
-        };
-        let Ok(watch) = timeout_at(deadline, etcd.watch_keys(&targets, &filters, None)).await else {
-            return Ok(Turn::TimedOut);
-        };
-        let mut watch = watch?;
-        // Anything written between our read and the watches' start may have moved us: read again.
-        if watch.start_revision != rev {
-            let (again, again_rev) = position(etcd, &prefix, ticket, max_holders).await?;
-            rev = again_rev;
-            if again != pos {
-                pos = again;
-                continue;
-            }
-        }
-        match timeout_at(deadline, watch.changed()).await {
-            Err(_) => return Ok(Turn::TimedOut),
-            Ok(Ok(())) => {}
-            // A broken watch (etcd restart, leader change) is not fatal: re-read and re-watch.
-            // If etcd is really gone, the read below fails and the caller gets the error.
-            Ok(Err(e)) => {
-                warn!(key = ticket.key, error = %e, "watch broke while waiting; re-reading");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-            }
-        }
-        (pos, rev) = position(etcd, &prefix, ticket, max_holders).await?;
+    if !inner.succeeded() && mine.value() != value.as_slice() {
+        return Ok(Enqueued::Stale(ticket));
     }
+    let ahead = head
+        .kvs()
+        .iter()
+        .take_while(|kv| kv.create_revision() != ticket.revision);
+    let in_head = head
+        .kvs()
+        .iter()
+        .any(|kv| kv.create_revision() == ticket.revision);
+    let held = in_head && ahead.clone().all(granted);
+    Ok(Enqueued::Placed { ticket, held, at })
 }
 
 /// Records that a waiter became a holder: writes `acquiredAt` into its entry, keeping its

@@ -45,6 +45,16 @@ impl Session {
         self.lost.is_cancelled()
     }
 
+    /// Ends the session because etcd no longer has its lease (`why`): its holds are lost and
+    /// the next acquire with its TTL starts a new session at once, not after the next
+    /// keepalive (up to TTL/3 later).
+    pub fn end(&self, why: &str) {
+        if !self.lost.is_cancelled() {
+            warn!(lease = format_args!("{:x}", self.id), why, "session lost");
+            self.lost.cancel();
+        }
+    }
+
     /// The earliest moment at which etcd may expire the lease.
     pub fn expires_at(&self) -> Instant {
         self.epoch + Duration::from_millis(self.expires_ms.load(Ordering::Acquire))
@@ -103,6 +113,12 @@ impl Sessions {
         ));
         map.insert(ttl, session.clone());
         Ok(session)
+    }
+
+    /// The sessions not lost.
+    pub async fn live(&self) -> Vec<Arc<Session>> {
+        let map = self.by_ttl.lock().await;
+        map.values().filter(|s| !s.is_lost()).cloned().collect()
     }
 
     /// Revokes every lease: all holds and waits of this sidecar end at once.

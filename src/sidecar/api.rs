@@ -92,7 +92,8 @@ pub async fn heartbeat(
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
     let (lock, holder) = lock_and_holder(&st, &name, &uri, body)?;
-    let expires = st.engine.heartbeat(&lock, &holder)?;
+    let span = info_span!("heartbeat", lock = %lock, holder = %holder);
+    let expires = st.engine.heartbeat(&lock, &holder).instrument(span).await?;
     Ok(Json(json!({ "expiresAt": rfc3339(expires) })))
 }
 

@@ -48,10 +48,13 @@ impl From<LockError> for ApiError {
                 extra: Some(("holders", json!(holders))),
                 ..ApiError::new(StatusCode::CONFLICT, "lock_held", message)
             },
+            LockError::AlreadyWaiting { .. } => {
+                ApiError::new(StatusCode::CONFLICT, "already_waiting", message)
+            }
             LockError::NotHolder { .. } => ApiError::new(StatusCode::CONFLICT, "not_holder", message),
             LockError::Lost { .. } => ApiError::new(StatusCode::GONE, "lock_lost", message),
             LockError::Forbidden(_) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", message),
-            LockError::Unavailable(_) => {
+            LockError::Unavailable(_) | LockError::LeaseNotFound(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "backend_unavailable", message)
             }
         }

@@ -3,31 +3,28 @@
 
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
-use futures::Stream;
+use futures::{Stream, StreamExt, stream};
 use std::convert::Infallible;
-use tokio_stream::StreamExt;
-use tokio_stream::wrappers::BroadcastStream;
-use tokio_stream::wrappers::errors::BroadcastStreamRecvError;
+use tokio_stream::wrappers::ReceiverStream;
 
 use super::AppState;
 use super::error::ApiError;
 use super::request::lock_id;
 
-/// Streams events of one lock until the client goes away.
+/// Streams events of one lock until the client goes away or the sidecar stops. If the client
+/// reads too slowly the engine drops it: the stream then sends a last `lagged` event and ends,
+/// and the client must treat its holds as lost (it may have missed a `lost`).
 pub async fn events(
     State(st): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let lock = lock_id(&st.namespace, &name)?;
-    let stream = BroadcastStream::new(st.engine.subscribe()).filter_map(move |ev| match ev {
-        Ok(ev) if ev.lock == lock.name && ev.namespace == lock.namespace => {
-            let kind = serde_json::to_value(ev.kind).ok()?.as_str()?.to_string();
-            Some(Ok(Event::default().event(kind).json_data(&ev).ok()?))
-        }
-        Ok(_) => None,
-        Err(BroadcastStreamRecvError::Lagged(n)) => Some(Ok(Event::default()
-            .event("lagged")
-            .data(format!("{{\"missed\":{n}}}")))),
+    let events = ReceiverStream::new(st.engine.subscribe(Some(lock))).filter_map(|ev| async move {
+        let kind = serde_json::to_value(ev.kind).ok()?.as_str()?.to_string();
+        Some(Ok(Event::default().event(kind).json_data(&ev).ok()?))
     });
-    Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+    let lagged = Event::default().event("lagged").data(
+        r#"{"message":"this stream ends (it fell behind, or the sidecar is stopping): treat every hold of this lock as lost unless GET /v1/locks still lists it"}"#,
+    );
+    Ok(Sse::new(events.chain(stream::once(async { Ok(lagged) }))).keep_alive(KeepAlive::default()))
 }

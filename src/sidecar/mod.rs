@@ -113,29 +113,42 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<()> {
     }
     info!(listen = %args.listen, namespace = args.namespace, standalone = args.standalone, "sidecar serving");
     let mut term = signal(SignalKind::terminate())?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
+    let stopping = engine.clone();
+    // On a signal the holds end first (their `lost` events still reach open streams, which
+    // then end), and only then does the server stop.
+    let serve = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+        let _ = stop_rx.await;
+        stopping.shutdown().await;
+    });
+    let mut serve = std::pin::pin!(serve.into_future());
     tokio::select! {
-        served = axum::serve(listener, router(state)) => served?,
-        _ = term.recv() => info!("SIGTERM: releasing holds"),
-        _ = tokio::signal::ctrl_c() => info!("interrupted: releasing holds"),
+        served = &mut serve => return Ok(served?),
+        _ = term.recv() => info!("SIGTERM: ending every hold"),
+        _ = tokio::signal::ctrl_c() => info!("interrupted: ending every hold"),
     }
-    engine.shutdown().await;
+    let _ = stop_tx.send(());
+    // Connections still open after the holds ended (an idle keep-alive client) do not hold up
+    // the exit for long.
+    if tokio::time::timeout(SHUTDOWN_GRACE, serve).await.is_err() {
+        warn!("connections still open {SHUTDOWN_GRACE:?} after the holds ended; exiting");
+    }
     Ok(())
 }
 
+/// How long the server may take to close its connections once every hold has ended.
+const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
+
 fn spawn_loss_counter(engine: &Engine, metrics: &SidecarMetrics) {
-    let mut events = engine.subscribe();
+    let mut events = engine.subscribe(None);
     let lost = metrics.locks_lost.clone();
     tokio::spawn(async move {
-        loop {
-            match events.recv().await {
-                Ok(ev) if ev.kind == EventKind::Lost => lost.with_label_values(&[&ev.lock]).inc(),
-                Ok(_) => {}
-                Err(tokio::sync::broadcast::error::RecvError::Lagged(n)) => {
-                    warn!(missed = n, "event counter lagged")
-                }
-                Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        while let Some(ev) = events.recv().await {
+            if ev.kind == EventKind::Lost {
+                lost.with_label_values(&[&ev.lock]).inc();
             }
         }
+        warn!("the lost-holds counter fell behind the engine's events and stopped counting");
     });
 }
 

@@ -5,46 +5,8 @@ use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::common::events::Events;
 use crate::common::{EtcdServer, Sidecar, declare, wait_until};
-
-/// An open `/v1/locks/{lock}/events` stream.
-struct Events(reqwest::Response, String);
-
-impl Events {
-    async fn open(s: &Sidecar, lock: &str) -> Self {
-        let resp = reqwest::get(format!("{}/v1/locks/{lock}/events", s.addr))
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        assert!(
-            resp.headers()["content-type"]
-                .to_str()
-                .unwrap()
-                .starts_with("text/event-stream")
-        );
-        Events(resp, String::new())
-    }
-
-    /// The next event's JSON data, within `limit`.
-    async fn next(&mut self, limit: Duration) -> Value {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            if let Some(end) = self.1.find("\n\n") {
-                let frame: String = self.1.drain(..end + 2).collect();
-                let data: String = frame.lines().filter_map(|l| l.strip_prefix("data:")).collect();
-                if !data.trim().is_empty() {
-                    return serde_json::from_str(data.trim()).unwrap();
-                }
-                continue;
-            }
-            let chunk = tokio::time::timeout_at(deadline, self.0.chunk())
-                .await
-                .expect("no event in time");
-            self.1
-                .push_str(std::str::from_utf8(&chunk.unwrap().expect("stream open")).unwrap());
-        }
-    }
-}
 
 /// Starts a waiting acquire; resolves to (status, body, instant of the answer).
 fn acquire_later(s: &Arc<Sidecar>, lock: &str) -> tokio::task::JoinHandle<(u16, Value, Instant)> {

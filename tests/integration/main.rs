@@ -17,3 +17,5 @@ mod pod_liveness;
 mod queue;
 mod rbac;
 mod safety;
+mod settings_change;
+mod truthful;

@@ -17,6 +17,12 @@ fn check(spec: &Value, schema: &Value, value: &Value, at: &str) -> Result<(), St
             .ok_or(format!("dangling {r}"))?;
         return check(spec, target, value, at);
     }
+    if let Some(options) = schema["oneOf"].as_array() {
+        return match options.iter().any(|o| check(spec, o, value, at).is_ok()) {
+            true => Ok(()),
+            false => Err(format!("{at}: {value} fits none of {options:?}")),
+        };
+    }
     if value.is_null() && schema["nullable"] == true {
         return Ok(());
     }

@@ -1,0 +1,53 @@
+//! Delivery of [`HoldEvent`]s to subscribers. Each subscriber has a queue of its own, filtered
+//! by lock, so a busy lock never crowds a quiet one's `lost` out of a shared buffer. A
+//! subscriber that falls [`CAPACITY`] events behind is dropped rather than skipped over: its
+//! stream ends, and a client that sees its stream end must treat its holds as lost (every
+//! client podlock ships does), so no `lost` can go unnoticed.
+
+use std::sync::Mutex;
+use tokio::sync::mpsc::{self, error::TrySendError};
+use tracing::warn;
+
+use super::keys::LockId;
+use super::model::HoldEvent;
+
+/// How many undelivered events a subscriber may have.
+pub const CAPACITY: usize = 1024;
+
+type Subscriber = (Option<LockId>, mpsc::Sender<HoldEvent>);
+
+/// The subscribers of one engine.
+#[derive(Default)]
+pub(crate) struct Subscribers(Mutex<Vec<Subscriber>>);
+
+impl Subscribers {
+    /// A new subscriber to the events of `lock` (all locks when `None`).
+    pub fn subscribe(&self, lock: Option<LockId>) -> mpsc::Receiver<HoldEvent> {
+        let (tx, rx) = mpsc::channel(CAPACITY);
+        self.0.lock().unwrap().push((lock, tx));
+        rx
+    }
+
+    /// Ends every subscriber's stream (at shutdown, after the last events).
+    pub fn close(&self) {
+        self.0.lock().unwrap().clear();
+    }
+
+    /// Queues `event` (about `lock`) for every subscriber of it; drops the ones that are full
+    /// or gone.
+    pub fn publish(&self, lock: &LockId, event: &HoldEvent) {
+        self.0.lock().unwrap().retain(|(filter, tx)| {
+            if filter.as_ref().is_some_and(|f| f != lock) {
+                return !tx.is_closed();
+            }
+            match tx.try_send(event.clone()) {
+                Ok(()) => true,
+                Err(TrySendError::Full(_)) => {
+                    warn!(lock = %lock, "an events subscriber fell {CAPACITY} events behind; ending its stream");
+                    false
+                }
+                Err(TrySendError::Closed(_)) => false,
+            }
+        });
+    }
+}

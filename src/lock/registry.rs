@@ -1,0 +1,189 @@
+//! The engine's record of this sidecar's holds and waits, one slot per (lock, holder id), and
+//! every transition between them. Each transition happens under one mutex, so a hold ends
+//! exactly once: by release, by loss, or by shutdown.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::time::Instant;
+
+use super::LockError;
+use super::hold::Hold;
+use super::keys::LockId;
+use super::model::LocalEntry;
+
+/// How long the registry remembers a lost hold, so that a late release or heartbeat of it is
+/// told `lock_lost` rather than `not_holder`. Bounded, because holder ids may be unique per run
+/// (`podlock lock`) and a long-lived sidecar would otherwise grow without limit.
+const LOST_MEMORY: Duration = Duration::from_secs(600);
+
+/// (lock, holder id): what a slot is keyed by.
+pub(crate) type SlotKey = (LockId, String);
+
+enum Slot {
+    /// An acquire is in progress (enqueueing or waiting).
+    Waiting,
+    Held(Arc<Hold>),
+    Lost {
+        token: i64,
+        reason: String,
+        since: Instant,
+    },
+}
+
+/// This sidecar's slots.
+#[derive(Default)]
+pub(crate) struct Registry(Mutex<HashMap<SlotKey, Slot>>);
+
+impl Registry {
+    /// The hold in `slot`, if it holds.
+    pub fn held(&self, slot: &SlotKey) -> Option<Arc<Hold>> {
+        match self.0.lock().unwrap().get(slot) {
+            Some(Slot::Held(h)) => Some(h.clone()),
+            _ => None,
+        }
+    }
+
+    /// Marks `slot` as waiting for an acquire. Fails if the holder already holds (the caller
+    /// answers with that hold) or already has an acquire in progress.
+    pub fn claim(&self, slot: &SlotKey) -> Result<(), Claimed> {
+        let mut map = self.0.lock().unwrap();
+        match map.get(slot) {
+            Some(Slot::Held(h)) => Err(Claimed::Holds(h.clone())),
+            Some(Slot::Waiting) => Err(Claimed::Waits),
+            _ => {
+                map.insert(slot.clone(), Slot::Waiting);
+                Ok(())
+            }
+        }
+    }
+
+    /// Clears `slot` if it is still waiting (the acquire ended without a hold).
+    pub fn unclaim(&self, slot: &SlotKey) {
+        let mut map = self.0.lock().unwrap();
+        if matches!(map.get(slot), Some(Slot::Waiting)) {
+            map.remove(slot);
+        }
+    }
+
+    /// Records that `slot` now holds `hold`.
+    pub fn hold(&self, slot: SlotKey, hold: Arc<Hold>) {
+        self.0.lock().unwrap().insert(slot, Slot::Held(hold));
+    }
+
+    /// Removes `hold`'s slot if it is still that hold's; returns whether it was (false: the
+    /// hold had ended otherwise meanwhile).
+    pub fn end_released(&self, hold: &Arc<Hold>) -> bool {
+        let mut map = self.0.lock().unwrap();
+        let key = (hold.lock.clone(), hold.holder_id.clone());
+        if !matches!(map.get(&key), Some(Slot::Held(h)) if Arc::ptr_eq(h, hold)) {
+            return false;
+        }
+        map.remove(&key);
+        true
+    }
+
+    /// The hold of `lock`/`holder`, or why there is none: lost (410) or never held (409).
+    pub fn get_held(&self, lock: &LockId, holder: &str) -> Result<Arc<Hold>, LockError> {
+        let map = self.0.lock().unwrap();
+        match map.get(&(lock.clone(), holder.to_string())) {
+            Some(Slot::Held(h)) => Ok(h.clone()),
+            other => Err(not_held(lock, holder, other)),
+        }
+    }
+
+    /// Turns `hold` into a lost slot if it is still the slot's hold; returns whether it did
+    /// (false: the hold had already ended, and nothing must be reported again).
+    pub fn mark_lost(&self, hold: &Arc<Hold>, reason: &str) -> bool {
+        let mut map = self.0.lock().unwrap();
+        let key = (hold.lock.clone(), hold.holder_id.clone());
+        if !matches!(map.get(&key), Some(Slot::Held(h)) if Arc::ptr_eq(h, hold)) {
+            return false;
+        }
+        let now = Instant::now();
+        map.retain(|_, s| !matches!(s, Slot::Lost { since, .. } if now - *since > LOST_MEMORY));
+        let lost = Slot::Lost {
+            token: hold.token(),
+            reason: reason.into(),
+            since: now,
+        };
+        map.insert(key, lost);
+        true
+    }
+
+    /// Empties the registry, returning the holds it had (at shutdown).
+    pub fn drain_held(&self) -> Vec<Arc<Hold>> {
+        let mut map = self.0.lock().unwrap();
+        map.drain()
+            .filter_map(|(_, s)| if let Slot::Held(h) = s { Some(h) } else { None })
+            .collect()
+    }
+
+    /// Whether `slot` is waiting (its key may be in flight) or holds `key`: a queue key of
+    /// this sidecar's that the registry knows by neither is an orphan.
+    pub fn knows(&self, slot: &SlotKey, key: &str) -> bool {
+        match self.0.lock().unwrap().get(slot) {
+            Some(Slot::Waiting) => true,
+            Some(Slot::Held(h)) => h.ticket.key == key,
+            _ => false,
+        }
+    }
+
+    /// This sidecar's holds and waits, sorted by lock and holder.
+    pub fn local(&self) -> Vec<LocalEntry> {
+        let map = self.0.lock().unwrap();
+        let mut out: Vec<LocalEntry> = map
+            .iter()
+            .filter_map(|((lock, holder), slot)| {
+                let (state, fencing_token) = match slot {
+                    Slot::Held(h) => ("held", Some(h.token())),
+                    Slot::Waiting => ("waiting", None),
+                    Slot::Lost { .. } => return None,
+                };
+                Some(LocalEntry {
+                    lock: lock.name.clone(),
+                    holder_id: holder.clone(),
+                    state,
+                    fencing_token,
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.lock, &a.holder_id).cmp(&(&b.lock, &b.holder_id)));
+        out
+    }
+
+    /// How many holds there are.
+    pub fn held_count(&self) -> usize {
+        let map = self.0.lock().unwrap();
+        map.values().filter(|s| matches!(s, Slot::Held(_))).count()
+    }
+}
+
+/// Why a slot could not be claimed for an acquire.
+pub(crate) enum Claimed {
+    /// The holder already holds this hold.
+    Holds(Arc<Hold>),
+    /// The holder already has an acquire in progress.
+    Waits,
+}
+
+/// The error for a release or heartbeat of a holder that does not hold.
+fn not_held(lock: &LockId, holder: &str, slot: Option<&Slot>) -> LockError {
+    match slot {
+        Some(Slot::Lost { token, reason, .. }) => LockError::Lost {
+            lock: lock.clone(),
+            holder: holder.into(),
+            reason: format!("{reason} (token {token})"),
+        },
+        Some(Slot::Waiting) => LockError::NotHolder {
+            lock: lock.clone(),
+            holder: holder.into(),
+            why: "; it is still waiting".into(),
+        },
+        _ => LockError::NotHolder {
+            lock: lock.clone(),
+            holder: holder.into(),
+            why: String::new(),
+        },
+    }
+}

@@ -1,0 +1,90 @@
+//! A settings change applies to waiters already queued: lowering `maxHolders` never admits
+//! more than the new limit, raising it admits the waiters in their order, and fencing tokens
+//! rise strictly in grant order under any change.
+
+use serde_json::json;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::task::JoinHandle;
+
+use crate::common::{EtcdServer, Sidecar, declare, wait_until};
+
+/// Grants in the order they were answered: (holder, token).
+type Grants = Arc<Mutex<Vec<(String, i64)>>>;
+
+/// Starts an acquire of `lock` by `holder` that records its grant in `grants`.
+fn acquire_later(s: &Arc<Sidecar>, lock: &str, holder: &str, grants: &Grants) -> JoinHandle<i64> {
+    let (s, lock, holder, grants) = (s.clone(), lock.to_string(), holder.to_string(), grants.clone());
+    tokio::spawn(async move {
+        let token = s
+            .must_acquire(&lock, json!({"holderId": holder, "waitSeconds": 30}))
+            .await;
+        grants.lock().unwrap().push((holder, token));
+        token
+    })
+}
+
+async fn waiters(s: &Sidecar, lock: &str, n: u64) {
+    wait_until(Duration::from_secs(5), || async {
+        s.get(&format!("/v1/locks/{lock}")).await.1["waiters"] == n
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{n} waiters on {lock}: {e}"));
+}
+
+async fn release(s: &Sidecar, lock: &str, holder: &str) {
+    let (status, body) = s.post(lock, "release", json!({"holderId": holder})).await;
+    assert_eq!(status, 200, "release {holder}: {body}");
+}
+
+#[tokio::test]
+async fn lowering_max_holders_never_admits_a_waiter_beside_the_holders_left() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["low", "--max-holders", "2"]);
+    let s = Arc::new(Sidecar::start(&etcd.endpoint, "pod-a", &[]).await);
+    let grants = Grants::default();
+    s.must_acquire("low", json!({"holderId": "h1"})).await;
+    s.must_acquire("low", json!({"holderId": "h2"})).await;
+    let w = acquire_later(&s, "low", "w", &grants);
+    waiters(&s, "low", 1).await;
+    declare(&etcd.endpoint, &["low", "--max-holders", "1"]);
+    release(&s, "low", "h1").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        grants.lock().unwrap().is_empty(),
+        "w was granted beside h2 though maxHolders is now 1"
+    );
+    release(&s, "low", "h2").await;
+    tokio::time::timeout(Duration::from_secs(2), w)
+        .await
+        .expect("w is granted once h2 leaves")
+        .unwrap();
+}
+
+#[tokio::test]
+async fn raising_max_holders_admits_waiters_in_order_with_rising_tokens() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["up"]);
+    let s = Arc::new(Sidecar::start(&etcd.endpoint, "pod-a", &[]).await);
+    let grants = Grants::default();
+    let first = s.must_acquire("up", json!({"holderId": "h0"})).await;
+    let w1 = acquire_later(&s, "up", "w1", &grants);
+    waiters(&s, "up", 1).await;
+    declare(&etcd.endpoint, &["up", "--max-holders", "3"]);
+    let late = acquire_later(&s, "up", "late", &grants);
+    let w1 = tokio::time::timeout(Duration::from_secs(2), w1)
+        .await
+        .expect("w1 is admitted by the raise while h0 still holds")
+        .unwrap();
+    let late = tokio::time::timeout(Duration::from_secs(2), late)
+        .await
+        .expect("late is admitted too")
+        .unwrap();
+    assert!(first < w1 && w1 < late, "tokens {first}, {w1}, {late}");
+    let order: Vec<i64> = grants.lock().unwrap().iter().map(|g| g.1).collect();
+    assert!(
+        order.windows(2).all(|p| p[0] < p[1]),
+        "tokens must rise in grant order: {:?}",
+        grants.lock().unwrap()
+    );
+}
