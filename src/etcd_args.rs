@@ -37,6 +37,23 @@ impl EtcdArgs {
     /// Connects to etcd. Requests time out after 5 s, so an outage surfaces as an error, never
     /// a hang; HTTP/2 pings notice a dead connection within a few seconds.
     pub async fn connect(&self) -> anyhow::Result<Client> {
+        self.connect_to(&self.etcd_endpoints).await
+    }
+
+    /// One client per endpoint (none for a single endpoint), for what must go to a member of
+    /// its own choosing: a keepalive retried on the next member after one stalled.
+    pub async fn connect_each(&self) -> anyhow::Result<Vec<Client>> {
+        if self.etcd_endpoints.len() < 2 {
+            return Ok(vec![]);
+        }
+        let mut clients = vec![];
+        for endpoint in &self.etcd_endpoints {
+            clients.push(self.connect_to(std::slice::from_ref(endpoint)).await?);
+        }
+        Ok(clients)
+    }
+
+    async fn connect_to(&self, endpoints: &[String]) -> anyhow::Result<Client> {
         let mut opts = ConnectOptions::new()
             .with_connect_timeout(Duration::from_secs(2))
             .with_timeout(Duration::from_secs(5))
@@ -56,8 +73,8 @@ impl EtcdArgs {
             }
             opts = opts.with_tls(tls);
         }
-        Client::connect(&self.etcd_endpoints, Some(opts))
+        Client::connect(endpoints, Some(opts))
             .await
-            .map_err(|e| anyhow::anyhow!("cannot connect to etcd at {}: {e}", self.etcd_endpoints.join(",")))
+            .map_err(|e| anyhow::anyhow!("cannot connect to etcd at {}: {e}", endpoints.join(",")))
     }
 }

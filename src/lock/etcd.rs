@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::Poll;
 use std::time::Duration;
-use tokio::time::{Instant, timeout_at};
+use tokio::time::{Instant, timeout, timeout_at};
 
 use super::LockError;
 
@@ -32,6 +32,12 @@ const MAX_ATTEMPTS: usize = 3;
 
 /// The budget of one request, all attempts included (the client's request timeout).
 const BUDGET: Duration = Duration::from_secs(5);
+
+/// How long a watch may be silent before etcd is asked whether it still serves it, and how long
+/// that answer may take (see [`KeyWatch::next`]). A stalled member is thus left within about
+/// twice this, inside the 1 s the contract allows for a `lost` notice and a handoff. It costs one
+/// small message on the watch's stream per silent interval.
+const WATCH_SILENCE: Duration = Duration::from_millis(400);
 
 /// The pause before sending a failed request again (a refused connection fails at once).
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
@@ -254,12 +260,29 @@ pub struct KeyWatch {
 }
 
 impl KeyWatch {
+    /// The next message on the stream. After [`WATCH_SILENCE`] without one, etcd is asked for a
+    /// progress notification (answered at once by a member that serves); without an answer
+    /// within another [`WATCH_SILENCE`] the member is taken for stalled and this fails, so the
+    /// caller reads again and watches anew instead of sleeping on a silent stream until HTTP/2
+    /// keepalive gives up (~5 s).
     async fn next(&mut self) -> Result<etcd_client::WatchResponse, LockError> {
-        let resp = self
-            .stream
-            .message()
-            .await?
-            .ok_or_else(|| LockError::Unavailable("etcd closed the watch stream".into()))?;
+        let mut asked = false;
+        let resp = loop {
+            match timeout(WATCH_SILENCE, self.stream.message()).await {
+                Ok(message) => break message?,
+                Err(_) if asked => {
+                    return Err(LockError::Unavailable(format!(
+                        "the etcd member serving a watch did not answer a progress request within \
+                         {WATCH_SILENCE:?} (stalled or cut off)"
+                    )));
+                }
+                Err(_) => {
+                    self.stream.request_progress().await?;
+                    asked = true;
+                }
+            }
+        };
+        let resp = resp.ok_or_else(|| LockError::Unavailable("etcd closed the watch stream".into()))?;
         if resp.canceled() {
             return Err(LockError::Unavailable(format!(
                 "etcd cancelled a watch: {}",

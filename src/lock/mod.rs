@@ -68,11 +68,17 @@ struct Placed {
 
 impl Engine {
     /// An engine on `client` for `pod`; `standalone` serves undeclared locks with defaults.
-    /// Starts its orphan sweep (see [`sweep`]) on the current Tokio runtime.
-    pub fn new(client: etcd_client::Client, pod: PodRef, standalone: bool) -> Self {
+    /// `members` has one client per etcd member (see [`Sessions`]). Starts its orphan sweep (see
+    /// [`sweep`]) on the current Tokio runtime.
+    pub fn new(
+        client: etcd_client::Client,
+        members: Vec<etcd_client::Client>,
+        pod: PodRef,
+        standalone: bool,
+    ) -> Self {
         let engine = Engine(Arc::new(Inner {
             etcd: Etcd::new(client.clone()),
-            sessions: Sessions::new(client),
+            sessions: Sessions::new(client, members),
             pod,
             standalone,
             declared: Mutex::default(),

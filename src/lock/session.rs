@@ -18,8 +18,17 @@ use tracing::{info, warn};
 
 use super::LockError;
 
-/// How long one keepalive round trip may take before it counts as failed.
-const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one keepalive round trip may take before it counts as failed and is sent again on
+/// a new stream: at most 2 s, and a quarter of the TTL, so that a keepalive stream stuck on a
+/// stalled etcd member is given up well before the lease could run out.
+fn keepalive_timeout(ttl: u32) -> Duration {
+    Duration::from_millis(u64::from(ttl) * 250).min(Duration::from_secs(2))
+}
+
+/// The pause before a failed keepalive is sent again.
+fn keepalive_retry(ttl: u32) -> Duration {
+    Duration::from_millis(u64::from(ttl) * 125).min(Duration::from_millis(500))
+}
 
 /// One lease and its keepalive task.
 #[derive(Debug)]
@@ -70,15 +79,19 @@ impl Session {
 #[derive(Clone)]
 pub struct Sessions {
     client: Client,
+    /// One client per etcd member (empty with a single endpoint): a keepalive that failed is
+    /// sent again to the next member, never again to the one that may be stalled.
+    members: Arc<Vec<Client>>,
     by_ttl: Arc<Mutex<HashMap<u32, Arc<Session>>>>,
     keepalive_failures: Arc<AtomicU64>,
 }
 
 impl Sessions {
-    /// An empty set of sessions on `client`.
-    pub fn new(client: Client) -> Self {
+    /// An empty set of sessions on `client`, with one client per member in `members`.
+    pub fn new(client: Client, members: Vec<Client>) -> Self {
         Sessions {
             client,
+            members: Arc::new(members),
             by_ttl: Arc::default(),
             keepalive_failures: Arc::default(),
         }
@@ -108,6 +121,7 @@ impl Sessions {
         info!(lease = format_args!("{:x}", lease.id()), ttl, "session started");
         tokio::spawn(keep_alive(
             self.client.clone(),
+            self.members.clone(),
             session.clone(),
             self.keepalive_failures.clone(),
         ));
@@ -136,7 +150,14 @@ impl Sessions {
 /// Keeps `session`'s lease alive every TTL/3 until etcd says it is gone or the last confirmed
 /// keepalive is older than the TTL; then marks the session lost and revokes the lease, in case
 /// etcd still has it (a leader change can extend TTLs).
-async fn keep_alive(client: Client, session: Arc<Session>, failures: Arc<AtomicU64>) {
+async fn keep_alive(
+    client: Client,
+    members: Arc<Vec<Client>>,
+    session: Arc<Session>,
+    failures: Arc<AtomicU64>,
+) {
+    let mut member = session.id.unsigned_abs() as usize; // spread sessions over the members
+    let via = |member: usize| members.get(member % members.len().max(1)).unwrap_or(&client);
     let period = Duration::from_millis(u64::from(session.ttl) * 1000 / 3);
     let mut stream = None;
     let mut next = Instant::now() + period;
@@ -149,7 +170,8 @@ async fn keep_alive(client: Client, session: Arc<Session>, failures: Arc<AtomicU
             break "no keepalive confirmed within the TTL";
         }
         let sent = Instant::now();
-        match timeout(KEEPALIVE_TIMEOUT, renew(&client, session.id, &mut stream)).await {
+        let limit = keepalive_timeout(session.ttl);
+        match timeout(limit, renew(via(member), session.id, &mut stream)).await {
             Ok(Ok(ttl)) if ttl > 0 => {
                 session.confirm(sent);
                 next = sent + period;
@@ -159,13 +181,15 @@ async fn keep_alive(client: Client, session: Arc<Session>, failures: Arc<AtomicU
                 failures.fetch_add(1, Ordering::Relaxed);
                 warn!(lease = format_args!("{:x}", session.id), error = %e, "keepalive failed");
                 stream = None;
-                next = Instant::now() + Duration::from_millis(500);
+                member += 1;
+                next = Instant::now() + keepalive_retry(session.ttl);
             }
             Err(_) => {
                 failures.fetch_add(1, Ordering::Relaxed);
                 warn!(lease = format_args!("{:x}", session.id), "keepalive timed out");
                 stream = None;
-                next = Instant::now() + Duration::from_millis(500);
+                member += 1;
+                next = Instant::now() + keepalive_retry(session.ttl);
             }
         }
     };

@@ -90,7 +90,8 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<()> {
         name: pod_name.clone(),
         uid: args.pod_uid.clone(),
     };
-    let engine = Engine::new(client, pod, args.standalone);
+    let members = args.etcd.connect_each().await?;
+    let engine = Engine::new(client, members, pod, args.standalone);
     let metrics = SidecarMetrics::new();
     spawn_loss_counter(&engine, &metrics);
     let state = AppState {

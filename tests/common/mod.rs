@@ -152,6 +152,12 @@ impl EtcdServer {
         self.child.as_ref().expect("etcd is running").id() as i32
     }
 
+    /// Sends `sig` to it (SIGSTOP stalls it with its connections open, as a hung member).
+    pub fn signal(&self, sig: i32) {
+        // SAFETY: kill(2) has no memory effects; the pid is our own child's.
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
     /// Starts the stopped server again on the same ports and data.
     pub async fn resume(&mut self) {
         self.spawn();

@@ -8,7 +8,7 @@ use tokio::time::sleep;
 
 use super::worker::Slot;
 use super::{TTL, now};
-use crate::common::{EtcdServer, Sidecar, wait_until};
+use crate::common::{EtcdServer, Sidecar, declare, wait_until};
 
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,16 +22,35 @@ pub enum Kind {
     FollowerKill,
     /// kill -9 of the etcd leader, restarted 1 s later.
     LeaderKill,
+    /// SIGSTOP of an etcd follower for the TTL plus 1 s: its connections stay open and silent.
+    FollowerStall,
+    /// SIGSTOP of the etcd leader for the TTL plus 1 s.
+    LeaderStall,
+    /// The lock's settings written again (same values, new mod revision): every queued waiter
+    /// reads them again and every enqueue in flight retries.
+    SettingsRewrite,
 }
 
 impl Kind {
     /// Every kind, in the order the loop injects them.
-    pub const CYCLE: [Kind; 4] = [
+    pub const CYCLE: [Kind; 7] = [
         Kind::LeaderKill,
         Kind::SidecarKill,
+        Kind::FollowerStall,
         Kind::FollowerKill,
+        Kind::SettingsRewrite,
         Kind::Pause,
+        Kind::LeaderStall,
     ];
+
+    /// How soon after it a newly granted hold must have written: the TTL plus 1 s. A stalled
+    /// leader costs one more second: no lease can be kept alive until the others elect a new
+    /// leader (etcd's election timeout is 1 s), so with a 2 s TTL the holds whose last
+    /// keepalive came early are lost, and their successors need new leases from the new leader.
+    pub fn recovery_limit(self) -> Duration {
+        let election = if self == Kind::LeaderStall { 1 } else { 0 };
+        TTL + Duration::from_secs(1 + election)
+    }
 
     /// How the report names it.
     pub fn name(self) -> &'static str {
@@ -40,6 +59,9 @@ impl Kind {
             Kind::Pause => "pause past the TTL",
             Kind::FollowerKill => "etcd follower kill -9 + restart",
             Kind::LeaderKill => "etcd leader kill -9 + restart",
+            Kind::FollowerStall => "etcd follower SIGSTOP past the TTL",
+            Kind::LeaderStall => "etcd leader SIGSTOP past the TTL",
+            Kind::SettingsRewrite => "lock settings rewritten",
         }
     }
 }
@@ -140,20 +162,37 @@ impl Rig {
                     until: now(),
                 })
             }
-            Kind::FollowerKill | Kind::LeaderKill => {
+            Kind::FollowerKill | Kind::LeaderKill | Kind::FollowerStall | Kind::LeaderStall => {
                 let leader = self.leader().await?;
-                let victim = if kind == Kind::LeaderKill {
+                let victim = if matches!(kind, Kind::LeaderKill | Kind::LeaderStall) {
                     leader
                 } else {
                     (leader + 1 + round % 2) % self.etcd.len()
                 };
                 let at = now();
-                self.etcd[victim].stop();
-                sleep(Duration::from_secs(1)).await;
-                self.etcd[victim].resume().await;
+                if matches!(kind, Kind::FollowerStall | Kind::LeaderStall) {
+                    self.etcd[victim].signal(libc::SIGSTOP);
+                    sleep(TTL + Duration::from_secs(1)).await;
+                    self.etcd[victim].signal(libc::SIGCONT);
+                } else {
+                    self.etcd[victim].stop();
+                    sleep(Duration::from_secs(1)).await;
+                    self.etcd[victim].resume().await;
+                }
                 Some(Fault {
                     kind,
                     target: victim,
+                    at,
+                    until: now(),
+                })
+            }
+            Kind::SettingsRewrite => {
+                let at = now();
+                let ttl = TTL.as_secs().to_string();
+                declare(&self.endpoints, &["counter", "--ttl-seconds", &ttl]);
+                Some(Fault {
+                    kind,
+                    target: 0,
                     at,
                     until: now(),
                 })
