@@ -16,4 +16,5 @@ mod operator;
 mod pod_liveness;
 mod queue;
 mod rbac;
+mod restarts;
 mod safety;
