@@ -217,6 +217,7 @@ impl Judge {
             .lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
             .await
         {
+            Ok(r) if r.ttl() <= 0 => return, // already gone
             Ok(r) => r.keys().to_vec(),
             Err(e) => {
                 return warn!(lease = format_args!("{lease:x}"), pod, namespace = ns, error = %e, "cannot read lease; not revoking it");

@@ -80,12 +80,15 @@ pub fn verdict(pod: &Pod, entry: &PodEntry, bound: &mut Binding) -> Option<Reaso
         Some("Succeeded") => return Some(Reason::PodSucceeded),
         _ => {}
     }
-    // A hold that names its container is judged by that container alone; one that names none
-    // by every app container of the pod (the behaviour before holds could name one).
+    // A hold that names its container is judged by that container alone (an init container
+    // too: one that ran to completion without releasing is gone); one that names none by every
+    // app container of the pod (the behaviour before holds could name one).
+    let init = status.init_container_statuses.iter().flatten();
     let judged = status
         .container_statuses
         .iter()
         .flatten()
+        .chain(init.filter(|_| entry.container.is_some()))
         .filter(|c| match &entry.container {
             Some(name) => c.name == *name,
             None => c.name != SIDECAR_CONTAINER,

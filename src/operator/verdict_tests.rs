@@ -169,3 +169,37 @@ fn a_hold_naming_its_container_ignores_the_others() {
     let own = pod("u", "Running", vec![running("app", "a2", 1, 400)]);
     assert_eq!(judge(&own, &e, &mut b), Some(Reason::ContainerRestarted));
 }
+
+#[test]
+fn an_init_container_that_names_itself_is_judged_by_its_own_status() {
+    let e = entry("u", Some("migrate"));
+    let with_init = |init: Value| {
+        let mut p = pod("u", "Pending", vec![]);
+        p.status.as_mut().unwrap().init_container_statuses =
+            Some(vec![serde_json::from_value(init).unwrap()]);
+        p
+    };
+    let mut b = Binding::new();
+    assert_eq!(
+        judge(&with_init(running("migrate", "m1", 0, -5_000)), &e, &mut b),
+        None
+    );
+    assert_eq!(b["migrate"].id, "m1");
+    // It ran to completion without releasing: the hold has no holder left.
+    let mut done = running("migrate", "m1", 0, -5_000);
+    done["state"] = json!({"terminated": {"exitCode": 0, "containerID": "m1", "finishedAt": at(100)}});
+    assert_eq!(
+        judge(&with_init(done), &e, &mut b),
+        Some(Reason::ContainerRestarted)
+    );
+    // A hold that names no container is judged by app containers only, as before.
+    let done_later = {
+        let mut d = running("migrate", "m1", 0, -5_000);
+        d["state"] = json!({"terminated": {"exitCode": 0, "containerID": "m1", "finishedAt": at(5_000)}});
+        d
+    };
+    assert_eq!(
+        judge(&with_init(done_later), &entry("u", None), &mut Binding::new()),
+        None
+    );
+}

@@ -194,6 +194,7 @@ async fn a_pod_recreated_under_its_name_keeps_its_holds_while_the_pod_watch_lags
     let old = running_pod(&pods, "web-0").await;
     tokio::time::sleep(lag + Duration::from_secs(1)).await; // the old pod reaches the cache
     pods.delete("web-0", &DeleteParams::default()).await.unwrap();
+    let deleted = Instant::now();
     wait_until(Duration::from_secs(5), || async {
         pods.get_opt("web-0").await.unwrap().is_none()
     })
@@ -203,6 +204,11 @@ async fn a_pod_recreated_under_its_name_keeps_its_holds_while_the_pod_watch_lags
     assert_ne!(old, new);
     let web = sidecar(plane, ns, "web-0", &new).await;
     let token = web.must_acquire("job", json!({})).await;
+    assert!(
+        deleted.elapsed() < lag,
+        "the new pod took the lock only {:?} after the old one's deletion: the lagging watch may have caught up",
+        deleted.elapsed()
+    );
     // Long enough for the lagging watch to catch up and for any wrong revocation to show.
     tokio::time::sleep(lag + Duration::from_secs(1)).await;
     let (_, locks) = web.get("/v1/locks").await;
