@@ -126,6 +126,10 @@ pub fn container_gone(c: &ContainerStatus, requested: SystemTime, bound: &mut Op
         {
             return true;
         }
+        // The kubelet may report the id only after the start: learn it at the same count.
+        if inc.id.is_empty() && running.is_some() && c.restart_count == inc.restarts {
+            inc.id = id.clone();
+        }
     }
     // An incarnation that started, or ended, in a later second than the request proves the
     // one that asked gone (one incarnation at a time), bound or not.

@@ -203,3 +203,33 @@ fn an_init_container_that_names_itself_is_judged_by_its_own_status() {
         None
     );
 }
+
+#[test]
+fn an_id_reported_after_the_binding_is_learnt() {
+    let e = entry("u", None);
+    let mut b = Binding::new();
+    assert_eq!(
+        judge(
+            &pod("u", "Running", vec![running("app", "", 0, -60_000)]),
+            &e,
+            &mut b
+        ),
+        None
+    );
+    assert_eq!(
+        judge(
+            &pod("u", "Running", vec![running("app", "a1", 0, -60_000)]),
+            &e,
+            &mut b
+        ),
+        None
+    );
+    assert_eq!(b["app"].id, "a1");
+    // Then its end in the request's own second is recognised by that id.
+    let mut dead = running("app", "a1", 0, -60_000);
+    dead["state"] = json!({"terminated": {"exitCode": 1, "containerID": "a1", "finishedAt": at(300)}});
+    assert_eq!(
+        judge(&pod("u", "Running", vec![dead]), &e, &mut b),
+        Some(Reason::ContainerRestarted)
+    );
+}
