@@ -45,7 +45,12 @@ class PodLock:
         self._stop = threading.Event()
 
     def __enter__(self):
-        grant = call(f"/v1/locks/{self.name}/acquire", {**self.body, "waitSeconds": self.wait})
+        options = {**self.body, "waitSeconds": self.wait}
+        if os.environ.get("PODLOCK_CONTAINER"):
+            # Set by the injector: the hold then ends when this container restarts, and not
+            # when another container of the pod does.
+            options["container"] = os.environ["PODLOCK_CONTAINER"]
+        grant = call(f"/v1/locks/{self.name}/acquire", options)
         window = grant.get("heartbeatTimeoutSeconds") or 0
         if window:
             threading.Thread(target=self._beat, args=(window / 3,), daemon=True).start()

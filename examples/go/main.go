@@ -49,7 +49,13 @@ func post(path string, body, out any) error {
 func main() {
 	holder := map[string]any{"holderId": "go-example"}
 	var g grant
-	if err := post("/v1/locks/report/acquire", map[string]any{"holderId": "go-example", "waitSeconds": 30}, &g); err != nil {
+	acquire := map[string]any{"holderId": "go-example", "waitSeconds": 30}
+	if c := os.Getenv("PODLOCK_CONTAINER"); c != "" {
+		// Set by the injector: the hold then ends when this container restarts, and not when
+		// another container of the pod does.
+		acquire["container"] = c
+	}
+	if err := post("/v1/locks/report/acquire", acquire, &g); err != nil {
 		fmt.Fprintln(os.Stderr, "acquire:", err)
 		os.Exit(1)
 	}

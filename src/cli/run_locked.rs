@@ -36,6 +36,10 @@ pub struct LockArgs {
     /// Holder id to use (default: host name and process id, unique to this run).
     #[arg(long, env = "PODLOCK_HOLDER_ID")]
     pub holder_id: Option<String>,
+    /// This app container's name (the injector sets PODLOCK_CONTAINER): the operator then ends
+    /// the hold when this container restarts, not when another container of the pod does.
+    #[arg(long, env = "PODLOCK_CONTAINER")]
+    pub container: Option<String>,
     /// The command to run, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
@@ -56,11 +60,11 @@ pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
             events.text().await?
         );
     }
-    let resp = http
-        .post(format!("{base}/acquire"))
-        .json(&json!({ "waitSeconds": args.wait, "holderId": holder }))
-        .send()
-        .await?;
+    let mut options = json!({ "waitSeconds": args.wait, "holderId": holder });
+    if let Some(c) = &args.container {
+        options["container"] = json!(c);
+    }
+    let resp = http.post(format!("{base}/acquire")).json(&options).send().await?;
     let status = resp.status();
     let grant: Value = resp.json().await?;
     if !status.is_success() {

@@ -106,6 +106,26 @@ pub fn check_dns_subdomain(what: &str, value: &str) -> Result<(), LockError> {
     Ok(())
 }
 
+/// Checks a container name: a DNS-1123 label (1 to 63 lower-case letters, digits and '-',
+/// starting and ending with a letter or digit), as Kubernetes requires of container names.
+pub fn check_container(value: &str) -> Result<(), LockError> {
+    let ok_char = |c: char| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-';
+    let ok_end = |c: Option<char>| c.is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit());
+    if value.is_empty()
+        || value.len() > 63
+        || !value.chars().all(ok_char)
+        || !ok_end(value.chars().next())
+        || !ok_end(value.chars().last())
+    {
+        return Err(LockError::Invalid(format!(
+            "container {value:?} is not a Kubernetes container name: use 1 to 63 lower-case \
+             letters, digits or '-', starting and ending with a letter or digit (pass \
+             $PODLOCK_CONTAINER, which the injector sets)"
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a holder id: 1 to 253 characters of letters, digits, '-', '_', '.' and ':'.
 pub fn check_holder_id(value: &str) -> Result<(), LockError> {
     let ok_char = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':');
@@ -202,6 +222,10 @@ pub struct Entry {
     pub ttl_seconds: u32,
     /// The heartbeat window of this hold (0: none).
     pub heartbeat_timeout_seconds: u32,
+    /// The app container that asked, if the app named it (`PODLOCK_CONTAINER`): the operator
+    /// then judges restarts of that container only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
 }
 
 /// One holder of a lock, as reported by the API and mirrored into a DistributedLock's status.
@@ -262,6 +286,10 @@ mod tests {
         assert!(check_holder_id("web-7d9f:worker_1.a").is_ok());
         assert!(check_holder_id("a/b").is_err());
         assert!(check_holder_id("").is_err());
+        assert!(check_container("istio-proxy").is_ok());
+        for bad in ["", "App", "a.b", "-a", &"a".repeat(64)] {
+            assert!(check_container(bad).is_err(), "{bad:?} accepted");
+        }
     }
 
     #[test]

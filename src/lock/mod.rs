@@ -362,6 +362,7 @@ impl Engine {
             heartbeat_timeout_seconds: req
                 .heartbeat_timeout_seconds
                 .unwrap_or(s.heartbeat_timeout_seconds),
+            container: req.container.clone(),
         }
     }
 

@@ -19,6 +19,8 @@ pub struct AcquireRequest {
     pub ttl_seconds: Option<u32>,
     /// Overrides the lock's `heartbeatTimeoutSeconds` for this hold.
     pub heartbeat_timeout_seconds: Option<u32>,
+    /// The app container that asks, recorded in the entry for the operator.
+    pub container: Option<String>,
 }
 
 /// A granted hold, as the API reports it.

@@ -13,6 +13,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::warn;
 
+use super::verdict::Binding;
 use crate::crd::DistributedLock;
 use crate::lock::etcd::Etcd;
 use crate::lock::{Entry, LockId, keys};
@@ -42,14 +43,75 @@ pub struct PodEntry {
     pub key: String,
     /// Its create revision (the fencing token once held).
     pub revision: i64,
-    /// The sidecar's lease.
+    /// The lease etcd has the key on (not what its name or value says).
     pub lease: i64,
     /// The holder id.
     pub holder_id: String,
     /// The pod uid the sidecar was started with.
     pub uid: String,
-    /// When the hold began (acquisition, or the request while it waits).
-    pub since: SystemTime,
+    /// When the acquire was requested.
+    pub requested: SystemTime,
+    /// The app container that asked, when the app named it.
+    pub container: Option<String>,
+    /// The container incarnations proven to have taken it (see `verdict`).
+    pub bound: Binding,
+}
+
+/// What a queue key-value says, read with trust in the key only.
+#[derive(Debug)]
+pub enum Parsed {
+    /// An entry of the pod `(namespace of the key, pod name of the value)`.
+    Entry(PodKey, PodEntry),
+    /// Not bound to a pod (no uid: a sidecar outside Kubernetes), or not an entry.
+    Unbound,
+    /// The value names a pod of another namespace than the key's: whoever wrote it could write
+    /// only under the key's namespace, so it claims what it cannot own.
+    Foreign {
+        /// The lock of the key.
+        lock: LockId,
+        /// The holder id of the value.
+        holder: String,
+        /// The namespace the value claims.
+        claimed: String,
+    },
+}
+
+/// Reads a queue key-value. The namespace comes from the key, which etcd's per-namespace roles
+/// confine; the value is whatever its writer chose.
+pub fn parse(key: &str, value: &[u8], revision: i64, lease: i64) -> Parsed {
+    let Some((ns, name)) = lock_of_key(key.as_bytes()) else {
+        return Parsed::Unbound;
+    };
+    let lock = LockId { namespace: ns, name };
+    let Ok(entry) = serde_json::from_slice::<Entry>(value) else {
+        return Parsed::Unbound;
+    };
+    if entry.pod.uid.is_empty() {
+        return Parsed::Unbound;
+    }
+    if entry.pod.namespace != lock.namespace {
+        return Parsed::Foreign {
+            lock,
+            holder: entry.holder_id,
+            claimed: entry.pod.namespace,
+        };
+    }
+    let Ok(requested) = humantime::parse_rfc3339_weak(&entry.requested_at) else {
+        return Parsed::Unbound;
+    };
+    let pod = (lock.namespace.clone(), entry.pod.name);
+    let e = PodEntry {
+        lock,
+        key: key.to_string(),
+        revision,
+        lease,
+        holder_id: entry.holder_id,
+        uid: entry.pod.uid,
+        requested,
+        container: entry.container,
+        bound: Binding::new(),
+    };
+    Parsed::Entry(pod, e)
 }
 
 /// Queue entries by pod.
@@ -77,31 +139,42 @@ impl PodIndex {
     }
 
     /// Records a queue key-value bound to a pod; returns its pod. Entries without a pod uid
-    /// (sidecars outside Kubernetes) are not bound to any pod and are left out.
+    /// (sidecars outside Kubernetes) are not bound to any pod and are left out, and so are
+    /// entries whose value names another namespace than their key (logged).
     fn put(&self, kv: &etcd_client::KeyValue) -> Option<PodKey> {
-        let (ns, name) = lock_of_key(kv.key())?;
-        let entry: Entry = serde_json::from_slice(kv.value()).ok()?;
-        if entry.pod.uid.is_empty() {
-            return None;
-        }
-        let since = entry.acquired_at.as_deref().unwrap_or(&entry.requested_at);
-        let pod = (entry.pod.namespace.clone(), entry.pod.name.clone());
-        let e = PodEntry {
-            lock: LockId { namespace: ns, name },
-            key: kv.key_str().ok()?.to_string(),
-            revision: kv.create_revision(),
-            lease: kv.lease(),
-            holder_id: entry.holder_id,
-            uid: entry.pod.uid,
-            since: humantime::parse_rfc3339_weak(since).ok()?,
+        let key = kv.key_str().ok()?;
+        let (pod, mut e) = match parse(key, kv.value(), kv.create_revision(), kv.lease()) {
+            Parsed::Entry(pod, e) => (pod, e),
+            Parsed::Unbound => return None,
+            Parsed::Foreign {
+                lock,
+                holder,
+                claimed,
+            } => {
+                warn!(%lock, holder, claimed_namespace = claimed, key, "ignoring a queue entry that names a pod of another namespace than its key");
+                return None;
+            }
         };
-        self.0
-            .lock()
-            .unwrap()
-            .entry(pod.clone())
-            .or_default()
-            .insert(e.key.clone(), e);
+        let mut map = self.0.lock().unwrap();
+        let entries = map.entry(pod.clone()).or_default();
+        // A rewrite of the same key (its `acquiredAt`) keeps what was learned about it.
+        if let Some(old) = entries.get(&e.key)
+            && old.revision == e.revision
+        {
+            e.bound = old.bound.clone();
+        }
+        entries.insert(e.key.clone(), e);
         Some(pod)
+    }
+
+    /// Remembers the incarnations bound to the entry `key` (of create revision `revision`).
+    pub fn bind(&self, pod: &PodKey, key: &str, revision: i64, bound: &Binding) {
+        let mut map = self.0.lock().unwrap();
+        if let Some(e) = map.get_mut(pod).and_then(|m| m.get_mut(key))
+            && e.revision == revision
+        {
+            e.bound = bound.clone();
+        }
     }
 
     fn remove(&self, key: &str) {
@@ -231,5 +304,31 @@ mod tests {
         );
         assert_eq!(lock("/podlock/v1/queue/ns"), None);
         assert_eq!(lock("/other/v1/config/ns/a"), None);
+    }
+
+    #[test]
+    fn the_namespace_comes_from_the_key() {
+        let value = |ns: &str| {
+            serde_json::json!({"holderId": "h", "pod": {"namespace": ns, "name": "p", "uid": "u"},
+                "requestedAt": "2026-01-01T00:00:00.250Z", "ttlSeconds": 15,
+                "heartbeatTimeoutSeconds": 0, "container": "app"})
+            .to_string()
+        };
+        let key = "/podlock/v1/queue/x/l/00ff/h";
+        match parse(key, value("x").as_bytes(), 7, 255) {
+            Parsed::Entry(pod, e) => {
+                assert_eq!(pod, ("x".to_string(), "p".to_string()));
+                assert_eq!(
+                    (e.revision, e.lease, e.container.as_deref()),
+                    (7, 255, Some("app"))
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        match parse(key, value("y").as_bytes(), 7, 255) {
+            Parsed::Foreign { claimed, .. } => assert_eq!(claimed, "y"),
+            other => panic!("a value naming another namespace was trusted: {other:?}"),
+        }
+        assert!(matches!(parse(key, b"not json", 7, 255), Parsed::Unbound));
     }
 }

@@ -18,6 +18,8 @@ pub const INJECT: &str = "podlock.io/inject";
 pub const PORT: &str = "podlock.io/port";
 /// The annotation that sets a default heartbeat window for the pod's holds.
 pub const HEARTBEAT: &str = "podlock.io/heartbeat-timeout";
+/// The variable that tells each app container its own name, to pass as `container`.
+pub const CONTAINER_ENV: &str = "PODLOCK_CONTAINER";
 /// The label that marks the operator's own pods, which are never injected.
 pub const OPERATOR_LABEL: (&str, &str) = ("app.kubernetes.io/component", "podlock-operator");
 
@@ -96,15 +98,20 @@ pub fn patch(
         .into_iter()
         .flatten()
     {
+        // Kubernetes cannot tell a container its own name: the app passes this with its
+        // acquires so that its holds follow its own restarts only.
+        let own = json!({"name": CONTAINER_ENV, "value": c["name"].clone()});
         let env = c
             .as_object_mut()
             .expect("container")
             .entry("env")
             .or_insert(json!([]));
-        if let Some(env) = env.as_array_mut()
-            && !env.iter().any(|e| e["name"] == "PODLOCK_ADDR")
-        {
-            env.push(addr.clone());
+        if let Some(env) = env.as_array_mut() {
+            for var in [&addr, &own] {
+                if !env.iter().any(|e| e["name"] == var["name"]) {
+                    env.push(var.clone());
+                }
+            }
         }
     }
     let init = pod_spec.entry("initContainers").or_insert(json!([]));
@@ -216,8 +223,9 @@ mod tests {
         );
         assert_eq!(sc["securityContext"]["readOnlyRootFilesystem"], true);
         assert_eq!(
-            spec["containers"][0]["env"][0],
-            json!({"name": "PODLOCK_ADDR", "value": "http://127.0.0.1:4040"})
+            spec["containers"][0]["env"],
+            json!([{"name": "PODLOCK_ADDR", "value": "http://127.0.0.1:4040"},
+                   {"name": CONTAINER_ENV, "value": "web"}])
         );
         assert_eq!(
             out["spec"]["template"]["metadata"]["labels"][SIDECAR_LABEL],
@@ -273,10 +281,15 @@ mod tests {
     #[test]
     fn pods_are_injected_from_their_own_annotation() {
         let pod = json!({"metadata": {"name": "p", "annotations": {INJECT: "true"}},
-                         "spec": {"containers": [{"name": "a", "image": "a", "env": [{"name": "X", "value": "1"}]}]}});
+                         "spec": {"containers": [{"name": "a", "image": "a", "env": [{"name": "X", "value": "1"}]},
+                                                 {"name": "istio-proxy", "image": "proxy"}]}});
         let out = apply(&pod, "Pod", "app").expect("injected");
         assert_eq!(out["spec"]["initContainers"][0]["name"], "podlock");
-        assert_eq!(out["spec"]["containers"][0]["env"].as_array().unwrap().len(), 2);
+        let env = |i: usize| out["spec"]["containers"][i]["env"].as_array().unwrap().clone();
+        assert_eq!(env(0).len(), 3);
+        // Each container is told its own name.
+        assert!(env(0).contains(&json!({"name": CONTAINER_ENV, "value": "a"})));
+        assert!(env(1).contains(&json!({"name": CONTAINER_ENV, "value": "istio-proxy"})));
         assert_eq!(out["metadata"]["labels"][SIDECAR_LABEL], "true");
     }
 }

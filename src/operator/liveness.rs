@@ -4,112 +4,33 @@
 //!
 //! It watches only pods labelled `podlock.io/sidecar=true` (the injection webhook sets it) and
 //! acts only on positive evidence: a watch event, or a successful read that finds the pod gone.
-//! An unreachable API server releases nothing.
+//! An unreachable API server releases nothing. A pod watch can lag behind etcd, so "another
+//! uid under this name" from the cache is checked by a fresh read before anything ends: the
+//! cached pod may be the old one and the entry the new pod's.
+//!
+//! It trusts etcd keys, not values: an entry's namespace is its key's (which etcd's
+//! per-namespace roles confine), holds end by deleting their keys (guarded by create
+//! revision), and a lease is revoked only when every key on it is in the dead pod's namespace.
 
+use etcd_client::LeaseTimeToLiveOptions;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::SystemTime;
 use tracing::{info, warn};
 
 use super::etcd_watch::{PodEntry, PodIndex, PodKey};
+pub use super::verdict::{Reason, SIDECAR_CONTAINER, verdict};
 use crate::lock::etcd::Etcd;
+use crate::lock::keys;
 use crate::lock::queue::{self, Ticket};
 use crate::metrics::OperatorMetrics;
 
 /// The label that marks pods with a podlock sidecar.
 pub const SIDECAR_LABEL: &str = "podlock.io/sidecar";
-
-/// The sidecar container's name, which is not an app container.
-pub const SIDECAR_CONTAINER: &str = "podlock";
-
-/// Why the operator ended a hold (the `reason` label of `podlock_forced_releases_total`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reason {
-    /// The Pod object was deleted.
-    PodDeleted,
-    /// The pod reached phase `Failed`.
-    PodFailed,
-    /// The pod reached phase `Succeeded`.
-    PodSucceeded,
-    /// A pod of the same name now has another uid.
-    PodReplaced,
-    /// An app container started or terminated after the hold began.
-    ContainerRestarted,
-}
-
-impl Reason {
-    /// The metric label.
-    pub fn label(self) -> &'static str {
-        match self {
-            Reason::PodDeleted => "pod_deleted",
-            Reason::PodFailed => "pod_failed",
-            Reason::PodSucceeded => "pod_succeeded",
-            Reason::PodReplaced => "pod_replaced",
-            Reason::ContainerRestarted => "container_restarted",
-        }
-    }
-
-    /// Whether the whole pod (its sidecar too) is gone: then its leases are revoked.
-    fn whole_pod(self) -> bool {
-        self != Reason::ContainerRestarted
-    }
-}
-
-/// Why `entry` must end given the pod as the API server has it, if it must.
-pub fn verdict(pod: &Pod, entry: &PodEntry) -> Option<Reason> {
-    if pod.metadata.uid.as_deref() != Some(entry.uid.as_str()) {
-        return Some(Reason::PodReplaced);
-    }
-    let status = pod.status.as_ref()?;
-    match status.phase.as_deref() {
-        Some("Failed") => return Some(Reason::PodFailed),
-        Some("Succeeded") => return Some(Reason::PodSucceeded),
-        _ => {}
-    }
-    // Kubernetes reports container times in whole seconds: only a later second is "after"; a
-    // start in the same second as the hold may be the incarnation that took it, and is kept.
-    let since = entry
-        .since
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let after = |t: Option<&Time>| {
-        t.is_some_and(|t| {
-            SystemTime::from(t.0)
-                .duration_since(SystemTime::UNIX_EPOCH)
-                .is_ok_and(|d| d.as_secs() > since)
-        })
-    };
-    let restarted = status
-        .container_statuses
-        .iter()
-        .flatten()
-        .filter(|c| c.name != SIDECAR_CONTAINER)
-        .any(|c| {
-            let state = c.state.as_ref();
-            after(
-                state
-                    .and_then(|s| s.running.as_ref())
-                    .and_then(|r| r.started_at.as_ref()),
-            ) || after(
-                state
-                    .and_then(|s| s.terminated.as_ref())
-                    .map(|t| &t.finished_at)
-                    .and_then(Option::as_ref),
-            ) || after(
-                c.last_state
-                    .as_ref()
-                    .and_then(|s| s.terminated.as_ref())
-                    .and_then(|t| t.finished_at.as_ref()),
-            )
-        });
-    restarted.then_some(Reason::ContainerRestarted)
-}
 
 /// Watches pods and ends the holds of dead ones, until the pods stream ends.
 pub async fn run(
@@ -170,40 +91,68 @@ impl Judge {
         if let Some(pod) = self.store.get(&ObjectRef::new(name).within(ns)) {
             return self.pod(&pod).await;
         }
-        // Not labelled, or not seen yet: ask the API server. Only a definite "not found" counts.
-        match Api::<Pod>::namespaced(self.client.clone(), ns)
+        // Not labelled, or not seen yet: ask the API server.
+        self.fresh(ns, name, None).await;
+    }
+
+    /// Judges the entries of `ns/name` (those of `only`, or all) on a fresh read of the pod.
+    /// Only a definite "not found" counts as deleted.
+    async fn fresh(&self, ns: &str, name: &str, only: Option<&[PodEntry]>) {
+        let read = Api::<Pod>::namespaced(self.client.clone(), ns)
             .get_opt(name)
-            .await
-        {
-            Ok(Some(pod)) => self.pod(&pod).await,
-            Ok(None) => {
-                let entries = self.index.entries_of(&(ns.clone(), name.clone()));
-                self.end(ns, name, entries, Reason::PodDeleted).await;
+            .await;
+        let pod = (ns.to_string(), name.to_string());
+        let entries = match only {
+            Some(e) => e.to_vec(),
+            None => self.index.entries_of(&pod),
+        };
+        match read {
+            Ok(Some(fresh)) => {
+                for (reason, entries) in self.judged(&fresh, &pod, entries) {
+                    self.end(ns, name, entries, reason).await;
+                }
             }
+            Ok(None) => self.end(ns, name, entries, Reason::PodDeleted).await,
             Err(e) => {
                 warn!(pod = %name, namespace = %ns, error = %e, "cannot read pod; leaving its holds alone")
             }
         }
     }
 
+    /// Judges `pod`'s entries as the watch reports it; a verdict of "replaced" is confirmed on
+    /// a fresh read first (the watch may be behind the entry).
     async fn pod(&self, pod: &Pod) {
-        let (ns, name) = (
+        let key = (
             pod.metadata.namespace.clone().unwrap_or_default(),
             pod.metadata.name.clone().unwrap_or_default(),
         );
-        let entries = self.index.entries_of(&(ns.clone(), name.clone()));
+        let entries = self.index.entries_of(&key);
+        for (reason, entries) in self.judged(pod, &key, entries) {
+            if reason == Reason::PodReplaced {
+                self.fresh(&key.0, &key.1, Some(&entries)).await;
+            } else {
+                self.end(&key.0, &key.1, entries, reason).await;
+            }
+        }
+    }
+
+    /// The entries that must end given `pod`, by reason; remembers what they are bound to.
+    fn judged(&self, pod: &Pod, key: &PodKey, entries: Vec<PodEntry>) -> Vec<(Reason, Vec<PodEntry>)> {
         let mut by_reason: Vec<(Reason, Vec<PodEntry>)> = vec![];
         for e in entries {
-            if let Some(r) = verdict(pod, &e) {
+            let mut bound = e.bound.clone();
+            let reason = verdict(pod, &e, &mut bound);
+            if bound != e.bound {
+                self.index.bind(key, &e.key, e.revision, &bound);
+            }
+            if let Some(r) = reason {
                 match by_reason.iter_mut().find(|(reason, _)| *reason == r) {
                     Some((_, list)) => list.push(e),
                     None => by_reason.push((r, vec![e])),
                 }
             }
         }
-        for (reason, entries) in by_reason {
-            self.end(&ns, &name, entries, reason).await;
-        }
+        by_reason
     }
 
     async fn deleted(&self, pod: &Pod) {
@@ -222,32 +171,24 @@ impl Judge {
         self.end(&ns, &name, entries, Reason::PodDeleted).await;
     }
 
-    /// Ends `entries` of pod `ns/name`: revokes the leases when the whole pod is gone, else
-    /// deletes just those keys (guarded by their create revision).
+    /// Ends `entries` of pod `ns/name` by deleting their keys (guarded by create revision);
+    /// when the whole pod is gone, also revokes their leases where that is sound.
     async fn end(&self, ns: &str, name: &str, entries: Vec<PodEntry>, reason: Reason) {
-        if entries.is_empty() {
-            return;
-        }
         let mut ended = 0u64;
-        if reason.whole_pod() {
-            let leases: BTreeSet<i64> = entries.iter().map(|e| e.lease).collect();
-            for lease in leases {
-                match self.etcd.client().clone().lease_revoke(lease).await {
-                    Ok(_) => ended += entries.iter().filter(|e| e.lease == lease).count() as u64,
-                    Err(e) => warn!(lease = format_args!("{lease:x}"), error = %e, "lease revoke failed"),
+        for e in &entries {
+            let ticket = Ticket {
+                key: e.key.clone(),
+                revision: e.revision,
+                lease: e.lease,
+            };
+            match queue::remove(&self.etcd, &ticket).await {
+                Ok(true) => {
+                    ended += 1;
+                    info!(lock = %e.lock, holder = e.holder_id, pod = name, namespace = ns, reason = reason.label(), "ended hold of a dead pod");
                 }
-            }
-        } else {
-            for e in &entries {
-                let ticket = Ticket {
-                    key: e.key.clone(),
-                    revision: e.revision,
-                    lease: e.lease,
-                };
-                match queue::remove(&self.etcd, &ticket).await {
-                    Ok(true) => ended += 1,
-                    Ok(false) => {}
-                    Err(err) => warn!(key = e.key, error = %err, "could not end hold"),
+                Ok(false) => {}
+                Err(err) => {
+                    warn!(lock = %e.lock, holder = e.holder_id, key = e.key, error = %err, "could not end hold")
                 }
             }
         }
@@ -256,76 +197,39 @@ impl Judge {
                 .forced_releases
                 .with_label_values(&[reason.label()])
                 .inc_by(ended);
-            for e in &entries {
-                info!(lock = %e.lock, holder = e.holder_id, pod = name, namespace = ns, reason = reason.label(), "ended hold of a dead pod");
+        }
+        if reason.whole_pod() {
+            let leases: BTreeSet<i64> = entries.iter().map(|e| e.lease).filter(|l| *l != 0).collect();
+            for lease in leases {
+                self.revoke_if_own(ns, name, lease).await;
             }
         }
     }
-}
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    fn pod(uid: &str, phase: &str, app_started: SystemTime) -> Pod {
-        let started = humantime::format_rfc3339_seconds(app_started).to_string();
-        serde_json::from_value(serde_json::json!({
-            "metadata": {"name": "p", "namespace": "ns", "uid": uid},
-            "status": {"phase": phase, "containerStatuses": [
-                {"name": "app", "image": "", "imageID": "", "ready": true, "restartCount": 0,
-                 "state": {"running": {"startedAt": started}}},
-                {"name": "podlock", "image": "", "imageID": "", "ready": true, "restartCount": 3,
-                 "state": {"running": {"startedAt": humantime::format_rfc3339_seconds(SystemTime::now() + Duration::from_secs(99)).to_string()}}}
-            ]}
-        }))
-        .unwrap()
-    }
-
-    fn entry(uid: &str, since: SystemTime) -> PodEntry {
-        PodEntry {
-            lock: crate::lock::LockId {
-                namespace: "ns".into(),
-                name: "l".into(),
-            },
-            key: "k".into(),
-            revision: 1,
-            lease: 1,
-            holder_id: "h".into(),
-            uid: uid.into(),
-            since,
+    /// Revokes `lease` (the dead pod's sidecar session, so that a sidecar still running, e.g.
+    /// on a partitioned node, cannot go on with it) only if every key still on it is under the
+    /// pod's namespace: exactly what that namespace's own etcd role may revoke. A key of
+    /// another namespace on it means the lease is not this pod's: a tenant attached its key to
+    /// someone else's lease, and revoking it would end holds the tenant could never touch.
+    async fn revoke_if_own(&self, ns: &str, pod: &str, lease: i64) {
+        let mut c = self.etcd.client().clone();
+        let keys = match c
+            .lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
+            .await
+        {
+            Ok(r) if r.ttl() <= 0 => return, // already gone
+            Ok(r) => r.keys().to_vec(),
+            Err(e) => {
+                return warn!(lease = format_args!("{lease:x}"), pod, namespace = ns, error = %e, "cannot read lease; not revoking it");
+            }
+        };
+        let own = keys::queue_root(Some(ns));
+        if let Some(foreign) = keys.iter().find(|k| !k.starts_with(own.as_bytes())) {
+            let foreign = String::from_utf8_lossy(foreign);
+            return warn!(lease = format_args!("{lease:x}"), pod, namespace = ns, %foreign, "not revoking a lease that carries a key of another namespace");
         }
-    }
-
-    #[test]
-    fn verdicts() {
-        let t = SystemTime::UNIX_EPOCH + Duration::from_millis(1_800_000_000_300);
-        let sec = Duration::from_secs(1);
-        // (The podlock container restarted after the hold, too: it says nothing about the app.)
-        assert_eq!(verdict(&pod("u", "Running", t - sec), &entry("u", t)), None);
-        // Same second as the hold: may be the incarnation that took it; kept.
-        assert_eq!(
-            verdict(
-                &pod("u", "Running", t + Duration::from_millis(500)),
-                &entry("u", t)
-            ),
-            None
-        );
-        assert_eq!(
-            verdict(&pod("u", "Running", t + sec), &entry("u", t)),
-            Some(Reason::ContainerRestarted)
-        );
-        assert_eq!(
-            verdict(&pod("v", "Running", t - sec), &entry("u", t)),
-            Some(Reason::PodReplaced)
-        );
-        assert_eq!(
-            verdict(&pod("u", "Failed", t - sec), &entry("u", t)),
-            Some(Reason::PodFailed)
-        );
-        assert_eq!(
-            verdict(&pod("u", "Succeeded", t - sec), &entry("u", t)),
-            Some(Reason::PodSucceeded)
-        );
+        if let Err(e) = c.lease_revoke(lease).await {
+            warn!(lease = format_args!("{lease:x}"), pod, namespace = ns, error = %e, "lease revoke failed");
+        }
     }
 }

@@ -6,6 +6,7 @@ pub mod isolation;
 mod leader;
 pub mod liveness;
 mod reconcile;
+mod verdict;
 mod webhook;
 
 use axum::Router;

@@ -65,6 +65,7 @@ async fn try_acquire(
         holder_id: opts.holder_id.unwrap_or_else(|| st.default_holder.clone()),
         ttl_seconds: opts.ttl_seconds,
         heartbeat_timeout_seconds: opts.heartbeat_timeout_seconds.or(st.default_heartbeat),
+        container: opts.container,
         lock,
     };
     let span = info_span!("acquire", lock = %req.lock, holder = %req.holder_id);

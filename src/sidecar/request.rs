@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use crate::lock::LockId;
-use crate::lock::keys::{HEARTBEAT_BOUNDS, TTL_BOUNDS, check_bounds};
+use crate::lock::keys::{HEARTBEAT_BOUNDS, TTL_BOUNDS, check_bounds, check_container};
 
 /// The longest an acquire may wait, in seconds.
 pub const MAX_WAIT_SECONDS: f64 = 3600.0;
@@ -25,6 +25,8 @@ pub struct AcquireOptions {
     pub ttl_seconds: Option<u32>,
     /// Heartbeat window for this hold.
     pub heartbeat_timeout_seconds: Option<u32>,
+    /// The app container that asks (its `PODLOCK_CONTAINER`).
+    pub container: Option<String>,
 }
 
 /// Options of release and heartbeat.
@@ -48,6 +50,7 @@ impl Merge for AcquireOptions {
             holder_id: body.holder_id.or(self.holder_id),
             ttl_seconds: body.ttl_seconds.or(self.ttl_seconds),
             heartbeat_timeout_seconds: body.heartbeat_timeout_seconds.or(self.heartbeat_timeout_seconds),
+            container: body.container.or(self.container),
         }
     }
 }
@@ -123,6 +126,9 @@ impl AcquireOptions {
         }
         if let Some(h) = self.heartbeat_timeout_seconds {
             check_bounds("heartbeatTimeoutSeconds", h, HEARTBEAT_BOUNDS)?;
+        }
+        if let Some(c) = &self.container {
+            check_container(c)?;
         }
         Ok(())
     }

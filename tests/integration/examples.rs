@@ -27,6 +27,7 @@ async fn the_curl_python_and_go_examples_take_the_lock_and_write_fenced() {
             .current_dir(format!("{EXAMPLES}/{dir}"))
             .env("PODLOCK_ADDR", &s.addr)
             .env("STORE_URL", &store.url)
+            .env("PODLOCK_CONTAINER", "app") // as the injector sets it
             .output()
             .unwrap();
         let stdout = String::from_utf8_lossy(&out.stdout).into_owned();

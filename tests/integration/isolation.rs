@@ -1,12 +1,12 @@
 //! Namespace isolation with etcd auth: the operator gives each namespace credentials that reach
 //! only its own locks; a pod with namespace A's credentials cannot take or break B's lock.
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{Pod, Secret};
 use kube::api::Api;
 use serde_json::json;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
-use crate::common::kube::{ControlPlane, Operator, with_crd};
+use crate::common::kube::{ControlPlane, Operator, rfc3339, running_pod, set_status, with_crd};
 use crate::common::{EtcdServer, Sidecar, wait_until};
 
 /// The etcd user and password the operator stored in namespace `ns`.
@@ -96,4 +96,88 @@ async fn a_namespace_cannot_take_or_break_another_namespaces_lock() {
     // x's credentials work for x's own lock.
     let own = sidecar("pod-x2", x.clone(), ux, px).await;
     assert_eq!(own.post("shared", "acquire", json!({})).await.0, 200);
+}
+
+#[tokio::test]
+async fn a_tenants_key_on_another_namespaces_lease_never_revokes_that_lease() {
+    let plane = with_crd();
+    let etcd = EtcdServer::start().await;
+    etcd.enable_auth("root-secret").await;
+    let root = ["--etcd-user", "root", "--etcd-password", "root-secret"];
+    let (x, y) = (plane.namespace("trust-x"), plane.namespace("trust-y"));
+    let _ops = (
+        Operator::start_with(plane, &x, &etcd.endpoint, &root).await,
+        Operator::start_with(plane, &y, &etcd.endpoint, &root).await,
+    );
+    for ns in [&x, &y] {
+        let lock = format!(
+            "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{}}\n"
+        );
+        assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
+    }
+    let ((ux, px), (uy, py)) = (credentials(plane, &x).await, credentials(plane, &y).await);
+    // y's pod (outside Kubernetes' view: no uid, so no pod state judges it) takes y's lock once
+    // and lets go: its sidecar keeps its session's lease, now without keys.
+    let args = ["--namespace", &y, "--etcd-user", &uy, "--etcd-password", &py];
+    let victim = Sidecar::start(&etcd.endpoint, "victim", &args).await;
+    wait_until(Duration::from_secs(10), || async {
+        victim.get("/v1/locks/shared").await.0 == 200
+    })
+    .await
+    .expect("y's lock is declared");
+    let (status, first) = victim.post("shared", "acquire", json!({})).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(victim.post("shared", "release", json!({})).await.0, 200);
+    let lease = first["leaseId"].as_i64().unwrap();
+
+    // A tenant of x, with x's credentials only: a key under its own prefix, naming its own pod
+    // (alive for now), attached to y's empty lease (etcd allows that while the lease has no key
+    // x cannot write).
+    let pods: Api<Pod> = Api::namespaced(plane.client().await, &x);
+    let decoy_uid = running_pod(&pods, "decoy").await;
+    let opts = etcd_client::ConnectOptions::new().with_user(ux, px);
+    let mut tenant = etcd_client::Client::connect([&etcd.endpoint], Some(opts))
+        .await
+        .unwrap();
+    let value = json!({"holderId": "evil", "pod": {"namespace": x, "name": "decoy", "uid": decoy_uid},
+        "requestedAt": rfc3339(SystemTime::now()), "ttlSeconds": 15, "heartbeatTimeoutSeconds": 0});
+    let key = format!("/podlock/v1/queue/{x}/shared/{lease:016x}/evil");
+    tenant
+        .put(
+            key.as_str(),
+            value.to_string(),
+            Some(etcd_client::PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .expect("etcd lets x attach a key to a lease without keys of y");
+
+    // y's pod takes its lock again, on the same session: the lease now carries a key of y.
+    let again = victim.post("shared", "acquire", json!({})).await.1;
+    assert_eq!(again["leaseId"].as_i64(), Some(lease), "{again}");
+    // The tenant's pod "fails": the operator ends that pod's holds, and must not take y's with it.
+    set_status(&pods, "decoy", "Failed", SystemTime::now()).await;
+    let root_opts = etcd_client::ConnectOptions::new().with_user("root", "root-secret");
+    let mut admin = etcd_client::Client::connect([&etcd.endpoint], Some(root_opts))
+        .await
+        .unwrap();
+    let gone = wait_until(Duration::from_secs(5), || {
+        let mut admin = admin.clone();
+        let key = key.clone();
+        async move { admin.get(key, None).await.is_ok_and(|r| r.kvs().is_empty()) }
+    })
+    .await;
+    gone.expect("the failed pod's own key is ended");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (_, locks) = victim.get("/v1/locks").await;
+    assert_eq!(
+        (
+            locks["locks"][0]["state"].as_str(),
+            locks["locks"][0]["fencingToken"].clone()
+        ),
+        (Some("held"), again["fencingToken"].clone()),
+        "y's hold was ended by x's pod failing: {locks}\noperator log of x:\n{}",
+        _ops.0.log()
+    );
+    let ttl = admin.lease_time_to_live(lease, None).await.unwrap().ttl();
+    assert!(ttl > 0, "y's lease was revoked (ttl {ttl})");
 }

@@ -107,3 +107,39 @@ async fn a_lost_hold_sends_sigterm_to_the_command_and_exits_non_zero() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("got-sigterm"));
 }
+
+#[tokio::test]
+async fn the_hold_records_the_container_from_podlock_container() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["named"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let mut run = lock_cmd(&s, &["named", "--", "sleep", "3"])
+        .env("PODLOCK_CONTAINER", "app")
+        .spawn()
+        .unwrap();
+    let c = etcd.client().await;
+    let mut value = serde_json::Value::Null;
+    for _ in 0..150 {
+        let opts = etcd_client::GetOptions::new().with_prefix();
+        let found = c
+            .clone()
+            .get("/podlock/v1/queue/default/named/", Some(opts))
+            .await
+            .unwrap();
+        if let Some(kv) = found.kvs().first() {
+            value = serde_json::from_slice(kv.value()).unwrap();
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(value["container"], "app", "{value}");
+    assert!(run.wait().await.unwrap().success());
+    // A name Kubernetes would not accept is refused, naming the field.
+    let out = lock_cmd(&s, &["named", "--", "true"])
+        .env("PODLOCK_CONTAINER", "App_1")
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("container"));
+}

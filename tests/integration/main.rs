@@ -16,6 +16,7 @@ mod operator;
 mod pod_liveness;
 mod queue;
 mod rbac;
+mod restarts;
 mod safety;
 mod settings_change;
 mod truthful;

@@ -9,18 +9,28 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::common::kube::{ControlPlane, Operator, rfc3339, running_pod, set_status, with_crd};
+use crate::common::lag::LagProxy;
 use crate::common::{Sidecar, percentile, wait_until};
 
 /// The control plane, the CRD, a namespace with one lock (TTL 30 s, so a handoff within a
 /// second can only come from the operator), and an operator for it.
-async fn setup(ns: &str) -> (&'static ControlPlane, Operator, Api<Pod>) {
+pub(crate) async fn setup(ns: &str) -> (&'static ControlPlane, Operator, Api<Pod>) {
+    setup_as(ns, None).await
+}
+
+/// Like [`setup`], the operator reaching the API server through `kubeconfig` if given.
+async fn setup_as(
+    ns: &str,
+    kubeconfig: Option<&std::path::Path>,
+) -> (&'static ControlPlane, Operator, Api<Pod>) {
     let plane = with_crd();
     plane.namespace(ns);
     let lock = format!(
         "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: job, namespace: {ns}}}\nspec: {{ttlSeconds: 30}}\n"
     );
     assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
-    let op = Operator::start(plane, ns).await;
+    let kubeconfig = kubeconfig.unwrap_or(&plane.kubeconfig);
+    let op = Operator::start_as(kubeconfig, ns, &plane.etcd.endpoint, &[]).await;
     let key = format!("/podlock/v1/config/{ns}/job");
     wait_until(Duration::from_secs(10), || async {
         plane.etcd.count(&key).await == 1
@@ -31,7 +41,7 @@ async fn setup(ns: &str) -> (&'static ControlPlane, Operator, Api<Pod>) {
 }
 
 /// A sidecar for pod `name` (uid `uid`) in namespace `ns`.
-async fn sidecar(plane: &ControlPlane, ns: &str, name: &str, uid: &str) -> Arc<Sidecar> {
+pub(crate) async fn sidecar(plane: &ControlPlane, ns: &str, name: &str, uid: &str) -> Arc<Sidecar> {
     Arc::new(Sidecar::start(&plane.etcd.endpoint, name, &["--namespace", ns, "--pod-uid", uid]).await)
 }
 
@@ -170,4 +180,50 @@ async fn a_slow_pod_keeps_its_hold() {
     );
     assert_eq!(holder.get("/v1/locks").await.1["locks"][0]["state"], "held");
     granted.abort();
+}
+
+#[tokio::test]
+async fn a_pod_recreated_under_its_name_keeps_its_holds_while_the_pod_watch_lags() {
+    // A StatefulSet's pod is deleted and recreated under the same name; the operator's pod watch
+    // is 3 s behind (its reads are not), so its cache still has the old pod when the new pod's
+    // sidecar takes the lock.
+    let lag = Duration::from_secs(3);
+    let proxy = LagProxy::start(&with_crd().kubeconfig, lag);
+    let ns = "recreated";
+    let (plane, op, pods) = setup_as(ns, Some(&proxy.kubeconfig)).await;
+    let old = running_pod(&pods, "web-0").await;
+    tokio::time::sleep(lag + Duration::from_secs(1)).await; // the old pod reaches the cache
+    pods.delete("web-0", &DeleteParams::default()).await.unwrap();
+    let deleted = Instant::now();
+    wait_until(Duration::from_secs(5), || async {
+        pods.get_opt("web-0").await.unwrap().is_none()
+    })
+    .await
+    .unwrap();
+    let new = running_pod(&pods, "web-0").await;
+    assert_ne!(old, new);
+    let web = sidecar(plane, ns, "web-0", &new).await;
+    let token = web.must_acquire("job", json!({})).await;
+    assert!(
+        deleted.elapsed() < lag,
+        "the new pod took the lock only {:?} after the old one's deletion: the lagging watch may have caught up",
+        deleted.elapsed()
+    );
+    // Long enough for the lagging watch to catch up and for any wrong revocation to show.
+    tokio::time::sleep(lag + Duration::from_secs(1)).await;
+    let (_, locks) = web.get("/v1/locks").await;
+    assert_eq!(
+        (
+            locks["locks"][0]["state"].as_str(),
+            locks["locks"][0]["fencingToken"].as_i64()
+        ),
+        (Some("held"), Some(token)),
+        "the live pod's hold was ended: {locks}\noperator log:\n{}",
+        op.log()
+    );
+    let metrics = op.metrics().await;
+    assert!(
+        !metrics.contains("reason=\"pod_replaced\""),
+        "a live pod was judged replaced:\n{metrics}"
+    );
 }
