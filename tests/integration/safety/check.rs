@@ -59,6 +59,7 @@ pub fn analyze(holds: &[HoldRecord], writes: &[AcceptedWrite], faults: &[Fault])
         ..Analysis::default()
     };
     check_overlaps(holds, faults, &mut a);
+    check_token_order(holds, &mut a);
     check_writes(holds, writes, &mut a);
     a.recoveries = faults
         .iter()
@@ -104,7 +105,7 @@ fn check_overlaps(holds: &[HoldRecord], faults: &[Fault], a: &mut Analysis) {
         // A stopped sidecar cannot tell anyone anything: count from when it ran again.
         let resumed = faults
             .iter()
-            .filter(|f| f.kind == Kind::Pause && f.target == h.worker)
+            .filter(|f| matches!(f.kind, Kind::Pause | Kind::ReleasePause) && f.target == h.worker)
             .filter(|f| f.at < h.ended && f.until > h.granted)
             .map(|f| f.until)
             .fold(first.granted, f64::max);
@@ -116,6 +117,24 @@ fn check_overlaps(holds: &[HoldRecord], faults: &[Fault], a: &mut Analysis) {
             ));
         }
         a.notice_lags.push(lag.max(0.0));
+    }
+}
+
+/// Tokens must rise in grant order: a grant with a lower token than an earlier grant's means
+/// the lock handed out grants out of queue order (as it did when `maxHolders` changed under
+/// queued waiters), and a fenced resource would then refuse a rightful holder.
+fn check_token_order(holds: &[HoldRecord], a: &mut Analysis) {
+    let mut by_grant: Vec<&HoldRecord> = holds.iter().collect();
+    by_grant.sort_by(|x, y| x.granted.total_cmp(&y.granted));
+    let mut highest: Option<&HoldRecord> = None;
+    for h in by_grant {
+        match highest {
+            Some(top) if h.token <= top.token => a.violations.push(format!(
+                "token {} granted at {:.3} after token {} was granted at {:.3}",
+                h.token, h.granted, top.token, top.granted
+            )),
+            _ => highest = Some(h),
+        }
     }
 }
 
@@ -227,6 +246,29 @@ mod tests {
         assert!(a.violations.is_empty(), "{:?}", a.violations);
         assert_eq!(a.notice_lags.len(), 1);
         assert_eq!(told(1.6).violations.len(), 1);
+    }
+
+    #[test]
+    fn a_release_answered_released_after_a_later_grant_is_caught() {
+        // The bug of a release that answered 200 for a hold whose lease had ended while its
+        // sidecar was paused: the client counts its hold until it sent the release (0.5), and
+        // token 12 was granted at 0.3.
+        let holds = [hold(10, 0.0, 0.5, None, 200), hold(12, 0.3, 0.6, None, 200)];
+        let a = analyze(&holds, &[write(0.01, 10, 1), write(0.31, 12, 2)], &[]);
+        assert_eq!(a.violations.len(), 1, "{:?}", a.violations);
+        // Told lost (410) on that release instead: explained, and told in time.
+        let holds = [hold(10, 0.0, 0.5, Some(0.5), 200), hold(12, 0.3, 0.6, None, 200)];
+        let a = analyze(&holds, &[write(0.01, 10, 1), write(0.31, 12, 2)], &[]);
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+    }
+
+    #[test]
+    fn grants_out_of_token_order_are_caught() {
+        // After a raise of maxHolders, a late contender (13) was granted before an earlier
+        // waiter (11), which got its lower token afterwards.
+        let holds = [hold(13, 0.0, 0.1, None, 200), hold(11, 0.2, 0.3, None, 409)];
+        let a = analyze(&holds, &[write(0.01, 13, 1)], &[]);
+        assert_eq!(a.violations.len(), 1, "{:?}", a.violations);
     }
 
     #[test]

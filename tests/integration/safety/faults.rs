@@ -22,6 +22,10 @@ pub enum Kind {
     FollowerKill,
     /// kill -9 of the etcd leader, restarted 1 s later.
     LeaderKill,
+    /// A holder's sidecar is stopped just before the worker sends its release, for the TTL plus
+    /// 1 s: the release arrives after another worker was granted, and must not be answered
+    /// `released`.
+    ReleasePause,
     /// SIGSTOP of an etcd follower for the TTL plus 1 s: its connections stay open and silent.
     FollowerStall,
     /// SIGSTOP of the etcd leader for the TTL plus 1 s.
@@ -33,7 +37,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order the loop injects them.
-    pub const CYCLE: [Kind; 7] = [
+    pub const CYCLE: [Kind; 8] = [
         Kind::LeaderKill,
         Kind::SidecarKill,
         Kind::FollowerStall,
@@ -41,6 +45,7 @@ impl Kind {
         Kind::SettingsRewrite,
         Kind::Pause,
         Kind::LeaderStall,
+        Kind::ReleasePause,
     ];
 
     /// How soon after it a newly granted hold must have written: the TTL plus 1 s. A stalled
@@ -62,6 +67,7 @@ impl Kind {
             Kind::FollowerStall => "etcd follower SIGSTOP past the TTL",
             Kind::LeaderStall => "etcd leader SIGSTOP past the TTL",
             Kind::SettingsRewrite => "lock settings rewritten",
+            Kind::ReleasePause => "pause past the TTL before release",
         }
     }
 }
@@ -139,16 +145,21 @@ impl Rig {
                     until: now(),
                 })
             }
-            Kind::Pause => {
+            Kind::Pause | Kind::ReleasePause => {
                 let i = round % n;
                 let slot = &self.slots[i];
-                slot.stall.store(true, Ordering::Relaxed);
+                let flag = if kind == Kind::Pause {
+                    &slot.stall
+                } else {
+                    &slot.stall_release
+                };
+                flag.store(true, Ordering::Relaxed);
                 let stalling = wait_until(Duration::from_secs(10), || async {
                     slot.stalling.load(Ordering::Relaxed)
                 })
                 .await;
                 if stalling.is_err() {
-                    slot.stall.store(false, Ordering::Relaxed);
+                    flag.store(false, Ordering::Relaxed);
                     return None;
                 }
                 let at = now();

@@ -56,7 +56,10 @@ pub struct Slot {
     pub addr: Mutex<String>,
     /// Set by the fault loop: stall after the next grant.
     pub stall: AtomicBool,
-    /// Set while stalling, holding the lock and not yet written.
+    /// Set by the fault loop: stall just before the next release (its sidecar is then paused,
+    /// so the release reaches it only after its lease ended and another worker took over).
+    pub stall_release: AtomicBool,
+    /// Set while stalling, holding the lock, before the write or the release.
     pub stalling: AtomicBool,
     /// Every hold it had.
     pub holds: Mutex<Vec<HoldRecord>>,
@@ -69,6 +72,7 @@ impl Slot {
             pod: pod.into(),
             addr: Mutex::new(addr.into()),
             stall: AtomicBool::new(false),
+            stall_release: AtomicBool::new(false),
             stalling: AtomicBool::new(false),
             holds: Mutex::default(),
         })
@@ -206,6 +210,11 @@ pub async fn run(i: usize, slot: Arc<Slot>, store: String, stop: CancellationTok
             None
         };
         sleep(Duration::from_millis(10)).await; // the rest of the work under the lock
+        if slot.stall_release.swap(false, Ordering::Relaxed) {
+            slot.stalling.store(true, Ordering::Relaxed);
+            sleep(Duration::from_millis(300)).await; // the fault loop stops the sidecar meanwhile
+            slot.stalling.store(false, Ordering::Relaxed);
+        }
 
         let (ended, lost) = match lost() {
             Some(at) => (at, Some(at)), // told before releasing: nothing to release
@@ -217,7 +226,7 @@ pub async fn run(i: usize, slot: Arc<Slot>, store: String, stop: CancellationTok
                     .send()
                     .await;
                 let refused = !matches!(released, Ok(r) if r.status().is_success());
-                // 409: the hold was lost meanwhile; no answer: the sidecar died.
+                // 410 (or 409): the hold was lost meanwhile; no answer: the sidecar died.
                 (sent, refused.then(|| lost().unwrap_or_else(now)))
             }
         };
