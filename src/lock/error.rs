@@ -72,6 +72,11 @@ pub enum LockError {
     #[error("the sidecar's etcd lease is gone (revoked or expired): {0}; retry")]
     LeaseNotFound(String),
 
+    /// A value podlock wrote to etcd does not decode: someone else wrote it, or it was damaged.
+    /// Not an outage: retrying will not help until the key is fixed.
+    #[error("corrupt data in etcd: {0}")]
+    Corrupt(String),
+
     /// etcd could not be reached or answered with an error.
     #[error("etcd is unavailable: {0}")]
     Unavailable(String),

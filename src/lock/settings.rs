@@ -20,8 +20,9 @@ impl Declared {
     /// Parses a config key-value pair.
     pub fn from_kv(kv: &KeyValue) -> Result<Self, LockError> {
         let settings: Settings = serde_json::from_slice(kv.value()).map_err(|e| {
-            LockError::Unavailable(format!(
-                "settings at {:?} are not valid JSON: {e}",
+            LockError::Corrupt(format!(
+                "the settings at {} do not decode ({e}); declare the lock again (apply its \
+                 DistributedLock, or run `podlock declare`) to rewrite them",
                 kv.key_str().unwrap_or("?")
             ))
         })?;

@@ -48,6 +48,9 @@ pub async fn acquire(
         .acquire_total
         .with_label_values(&[&name, outcome])
         .inc();
+    // Every lock this sidecar was asked for reports its lost holds from the first scrape on,
+    // 0 until one is lost, so that alerts on it see a series rather than nothing.
+    st.metrics.locks_lost.with_label_values(&[&name]);
     result.map(Json)
 }
 

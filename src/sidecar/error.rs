@@ -54,6 +54,9 @@ impl From<LockError> for ApiError {
             LockError::NotHolder { .. } => ApiError::new(StatusCode::CONFLICT, "not_holder", message),
             LockError::Lost { .. } => ApiError::new(StatusCode::GONE, "lock_lost", message),
             LockError::Forbidden(_) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", message),
+            LockError::Corrupt(_) => {
+                ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data", message)
+            }
             LockError::Unavailable(_) | LockError::LeaseNotFound(_) => {
                 ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "backend_unavailable", message)
             }

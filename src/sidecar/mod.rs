@@ -80,17 +80,29 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Runs the sidecar until SIGTERM or Ctrl-C, then releases every hold before exiting.
+/// Runs the sidecar until SIGTERM or Ctrl-C, then ends every hold before exiting.
 pub async fn run(args: SidecarArgs) -> anyhow::Result<()> {
+    let (engine, state) = start(&args).await?;
+    let listener = bind(args.listen).await?;
+    let health = match args.health_listen {
+        Some(addr) => Some(bind(addr).await?),
+        None => None,
+    };
+    info!(listen = %args.listen, namespace = args.namespace, standalone = args.standalone, "sidecar serving");
+    serve(engine, state, listener, health).await
+}
+
+/// Connects to etcd and builds the engine and the handlers' state.
+async fn start(args: &SidecarArgs) -> anyhow::Result<(Engine, AppState)> {
     crate::lock::keys::check_dns_subdomain("namespace", &args.namespace)?;
     let pod_name = args.pod_name.clone().unwrap_or_else(hostname);
     let client = args.etcd.connect().await?;
+    let members = args.etcd.connect_each().await?;
     let pod = PodRef {
         namespace: args.namespace.clone(),
         name: pod_name.clone(),
         uid: args.pod_uid.clone(),
     };
-    let members = args.etcd.connect_each().await?;
     let engine = Engine::new(client, members, pod, args.standalone);
     let metrics = SidecarMetrics::new();
     spawn_loss_counter(&engine, &metrics);
@@ -101,18 +113,31 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<()> {
         default_holder: pod_name,
         default_heartbeat: args.heartbeat_timeout_seconds,
     };
-    let bind = |addr: SocketAddr| async move {
-        tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
+    Ok((engine, state))
+}
+
+async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
+}
+
+/// Serves the API (and the health routes on `health`) until a signal, or until a listener
+/// fails: then every hold ends and the process exits non-zero, rather than linger with its
+/// probes or its API gone.
+async fn serve(
+    engine: Engine,
+    state: AppState,
+    listener: tokio::net::TcpListener,
+    health: Option<tokio::net::TcpListener>,
+) -> anyhow::Result<()> {
+    let health_app = health_router().with_state(state.clone());
+    let health = async move {
+        match health {
+            Some(listener) => axum::serve(listener, health_app).await,
+            None => std::future::pending().await,
+        }
     };
-    let listener = bind(args.listen).await?;
-    if let Some(addr) = args.health_listen {
-        let health = bind(addr).await?;
-        let app = health_router().with_state(state.clone());
-        tokio::spawn(async move { axum::serve(health, app).await });
-    }
-    info!(listen = %args.listen, namespace = args.namespace, standalone = args.standalone, "sidecar serving");
     let mut term = signal(SignalKind::terminate())?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
     let stopping = engine.clone();
@@ -124,7 +149,14 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<()> {
     });
     let mut serve = std::pin::pin!(serve.into_future());
     tokio::select! {
-        served = &mut serve => return Ok(served?),
+        served = &mut serve => {
+            engine.shutdown().await;
+            anyhow::bail!("the API listener failed: {served:?}");
+        }
+        failed = health => {
+            engine.shutdown().await;
+            anyhow::bail!("the health listener failed: {failed:?}");
+        }
         _ = term.recv() => info!("SIGTERM: ending every hold"),
         _ = tokio::signal::ctrl_c() => info!("interrupted: ending every hold"),
     }

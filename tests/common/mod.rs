@@ -342,10 +342,18 @@ impl Sidecar {
         grant["fencingToken"].as_i64().unwrap()
     }
 
-    /// Sum of a counter or gauge family in its `/metrics`.
+    /// Sum of a counter or gauge family in its `/metrics`; panics if the family is missing (a
+    /// missing metric is a defect, not a zero).
     pub async fn metric(&self, name: &str) -> f64 {
         let (_, text) = self.get("/metrics").await;
-        sum_metric(text.as_str().unwrap(), name)
+        let text = text.as_str().unwrap();
+        assert!(
+            text.lines()
+                .any(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{'])),
+            "{name} missing from {}'s metrics:\n{text}",
+            self.pod
+        );
+        sum_metric(text, name)
     }
 }
 

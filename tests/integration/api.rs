@@ -310,9 +310,26 @@ async fn metrics_and_health_endpoints() {
         "podlock_acquire_total{lock=\"met\",result=\"lock_held\"} 1",
         "podlock_acquire_wait_seconds_count{lock=\"met\"} 1",
         "podlock_held_locks 1",
+        "podlock_locks_lost_total{lock=\"met\"} 0",
         "podlock_keepalive_failures_total 0",
         "podlock_etcd_requests_total",
     ] {
         assert!(text.contains(name), "metrics lack {name}:\n{text}");
     }
+}
+
+#[tokio::test]
+async fn corrupt_settings_are_named_not_called_an_outage() {
+    let etcd = EtcdServer::start().await;
+    let key = "/podlock/v1/config/default/bad";
+    etcd.client().await.put(key, "not json", None).await.unwrap();
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let (status, err) = s.post("bad", "acquire", json!({})).await;
+    assert_eq!(
+        (status, err["error"].as_str()),
+        (500, Some("corrupt_data")),
+        "{err}"
+    );
+    assert!(err["message"].as_str().unwrap().contains(key), "{err}");
+    assert_eq!(s.get("/v1/locks/bad").await.0, 500);
 }

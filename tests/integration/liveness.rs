@@ -135,20 +135,19 @@ async fn a_waiter_that_disconnects_or_times_out_leaves_no_trace() {
     let a = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
     let b = Sidecar::start(&etcd.endpoint, "pod-b", &[]).await;
     a.must_acquire("dc", json!({})).await;
-    // A client that gives up after 300 ms of a 30 s wait.
+    // A client that queues, then goes away.
     let url = format!("{}/v1/locks/dc/acquire", b.addr);
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_millis(300))
-        .build()
-        .unwrap();
-    assert!(
-        client
-            .post(&url)
-            .json(&json!({"waitSeconds": 30}))
-            .send()
-            .await
-            .is_err()
-    );
+    let waiting = tokio::spawn(async move {
+        let body = json!({"waitSeconds": 30});
+        reqwest::Client::new().post(&url).json(&body).send().await
+    });
+    wait_until(Duration::from_secs(5), || async {
+        etcd.count("/podlock/v1/queue/").await == 2
+    })
+    .await
+    .expect("the waiter queued");
+    assert_eq!(b.get("/v1/locks").await.1["locks"][0]["state"], "waiting");
+    waiting.abort();
     let gone = wait_until(Duration::from_secs(2), || async {
         etcd.count("/podlock/v1/queue/").await == 1
     })
