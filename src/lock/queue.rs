@@ -14,7 +14,9 @@
 //! Watches start at the current revision and the position is re-read once they are in place, so
 //! no change is missed and no watch waits in etcd's catch-up loop.
 
-use etcd_client::{Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+};
 
 use super::LockError;
 use super::etcd::Etcd;
@@ -67,6 +69,21 @@ pub async fn enqueue(
     settings_rev: i64,
     max_holders: u32,
 ) -> Result<Enqueued, LockError> {
+    let value = serde_json::to_vec(entry).expect("entry serializes");
+    let txn = enqueue_txn(lock, key, &value, lease, settings_rev, max_holders);
+    Ok(enqueued(etcd.txn(txn).await?, key, &value, lease))
+}
+
+/// The enqueue transaction: if the settings are unchanged, put the key unless it exists, then
+/// read it and the head of the queue; else read the settings.
+fn enqueue_txn(
+    lock: &LockId,
+    key: &str,
+    value: &[u8],
+    lease: i64,
+    settings_rev: i64,
+    max_holders: u32,
+) -> Txn {
     let config = lock.config_key();
     let mut head = GetOptions::new()
         .with_prefix()
@@ -75,32 +92,34 @@ pub async fn enqueue(
     if max_holders == 1 {
         head = head.with_keys_only(); // nothing can be ahead of a mutex's holder
     }
-    let value = serde_json::to_vec(entry).expect("entry serializes");
     let put = etcd_client::PutOptions::new().with_lease(lease);
     let place = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
         .and_then([
-            TxnOp::put(key, value.clone(), Some(put)),
+            TxnOp::put(key, value.to_vec(), Some(put)),
             TxnOp::get(key, None),
             TxnOp::get(lock.queue_prefix(), Some(head.clone())),
         ])
         .or_else([TxnOp::get(key, None), TxnOp::get(lock.queue_prefix(), Some(head))]);
-    let txn = Txn::new()
+    Txn::new()
         .when([Compare::mod_revision(
             config.as_str(),
             CompareOp::Equal,
             settings_rev,
         )])
         .and_then([TxnOp::txn(place)])
-        .or_else([TxnOp::get(config.as_str(), None)]);
-    let resp = etcd.txn(txn).await?;
+        .or_else([TxnOp::get(config.as_str(), None)])
+}
+
+/// What the enqueue transaction's answer says.
+fn enqueued(resp: TxnResponse, key: &str, value: &[u8], lease: i64) -> Enqueued {
     let at = resp.header().map_or(0, |h| h.revision());
     let mut ops = resp.op_responses().into_iter();
     if !resp.succeeded() {
         let Some(TxnOpResponse::Get(mut get)) = ops.next() else {
             unreachable!("one get")
         };
-        return Ok(Enqueued::SettingsChanged(get.take_kvs().pop()));
+        return Enqueued::SettingsChanged(get.take_kvs().pop());
     }
     let Some(TxnOpResponse::Txn(inner)) = ops.next() else {
         unreachable!("nested txn")
@@ -116,8 +135,8 @@ pub async fn enqueue(
         revision: mine.create_revision(),
         lease,
     };
-    if !inner.succeeded() && mine.value() != value.as_slice() {
-        return Ok(Enqueued::Stale(ticket));
+    if !inner.succeeded() && mine.value() != value {
+        return Enqueued::Stale(ticket);
     }
     let ahead = head
         .kvs()
@@ -128,7 +147,7 @@ pub async fn enqueue(
         .iter()
         .any(|kv| kv.create_revision() == ticket.revision);
     let held = in_head && ahead.clone().all(granted);
-    Ok(Enqueued::Placed { ticket, held, at })
+    Enqueued::Placed { ticket, held, at }
 }
 
 /// Records that a waiter became a holder: writes `acquiredAt` into its entry, keeping its

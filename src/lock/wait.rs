@@ -143,21 +143,68 @@ async fn position(
         match config.kvs().first().map(Declared::from_kv).transpose()? {
             Some(now) if now.revision != declared.revision => *declared = now,
             None if declared.revision != 0 => return Ok((Position::Gone, rev)), // lock deleted
-            _ => return Ok((place(ahead.kvs(), ahead.more(), max), rev)),
+            _ => {
+                let keys: Vec<_> = ahead
+                    .kvs()
+                    .iter()
+                    .map(|kv| (kv.key().to_vec(), granted(kv)))
+                    .collect();
+                return Ok((place(&keys, ahead.more(), max), rev));
+            }
         }
     }
 }
 
-/// The position of a key with `ahead` before it (nearest first, at most `max_holders`).
-fn place(ahead: &[etcd_client::KeyValue], more: bool, max_holders: u32) -> Position {
+/// The position of a key with `ahead` before it: (key, granted), nearest first, at most
+/// `max_holders`; `more` if further keys are ahead of those.
+fn place(ahead: &[(Vec<u8>, bool)], more: bool, max_holders: u32) -> Position {
     if ahead.len() < max_holders as usize {
-        match ahead.iter().find(|kv| !granted(kv)) {
-            Some(kv) => Position::BehindUngranted(kv.key().to_vec()),
+        match ahead.iter().find(|(_, granted)| !granted) {
+            Some((key, _)) => Position::BehindUngranted(key.clone()),
             None => Position::Holder,
         }
     } else if !more {
-        Position::FirstWaiter(ahead.iter().map(|kv| kv.key().to_vec()).collect())
+        Position::FirstWaiter(ahead.iter().map(|(key, _)| key.clone()).collect())
     } else {
-        Position::Waiter(ahead[0].key().to_vec())
+        Position::Waiter(ahead[0].0.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(spec: &[(&str, bool)]) -> Vec<(Vec<u8>, bool)> {
+        spec.iter().map(|(k, g)| (k.as_bytes().to_vec(), *g)).collect()
+    }
+
+    #[test]
+    fn a_mutex_is_held_by_the_first_key_only() {
+        assert_eq!(place(&[], false, 1), Position::Holder);
+        assert_eq!(
+            place(&keys(&[("a", true)]), false, 1),
+            Position::FirstWaiter(vec![b"a".to_vec()])
+        );
+        assert_eq!(
+            place(&keys(&[("b", false)]), true, 1),
+            Position::Waiter(b"b".to_vec())
+        );
+    }
+
+    #[test]
+    fn a_semaphore_grants_in_queue_order() {
+        // Inside the window of 3, but the key ahead has not recorded its grant yet.
+        let ahead = keys(&[("b", false), ("a", true)]);
+        assert_eq!(place(&ahead, false, 3), Position::BehindUngranted(b"b".to_vec()));
+        let ahead = keys(&[("b", true), ("a", true)]);
+        assert_eq!(place(&ahead, false, 3), Position::Holder);
+    }
+
+    #[test]
+    fn behind_a_full_window_waiters_watch_holders_or_their_predecessor() {
+        let ahead = keys(&[("b", true), ("a", true)]);
+        let first = Position::FirstWaiter(vec![b"b".to_vec(), b"a".to_vec()]);
+        assert_eq!(place(&ahead, false, 2), first);
+        assert_eq!(place(&ahead, true, 2), Position::Waiter(b"b".to_vec()));
     }
 }

@@ -1,0 +1,293 @@
+//! Acquiring: the steps of etcd's `Mutex.Lock`, with a semaphore's window. Answer a holder
+//! that already holds, claim the slot, put a key in the queue, wait for its turn (or leave the
+//! queue at the deadline), start the hold.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
+use tracing::{info, warn};
+
+use super::hold::{self, Hold, MarkWhen};
+use super::keys::{self, Entry, LockId, Settings, rfc3339};
+use super::model::{AcquireRequest, EventKind, Grant};
+use super::queue::{self, Enqueued, Ticket};
+use super::registry::{Claimed, SlotKey};
+use super::session::Session;
+use super::settings::Declared;
+use super::wait::{self, Turn};
+use super::{Engine, LockError};
+
+/// How many times an acquire puts its key again (settings changed, an earlier key of the same
+/// holder in the way, the session's lease revoked) before it gives up.
+const MAX_PLACEMENTS: usize = 5;
+
+/// An acquire's key in the queue.
+struct Placed {
+    ticket: Ticket,
+    session: Arc<Session>,
+    /// Whether the key may hold the lock at once.
+    held: bool,
+    /// The revision at which that was read.
+    at: i64,
+}
+
+impl Engine {
+    /// Acquires `req.lock` for `req.holder_id`, waiting FIFO up to `req.wait`.
+    ///
+    /// The steps of etcd's `Mutex.Lock`, with a semaphore's window: answer a holder that
+    /// already holds, claim the slot, put a key in the queue, wait for its turn (or leave the
+    /// queue at the deadline), start the hold. Dropping the returned future while it waits (a
+    /// client that disconnects) removes the waiter's key at once.
+    pub async fn acquire(&self, req: AcquireRequest) -> Result<Grant, LockError> {
+        keys::check_holder_id(&req.holder_id)?;
+        let slot: SlotKey = (req.lock.clone(), req.holder_id.clone());
+        if let Some(hold) = self.0.registry.held(&slot)
+            && let Some(grant) = self.regrant(&hold).await?
+        {
+            return Ok(grant);
+        }
+        let mut pending = match self.0.registry.claim(&slot) {
+            Ok(()) => Pending::new(self, slot),
+            Err(Claimed::Holds(hold)) => return Ok(Grant::of(&hold)),
+            Err(Claimed::Waits) => {
+                return Err(LockError::AlreadyWaiting {
+                    lock: req.lock,
+                    holder: req.holder_id,
+                });
+            }
+        };
+        let deadline = Instant::now() + req.wait;
+        let mut declared = self.declared(&req.lock, false).await?;
+        let placed = self.place(&req, &mut declared, &mut pending).await?;
+        let (seen, mark) = if placed.held {
+            (
+                placed.at,
+                MarkWhen::for_grant(true, declared.settings.max_holders),
+            )
+        } else {
+            let at = self
+                .await_turn(&req, &placed, &mut declared, &mut pending, deadline)
+                .await?;
+            (at, MarkWhen::for_grant(false, declared.settings.max_holders))
+        };
+        self.start_hold(req, pending, placed, declared.settings, seen, mark)
+            .await
+    }
+
+    /// Answers an acquire by a holder that already holds: the same grant while its key is
+    /// still in place. A key found gone is a loss (410), never a silent new hold; `None`: the
+    /// hold was released meanwhile, acquire anew.
+    async fn regrant(&self, hold: &Arc<Hold>) -> Result<Option<Grant>, LockError> {
+        let ours = queue::is_ours(&self.0.etcd, &hold.ticket).await?;
+        if hold.session.is_lost() {
+            self.end_lost(hold, hold::SESSION_LOST).await;
+        } else if !ours {
+            self.end_lost(hold, hold::KEY_DELETED).await;
+        }
+        // Answer from the registry as it is now: the hold may have ended during the read.
+        match self.0.registry.get_held(&hold.lock, &hold.holder_id) {
+            Ok(now) => Ok(Some(Grant::of(&now))),
+            Err(lost @ LockError::Lost { .. }) => Err(lost),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Puts the acquire's key into the queue, under the lock's current settings and a live
+    /// session; records it in `pending`, which removes it unless it becomes a hold.
+    async fn place(
+        &self,
+        req: &AcquireRequest,
+        declared: &mut Declared,
+        pending: &mut Pending<'_>,
+    ) -> Result<Placed, LockError> {
+        for _ in 0..MAX_PLACEMENTS {
+            let s = declared.settings;
+            let ttl = req.ttl_seconds.unwrap_or(s.ttl_seconds);
+            let ttl = keys::check_bounds("ttlSeconds", ttl, keys::TTL_BOUNDS)?;
+            let session = self.0.sessions.get(ttl).await?;
+            let entry = self.entry(req, ttl, s);
+            let key = req.lock.entry_key(session.id, &req.holder_id);
+            let enqueue = {
+                let (etcd, lock, rev) = (self.0.etcd.clone(), req.lock.clone(), declared.revision);
+                let (lease, max) = (session.id, s.max_holders);
+                async move { queue::enqueue(&etcd, &lock, &key, &entry, lease, rev, max).await }
+            };
+            match hold::enqueue_to_completion(self, &session, enqueue).await {
+                Ok(Enqueued::Placed { ticket, held, at }) => {
+                    pending.ticket = Some((ticket.clone(), session.clone()));
+                    return Ok(Placed {
+                        ticket,
+                        session,
+                        held,
+                        at,
+                    });
+                }
+                Ok(Enqueued::SettingsChanged(kv)) => {
+                    let found = kv.as_ref().map(Declared::from_kv).transpose()?;
+                    *declared = self.remember(&req.lock, found)?;
+                }
+                Ok(Enqueued::Stale(old)) => {
+                    warn!(
+                        key = old.key,
+                        revision = old.revision,
+                        "removing an earlier key of this holder that no acquire tracks"
+                    );
+                    queue::remove(&self.0.etcd, &old).await?;
+                }
+                Err(LockError::LeaseNotFound(e)) => session.end(&format!("etcd: {e}")),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(LockError::Unavailable(format!(
+            "could not put a key into the queue of {} in {MAX_PLACEMENTS} attempts (settings \
+             changing, or the lease revoked each time); retry",
+            req.lock
+        )))
+    }
+
+    /// Waits for the placed key's turn; returns the revision at which it was granted. At the
+    /// deadline it leaves the queue and answers `lock_held`.
+    async fn await_turn(
+        &self,
+        req: &AcquireRequest,
+        placed: &Placed,
+        declared: &mut Declared,
+        pending: &mut Pending<'_>,
+        deadline: Instant,
+    ) -> Result<i64, LockError> {
+        let turn = if req.wait.is_zero() {
+            Turn::TimedOut // try-once: no need to read the queue again
+        } else {
+            wait::wait_turn(&self.0.etcd, &req.lock, &placed.ticket, declared, deadline).await?
+        };
+        match turn {
+            Turn::Granted(at) => Ok(at),
+            Turn::Gone => Err(self.vanished(&req.lock, &placed.session).await),
+            Turn::TimedOut => Err(self.give_up(req, pending).await),
+        }
+    }
+
+    /// Leaves the queue after a wait that timed out, and says who holds the lock.
+    async fn give_up(&self, req: &AcquireRequest, pending: &mut Pending<'_>) -> LockError {
+        // Leave the queue before answering, so the 409 means "no trace left".
+        if let Some((ticket, session)) = pending.ticket.take()
+            && let Err(e) = queue::remove(&self.0.etcd, &ticket).await
+        {
+            warn!(key = ticket.key, error = %e, "could not leave the queue; retrying in the background");
+            hold::spawn_removal(self.clone(), ticket, session);
+        }
+        let holders = self
+            .inspect(&req.lock)
+            .await
+            .map(|i| i.holders)
+            .unwrap_or_default();
+        let why = if req.wait.is_zero() {
+            String::new()
+        } else {
+            format!("; waited {:?}", req.wait)
+        };
+        LockError::Held {
+            lock: req.lock.clone(),
+            holders,
+            why,
+        }
+    }
+
+    /// Turns a granted key into a hold: records its grant (now, or in the background), checks
+    /// its lease is sound, registers it and starts watching over it.
+    async fn start_hold(
+        &self,
+        req: AcquireRequest,
+        mut pending: Pending<'_>,
+        placed: Placed,
+        settings: Settings,
+        seen: i64,
+        mark: MarkWhen,
+    ) -> Result<Grant, LockError> {
+        let Placed { ticket, session, .. } = placed;
+        let mut entry = self.entry(&req, session.ttl, settings);
+        entry.acquired_at = Some(rfc3339(SystemTime::now()));
+        if mark == MarkWhen::Now && !queue::mark_acquired(&self.0.etcd, &ticket, &entry).await? {
+            return Err(self.vanished(&req.lock, &session).await);
+        }
+        // A hold must start with most of its lease confirmed: if keepalives have been failing,
+        // the lease may end any moment and the lock move on while the app believes it holds.
+        let confirmed = session.expires_at().saturating_duration_since(Instant::now());
+        if session.is_lost() || confirmed < Duration::from_secs(session.ttl.into()) / 2 {
+            return Err(LockError::Unavailable(format!(
+                "etcd keepalives are failing (lease confirmed for only {confirmed:?} more); retry"
+            )));
+        }
+        let heartbeat = req
+            .heartbeat_timeout_seconds
+            .unwrap_or(settings.heartbeat_timeout_seconds);
+        let hold = Arc::new(Hold::new(
+            req.lock,
+            req.holder_id,
+            ticket,
+            seen,
+            session,
+            Duration::from_secs(heartbeat.into()),
+        ));
+        pending.ticket = None;
+        self.0.registry.hold(pending.slot.clone(), hold.clone());
+        info!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), "acquired");
+        self.publish(&hold, EventKind::Acquired, None);
+        hold::spawn_monitor(self.clone(), hold.clone(), mark, entry);
+        Ok(Grant::of(&hold))
+    }
+
+    fn entry(&self, req: &AcquireRequest, ttl: u32, s: Settings) -> Entry {
+        Entry {
+            holder_id: req.holder_id.clone(),
+            pod: self.0.pod.clone(),
+            requested_at: rfc3339(SystemTime::now()),
+            acquired_at: None,
+            ttl_seconds: ttl,
+            heartbeat_timeout_seconds: req
+                .heartbeat_timeout_seconds
+                .unwrap_or(s.heartbeat_timeout_seconds),
+            container: req.container.clone(),
+        }
+    }
+
+    /// The error for a waiter whose key disappeared: the lock was deleted, or its lease ended.
+    /// A lease that etcd no longer has ends its session at once, so that the next acquire
+    /// starts a new one instead of failing until a keepalive notices.
+    async fn vanished(&self, lock: &LockId, session: &Session) -> LockError {
+        self.check_session(session).await;
+        match self.declared(lock, true).await {
+            Err(e) => e,
+            Ok(_) => LockError::Unavailable(
+                "the queue entry vanished while waiting (its lease ended or was revoked); retry".into(),
+            ),
+        }
+    }
+}
+
+/// An acquire in progress: on drop (finished, failed or cancelled) it clears the `Waiting` slot
+/// and removes a queue key that did not become a hold.
+struct Pending<'a> {
+    engine: &'a Engine,
+    slot: SlotKey,
+    ticket: Option<(Ticket, Arc<Session>)>,
+}
+
+impl<'a> Pending<'a> {
+    fn new(engine: &'a Engine, slot: SlotKey) -> Self {
+        Pending {
+            engine,
+            slot,
+            ticket: None,
+        }
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        self.engine.0.registry.unclaim(&self.slot);
+        if let Some((ticket, session)) = self.ticket.take() {
+            hold::spawn_removal(self.engine.clone(), ticket, session);
+        }
+    }
+}
