@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::time::sleep;
 
-use super::worker::Slot;
+use super::worker::{STALL, Slot};
 use super::{TTL, now};
 use crate::common::{EtcdServer, Sidecar, declare, wait_until};
 
@@ -26,6 +26,11 @@ pub enum Kind {
     /// 1 s: the release arrives after another worker was granted, and must not be answered
     /// `released`.
     ReleasePause,
+    /// A holder stalls past its heartbeat window between grant and write, its sidecar running:
+    /// the sidecar ends the hold at the window.
+    WorkerStall,
+    /// The lock deleted (every key with it) and declared again at once.
+    LockDeleted,
     /// SIGSTOP of an etcd follower for the TTL plus 1 s: its connections stay open and silent.
     FollowerStall,
     /// SIGSTOP of the etcd leader for the TTL plus 1 s.
@@ -37,7 +42,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order the loop injects them.
-    pub const CYCLE: [Kind; 8] = [
+    pub const CYCLE: [Kind; 10] = [
         Kind::LeaderKill,
         Kind::SidecarKill,
         Kind::FollowerStall,
@@ -46,6 +51,8 @@ impl Kind {
         Kind::Pause,
         Kind::LeaderStall,
         Kind::ReleasePause,
+        Kind::WorkerStall,
+        Kind::LockDeleted,
     ];
 
     /// How soon after it a newly granted hold must have written: the TTL plus 1 s. A stalled
@@ -68,6 +75,8 @@ impl Kind {
             Kind::LeaderStall => "etcd leader SIGSTOP past the TTL",
             Kind::SettingsRewrite => "lock settings rewritten",
             Kind::ReleasePause => "pause past the TTL before release",
+            Kind::WorkerStall => "holder stalled past its heartbeat",
+            Kind::LockDeleted => "lock deleted and declared again",
         }
     }
 }
@@ -145,13 +154,13 @@ impl Rig {
                     until: now(),
                 })
             }
-            Kind::Pause | Kind::ReleasePause => {
+            Kind::Pause | Kind::ReleasePause | Kind::WorkerStall => {
                 let i = round % n;
                 let slot = &self.slots[i];
-                let flag = if kind == Kind::Pause {
-                    &slot.stall
-                } else {
+                let flag = if kind == Kind::ReleasePause {
                     &slot.stall_release
+                } else {
+                    &slot.stall
                 };
                 flag.store(true, Ordering::Relaxed);
                 let stalling = wait_until(Duration::from_secs(10), || async {
@@ -163,9 +172,13 @@ impl Rig {
                     return None;
                 }
                 let at = now();
-                self.sidecars[i].signal(libc::SIGSTOP);
-                sleep(TTL + Duration::from_secs(1)).await;
-                self.sidecars[i].signal(libc::SIGCONT);
+                if kind == Kind::WorkerStall {
+                    sleep(STALL).await; // only the worker stalls; its sidecar runs on
+                } else {
+                    self.sidecars[i].signal(libc::SIGSTOP);
+                    sleep(TTL + Duration::from_secs(1)).await;
+                    self.sidecars[i].signal(libc::SIGCONT);
+                }
                 Some(Fault {
                     kind,
                     target: i,
@@ -197,8 +210,11 @@ impl Rig {
                     until: now(),
                 })
             }
-            Kind::SettingsRewrite => {
+            Kind::SettingsRewrite | Kind::LockDeleted => {
                 let at = now();
+                if kind == Kind::LockDeleted {
+                    declare(&self.endpoints, &["counter", "--delete"]);
+                }
                 let ttl = TTL.as_secs().to_string();
                 declare(&self.endpoints, &["counter", "--ttl-seconds", &ttl]);
                 Some(Fault {

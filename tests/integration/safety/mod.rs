@@ -7,7 +7,9 @@
 //! grant and write while its sidecar is SIGSTOPped); kill -9 of an etcd follower, and of the
 //! etcd leader (each restarted a second later); SIGSTOP of a follower, and of the leader, past
 //! the TTL (a stalled member: connections open, nothing answered); the lock's settings
-//! rewritten (queued waiters and enqueues in flight must follow).
+//! rewritten (queued waiters and enqueues in flight must follow); a holder's sidecar paused
+//! just before its release (the release must be told the hold was lost); a holder stalled past
+//! its heartbeat window, its sidecar running; the lock deleted and declared again.
 //!
 //! Afterwards ([`check`]): no hold was granted while another lasted, unless that one was lost
 //! and its client told within 1 s (of the later grant, or of its sidecar running again);

@@ -18,6 +18,10 @@ use crate::common::wait_until;
 /// moment its sidecar (stopped for the TTL plus 1 s) resumes.
 pub const STALL: Duration = Duration::from_millis(TTL.as_millis() as u64 + 1500);
 
+/// The heartbeat window of every hold: far longer than a hold's work, so only a stalled
+/// worker misses it (the workers never heartbeat).
+pub const HEARTBEAT: Duration = Duration::from_secs(1);
+
 /// What a worker saw of one hold. Times are wall-clock seconds since the Unix epoch.
 #[derive(Debug, Clone)]
 pub struct HoldRecord {
@@ -174,7 +178,7 @@ pub async fn run(i: usize, slot: Arc<Slot>, store: String, stop: CancellationTok
         let _follower = AbortOnDrop(tokio::spawn(follow(events, slot.pod.clone(), notices.clone())));
         let acquire = http
             .post(format!("{addr}/v1/locks/counter/acquire"))
-            .json(&json!({"waitSeconds": 5}))
+            .json(&json!({"waitSeconds": 5, "heartbeatTimeoutSeconds": HEARTBEAT.as_secs()}))
             .send();
         let answer = tokio::select! {
             answer = acquire => answer,
