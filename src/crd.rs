@@ -7,7 +7,8 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::lock::HolderInfo;
-use crate::lock::keys::Settings;
+use crate::lock::keys::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
+use schemars::{Schema, SchemaGenerator, json_schema};
 
 /// A lock (or, with `maxHolders` > 1, a counting semaphore) that pods take through their
 /// podlock sidecar.
@@ -54,17 +55,40 @@ use crate::lock::keys::Settings;
 pub struct DistributedLockSpec {
     /// etcd lease TTL behind every holder and waiter, in seconds.
     #[serde(default = "default_ttl")]
-    #[schemars(range(min = 2, max = 3600), extend("default" = 15))]
+    #[schemars(schema_with = "ttl_schema")]
     pub ttl_seconds: u32,
     /// 1: a mutex; N: a counting semaphore with N slots.
     #[serde(default = "default_max_holders")]
-    #[schemars(range(min = 1, max = 10000), extend("default" = 1))]
+    #[schemars(schema_with = "max_holders_schema")]
     pub max_holders: u32,
     /// 0: a hold lives as long as the holder's pod; N: the app must heartbeat within N seconds
     /// or its hold is released.
     #[serde(default)]
-    #[schemars(range(min = 0, max = 3600), extend("default" = 0))]
+    #[schemars(schema_with = "heartbeat_schema")]
     pub heartbeat_timeout_seconds: u32,
+}
+
+/// The schema of a bounded setting, from its one definition in `lock::keys`.
+fn bounded(b: &Bound) -> Schema {
+    json_schema!({
+        "type": "integer",
+        "format": "uint32",
+        "minimum": b.min,
+        "maximum": b.max,
+        "default": b.default,
+    })
+}
+
+fn ttl_schema(_: &mut SchemaGenerator) -> Schema {
+    bounded(&TTL)
+}
+
+fn max_holders_schema(_: &mut SchemaGenerator) -> Schema {
+    bounded(&MAX_HOLDERS)
+}
+
+fn heartbeat_schema(_: &mut SchemaGenerator) -> Schema {
+    bounded(&HEARTBEAT)
 }
 
 fn default_ttl() -> u32 {

@@ -5,7 +5,7 @@ use clap::Args;
 
 use crate::etcd_args::EtcdArgs;
 use crate::lock::etcd::Etcd;
-use crate::lock::keys::Settings;
+use crate::lock::keys::{HEARTBEAT, MAX_HOLDERS, Settings, TTL};
 use crate::lock::{LockId, settings};
 
 /// Flags of `podlock declare`.
@@ -16,14 +16,17 @@ pub struct DeclareArgs {
     /// The lock's namespace.
     #[arg(long, env = "PODLOCK_NAMESPACE", default_value = "default")]
     pub namespace: String,
-    /// etcd lease TTL behind every holder and waiter (2..3600).
-    #[arg(long, env = "PODLOCK_TTL_SECONDS", default_value_t = 15)]
+    /// etcd lease TTL behind every holder and waiter, in seconds.
+    #[arg(long, env = "PODLOCK_TTL_SECONDS", default_value_t = TTL.default,
+          value_parser = clap::value_parser!(u32).range(TTL.range()))]
     pub ttl_seconds: u32,
-    /// 1 for a mutex, N for a counting semaphore (1..10000).
-    #[arg(long, env = "PODLOCK_MAX_HOLDERS", default_value_t = 1)]
+    /// 1 for a mutex, N for a counting semaphore.
+    #[arg(long, env = "PODLOCK_MAX_HOLDERS", default_value_t = MAX_HOLDERS.default,
+          value_parser = clap::value_parser!(u32).range(MAX_HOLDERS.range()))]
     pub max_holders: u32,
-    /// 0: holds live as long as their pod; >0: apps must heartbeat within this window (0..3600).
-    #[arg(long, env = "PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", default_value_t = 0)]
+    /// 0: holds live as long as their pod; N: apps must heartbeat within N seconds.
+    #[arg(long, env = "PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", default_value_t = HEARTBEAT.default,
+          value_parser = clap::value_parser!(u32).range(HEARTBEAT.range()))]
     pub heartbeat_timeout_seconds: u32,
     /// Remove the lock instead: its settings and every hold (holders see `lost`).
     #[arg(long, env = "PODLOCK_DECLARE_DELETE")]

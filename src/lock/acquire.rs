@@ -40,6 +40,9 @@ impl Engine {
     /// client that disconnects) removes the waiter's key at once.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Grant, LockError> {
         keys::check_holder_id(&req.holder_id)?;
+        if let Some(window) = req.heartbeat_timeout_seconds {
+            keys::HEARTBEAT.check(window)?;
+        }
         let slot: SlotKey = (req.lock.clone(), req.holder_id.clone());
         if let Some(hold) = self.0.registry.held(&slot)
             && let Some(grant) = self.regrant(&hold).await?
@@ -103,7 +106,7 @@ impl Engine {
         for _ in 0..MAX_PLACEMENTS {
             let s = declared.settings;
             let ttl = req.ttl_seconds.unwrap_or(s.ttl_seconds);
-            let ttl = keys::check_bounds("ttlSeconds", ttl, keys::TTL_BOUNDS)?;
+            let ttl = keys::TTL.check(ttl)?;
             let session = self.0.sessions.get(ttl).await?;
             let entry = self.entry(req, ttl, s);
             let key = req.lock.entry_key(session.id, &req.holder_id);

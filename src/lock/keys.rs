@@ -152,41 +152,74 @@ pub struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
-            ttl_seconds: 15,
-            max_holders: 1,
-            heartbeat_timeout_seconds: 0,
+            ttl_seconds: TTL.default,
+            max_holders: MAX_HOLDERS.default,
+            heartbeat_timeout_seconds: HEARTBEAT.default,
         }
     }
 }
 
-/// Bounds of `ttlSeconds`.
-pub const TTL_BOUNDS: (u32, u32) = (2, 3600);
-/// Bounds of `maxHolders`.
-pub const MAX_HOLDERS_BOUNDS: (u32, u32) = (1, 10000);
-/// Bounds of `heartbeatTimeoutSeconds`.
-pub const HEARTBEAT_BOUNDS: (u32, u32) = (0, 3600);
+/// A setting's name, bounds and default: the one place they are written. The engine, the
+/// sidecar's request parsing and flags, `podlock declare` and the CRD's schema all take them
+/// from here.
+#[derive(Debug, Clone, Copy)]
+pub struct Bound {
+    /// The field's name in the API and the CRD.
+    pub field: &'static str,
+    /// The smallest value allowed.
+    pub min: u32,
+    /// The largest value allowed.
+    pub max: u32,
+    /// The value when none is given.
+    pub default: u32,
+}
 
-/// Checks that `value` of `field` lies within `bounds` (inclusive).
-pub fn check_bounds(field: &str, value: u32, bounds: (u32, u32)) -> Result<u32, LockError> {
-    if value < bounds.0 || value > bounds.1 {
-        return Err(LockError::Invalid(format!(
-            "{field} must be between {} and {}, got {value}",
-            bounds.0, bounds.1
-        )));
+/// `ttlSeconds`: the etcd lease TTL behind every holder and waiter.
+pub const TTL: Bound = Bound {
+    field: "ttlSeconds",
+    min: 2,
+    max: 3600,
+    default: 15,
+};
+/// `maxHolders`: 1 for a mutex, N for a semaphore.
+pub const MAX_HOLDERS: Bound = Bound {
+    field: "maxHolders",
+    min: 1,
+    max: 10000,
+    default: 1,
+};
+/// `heartbeatTimeoutSeconds`: 0 for none.
+pub const HEARTBEAT: Bound = Bound {
+    field: "heartbeatTimeoutSeconds",
+    min: 0,
+    max: 3600,
+    default: 0,
+};
+
+impl Bound {
+    /// `value` if it lies within the bounds; else an error naming the field and the bounds.
+    pub fn check(&self, value: u32) -> Result<u32, LockError> {
+        if value < self.min || value > self.max {
+            return Err(LockError::Invalid(format!(
+                "{} must be between {} and {}, got {value}",
+                self.field, self.min, self.max
+            )));
+        }
+        Ok(value)
     }
-    Ok(value)
+
+    /// The bounds as a range, for a command-line flag's parser.
+    pub fn range(&self) -> std::ops::RangeInclusive<i64> {
+        i64::from(self.min)..=i64::from(self.max)
+    }
 }
 
 impl Settings {
     /// Checks every field against the contract's bounds.
     pub fn validate(&self) -> Result<(), LockError> {
-        check_bounds("ttlSeconds", self.ttl_seconds, TTL_BOUNDS)?;
-        check_bounds("maxHolders", self.max_holders, MAX_HOLDERS_BOUNDS)?;
-        check_bounds(
-            "heartbeatTimeoutSeconds",
-            self.heartbeat_timeout_seconds,
-            HEARTBEAT_BOUNDS,
-        )?;
+        TTL.check(self.ttl_seconds)?;
+        MAX_HOLDERS.check(self.max_holders)?;
+        HEARTBEAT.check(self.heartbeat_timeout_seconds)?;
         Ok(())
     }
 }

@@ -37,8 +37,9 @@ pub struct SidecarArgs {
     #[arg(long, env = "PODLOCK_HEALTH_LISTEN")]
     pub health_listen: Option<SocketAddr>,
     /// Heartbeat window for this pod's holds when the acquire does not set one (overrides the
-    /// lock's default; 0..3600).
-    #[arg(long, env = "PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", value_parser = clap::value_parser!(u32).range(0..=3600))]
+    /// lock's default).
+    #[arg(long, env = "PODLOCK_HEARTBEAT_TIMEOUT_SECONDS",
+          value_parser = clap::value_parser!(u32).range(crate::lock::keys::HEARTBEAT.range()))]
     pub heartbeat_timeout_seconds: Option<u32>,
     /// Serve locks that have no DistributedLock, with the default settings.
     #[arg(long, env = "PODLOCK_STANDALONE")]

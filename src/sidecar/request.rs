@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
 use crate::lock::LockId;
-use crate::lock::keys::{HEARTBEAT_BOUNDS, TTL_BOUNDS, check_bounds, check_container};
+use crate::lock::keys::{HEARTBEAT, TTL, check_container};
 
 /// The longest an acquire may wait, in seconds.
 pub const MAX_WAIT_SECONDS: f64 = 3600.0;
@@ -122,10 +122,10 @@ impl AcquireOptions {
     /// Checks the per-hold overrides against the contract's bounds.
     pub fn check(&self) -> Result<(), ApiError> {
         if let Some(t) = self.ttl_seconds {
-            check_bounds("ttlSeconds", t, TTL_BOUNDS)?;
+            TTL.check(t)?;
         }
         if let Some(h) = self.heartbeat_timeout_seconds {
-            check_bounds("heartbeatTimeoutSeconds", h, HEARTBEAT_BOUNDS)?;
+            HEARTBEAT.check(h)?;
         }
         if let Some(c) = &self.container {
             check_container(c)?;
