@@ -82,23 +82,51 @@ pub enum LockError {
     Unavailable(String),
 }
 
+/// What an etcd error means to podlock: the one place gRPC codes are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EtcdFailure {
+    /// These credentials may not do this (or are wrong): final.
+    Refused,
+    /// The lease the request used is gone: the session is over.
+    LeaseGone,
+    /// It may go away by itself (a member or connection down, no leader, a leader change):
+    /// worth sending again.
+    Transient,
+    /// Anything else (a bad request): final.
+    Final,
+}
+
+impl EtcdFailure {
+    /// Classifies `e`.
+    pub(crate) fn of(e: &etcd_client::Error) -> Self {
+        use tonic::Code;
+        match e {
+            etcd_client::Error::GRpcStatus(s) => match s.code() {
+                Code::PermissionDenied | Code::Unauthenticated => EtcdFailure::Refused,
+                Code::NotFound if s.message().contains("lease not found") => EtcdFailure::LeaseGone,
+                Code::Unavailable
+                | Code::DeadlineExceeded
+                | Code::Cancelled
+                | Code::Unknown
+                | Code::Aborted => EtcdFailure::Transient,
+                _ => EtcdFailure::Final,
+            },
+            etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => EtcdFailure::Transient,
+            _ => EtcdFailure::Final,
+        }
+    }
+}
+
 impl From<etcd_client::Error> for LockError {
     fn from(e: etcd_client::Error) -> Self {
-        match &e {
-            etcd_client::Error::GRpcStatus(s)
-                if matches!(
-                    s.code(),
-                    tonic::Code::PermissionDenied | tonic::Code::Unauthenticated
-                ) =>
-            {
-                LockError::Forbidden(s.message().to_string())
-            }
-            etcd_client::Error::GRpcStatus(s)
-                if s.code() == tonic::Code::NotFound && s.message().contains("lease not found") =>
-            {
-                LockError::LeaseNotFound(s.message().to_string())
-            }
-            _ => LockError::Unavailable(e.to_string()),
+        let message = |e: &etcd_client::Error| match e {
+            etcd_client::Error::GRpcStatus(s) => s.message().to_string(),
+            other => other.to_string(),
+        };
+        match EtcdFailure::of(&e) {
+            EtcdFailure::Refused => LockError::Forbidden(message(&e)),
+            EtcdFailure::LeaseGone => LockError::LeaseNotFound(message(&e)),
+            EtcdFailure::Transient | EtcdFailure::Final => LockError::Unavailable(e.to_string()),
         }
     }
 }

@@ -15,6 +15,7 @@ use std::time::Duration;
 use tokio::time::{Instant, timeout, timeout_at};
 
 use super::LockError;
+use super::error::EtcdFailure;
 
 /// How long a read or transaction may go unanswered before it is sent once more, the earlier
 /// attempts still running. A write that reaches a follower just after the leader died is
@@ -41,23 +42,6 @@ const WATCH_SILENCE: Duration = Duration::from_millis(400);
 
 /// The pause before sending a failed request again (a refused connection fails at once).
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
-
-/// Whether an error may go away by itself: a member or connection down, no leader, a leader
-/// change. Anything else (a refused permission, a bad request) is final.
-fn transient(e: &etcd_client::Error) -> bool {
-    match e {
-        etcd_client::Error::GRpcStatus(s) => matches!(
-            s.code(),
-            tonic::Code::Unavailable
-                | tonic::Code::DeadlineExceeded
-                | tonic::Code::Cancelled
-                | tonic::Code::Unknown
-                | tonic::Code::Aborted
-        ),
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-        _ => false,
-    }
-}
 
 /// Counters of the etcd work this process caused.
 #[derive(Debug, Default)]
@@ -125,7 +109,7 @@ impl Etcd {
             });
             match timeout_at(send_at.min(deadline), answer).await {
                 Ok((_, Ok(resp))) => return Ok(resp),
-                Ok((_, Err(e))) if !transient(&e) => return Err(e.into()),
+                Ok((_, Err(e))) if EtcdFailure::of(&e) != EtcdFailure::Transient => return Err(e.into()),
                 Ok((i, Err(e))) => {
                     attempts.remove(i);
                     error = e.into();
