@@ -4,9 +4,8 @@
 use clap::Args;
 
 use crate::etcd_args::EtcdArgs;
-use crate::lock::etcd::Etcd;
 use crate::lock::keys::{HEARTBEAT, MAX_HOLDERS, Settings, TTL};
-use crate::lock::{LockId, settings};
+use crate::lock::{LockId, Store};
 
 /// Flags of `podlock declare`.
 #[derive(Debug, Args)]
@@ -38,9 +37,9 @@ pub struct DeclareArgs {
 /// Runs `podlock declare`.
 pub async fn run(args: DeclareArgs) -> anyhow::Result<()> {
     let lock = LockId::new(&args.namespace, &args.name)?;
-    let etcd = Etcd::new(args.etcd.connect().await?);
+    let store = Store::new(args.etcd.connect().await?);
     if args.delete {
-        let ended = settings::undeclare(&etcd, &lock).await?;
+        let ended = store.undeclare(&lock).await?;
         println!("deleted lock {lock} ({ended} holds and waits ended)");
         return Ok(());
     }
@@ -49,7 +48,7 @@ pub async fn run(args: DeclareArgs) -> anyhow::Result<()> {
         max_holders: args.max_holders,
         heartbeat_timeout_seconds: args.heartbeat_timeout_seconds,
     };
-    settings::declare(&etcd, &lock, &s).await?;
+    store.declare(&lock, &s).await?;
     println!(
         "declared lock {lock}: ttlSeconds={} maxHolders={} heartbeatTimeoutSeconds={}",
         s.ttl_seconds, s.max_holders, s.heartbeat_timeout_seconds

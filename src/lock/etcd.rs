@@ -155,6 +155,16 @@ impl Etcd {
         Ok((resp.ttl() > 0).then(|| resp.keys().to_vec()))
     }
 
+    /// Revokes lease `id` (sent again if need be: a revoke takes effect once).
+    pub async fn lease_revoke(&self, id: i64) -> Result<(), LockError> {
+        self.retrying(|| {
+            let mut lease = self.client.lease_client();
+            async move { lease.revoke(id).await }
+        })
+        .await
+        .map(drop)
+    }
+
     /// Watches each of `targets` on one stream, from revision `from` on, or from the current
     /// revision on when `from` is `None`.
     ///

@@ -59,6 +59,21 @@ impl LockId {
     }
 }
 
+/// The lock a settings or queue key belongs to.
+pub fn lock_of_key(key: &[u8]) -> Option<LockId> {
+    let rest = std::str::from_utf8(key).ok()?.strip_prefix(ROOT)?;
+    let mut parts = rest.strip_prefix('/')?.split('/');
+    match (parts.next()?, parts.next(), parts.next()) {
+        ("config" | "queue", Some(ns), Some(name)) => LockId::new(ns, name).ok(),
+        _ => None,
+    }
+}
+
+/// A key nobody writes, read to see whether etcd answers.
+pub fn readiness_key() -> String {
+    format!("{ROOT}/readyz")
+}
+
 /// The lock and holder id of a queue key written by [`LockId::entry_key`].
 pub fn parse_entry_key(key: &str) -> Option<(LockId, String)> {
     let rest = key.strip_prefix(ROOT)?.strip_prefix("/queue/")?;
@@ -323,6 +338,16 @@ mod tests {
         for bad in ["", "App", "a.b", "-a", &"a".repeat(64)] {
             assert!(check_container(bad).is_err(), "{bad:?} accepted");
         }
+    }
+
+    #[test]
+    fn keys_map_to_their_lock() {
+        let lock = |k: &str| lock_of_key(k.as_bytes()).map(|l| l.to_string());
+        assert_eq!(lock("/podlock/v1/config/ns/a").as_deref(), Some("ns/a"));
+        assert_eq!(lock("/podlock/v1/queue/ns/a/00000001/h").as_deref(), Some("ns/a"));
+        assert_eq!(lock("/podlock/v1/queue/ns/"), None);
+        assert_eq!(lock("/other/v1/config/ns/a"), None);
+        assert_eq!(lock(&readiness_key()), None);
     }
 
     #[test]

@@ -7,21 +7,25 @@
 
 mod acquire;
 mod error;
-pub mod etcd;
+mod etcd;
 mod events;
-pub mod hold;
+mod hold;
 pub mod keys;
 mod model;
-pub mod queue;
+mod queue;
 mod registry;
-pub mod session;
-pub mod settings;
+mod session;
+mod settings;
+mod store;
 mod sweep;
 mod wait;
 
 pub use error::LockError;
+pub use etcd::Stats;
 pub use keys::{Entry, HolderInfo, LockId, PodRef, Settings};
 pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo};
+pub use queue::QueueState;
+pub use store::{Revoked, Store};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -73,8 +77,13 @@ impl Engine {
     }
 
     /// The etcd client with its counters.
-    pub fn etcd(&self) -> &Etcd {
+    pub(crate) fn etcd(&self) -> &Etcd {
         &self.0.etcd
+    }
+
+    /// How much etcd work this engine caused.
+    pub fn stats(&self) -> &Stats {
+        self.0.etcd.stats()
     }
 
     /// The pod this engine serves.

@@ -4,7 +4,7 @@
 //! pod-liveness check. A broken watch is re-established after a fresh read of every queue, and
 //! every lock is reconciled again, so nothing that happened in between is missed.
 
-use etcd_client::{EventType, GetOptions, WatchOptions};
+use etcd_client::EventType;
 use kube::runtime::reflector::ObjectRef;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -15,24 +15,10 @@ use tracing::warn;
 
 use super::verdict::Binding;
 use crate::crd::DistributedLock;
-use crate::lock::etcd::Etcd;
-use crate::lock::{Entry, LockId, keys};
+use crate::lock::{Entry, LockId, Store, keys};
 
 /// A pod, by namespace and name.
 pub type PodKey = (String, String);
-
-/// The lock a podlock key belongs to: `(namespace, name)`.
-pub fn lock_of_key(key: &[u8]) -> Option<(String, String)> {
-    let key = std::str::from_utf8(key).ok()?;
-    let rest = key.strip_prefix("/podlock/v1/")?;
-    let mut parts = rest.split('/');
-    match (parts.next()?, parts.next(), parts.next()) {
-        ("config" | "queue", Some(ns), Some(name)) if !ns.is_empty() && !name.is_empty() => {
-            Some((ns.to_string(), name.to_string()))
-        }
-        _ => None,
-    }
-}
 
 /// One queue entry (hold or wait) of a pod.
 #[derive(Debug, Clone)]
@@ -79,10 +65,9 @@ pub enum Parsed {
 /// Reads a queue key-value. The namespace comes from the key, which etcd's per-namespace roles
 /// confine; the value is whatever its writer chose.
 pub fn parse(key: &str, value: &[u8], revision: i64, lease: i64) -> Parsed {
-    let Some((ns, name)) = lock_of_key(key.as_bytes()) else {
+    let Some(lock) = keys::lock_of_key(key.as_bytes()) else {
         return Parsed::Unbound;
     };
-    let lock = LockId { namespace: ns, name };
     let Ok(entry) = serde_json::from_slice::<Entry>(value) else {
         return Parsed::Unbound;
     };
@@ -200,8 +185,8 @@ pub struct Feeds {
 
 /// Watches the settings and queues of `namespace` (all when `None`): returns the feeds and the
 /// future that fills them (it runs until dropped).
-pub fn watch(etcd: Etcd, namespace: Option<&str>) -> (Feeds, impl Future<Output = ()> + use<>) {
-    let prefixes = [keys::config_prefix(namespace), keys::queue_root(namespace)];
+pub fn watch(store: Store, namespace: Option<&str>) -> (Feeds, impl Future<Output = ()> + use<>) {
+    let namespace = namespace.map(str::to_string);
     let (changed, changed_rx) = mpsc::channel(1024);
     let (resync, resync_rx) = mpsc::channel(1);
     let (pods, pods_rx) = mpsc::channel(1024);
@@ -213,8 +198,14 @@ pub fn watch(etcd: Etcd, namespace: Option<&str>) -> (Feeds, impl Future<Output 
         index: index.clone(),
     };
     let pump = async move {
+        let out = Outputs {
+            index: &index,
+            changed: &changed,
+            resync: &resync,
+            pods: &pods,
+        };
         loop {
-            if let Err(e) = follow(&etcd, &prefixes, &index, &changed, &resync, &pods).await {
+            if let Err(e) = follow(&store, namespace.as_deref(), &out).await {
                 warn!(error = %e, "etcd watch broke; re-reading and re-watching");
             }
             if changed.is_closed() {
@@ -226,63 +217,49 @@ pub fn watch(etcd: Etcd, namespace: Option<&str>) -> (Feeds, impl Future<Output 
     (feeds, pump)
 }
 
+/// Where [`follow`] puts what it learns.
+struct Outputs<'a> {
+    index: &'a PodIndex,
+    changed: &'a mpsc::Sender<ObjectRef<DistributedLock>>,
+    resync: &'a mpsc::Sender<()>,
+    pods: &'a mpsc::Sender<PodKey>,
+}
+
 /// Reads every queue, then follows changes until the watch breaks.
-async fn follow(
-    etcd: &Etcd,
-    prefixes: &[String; 2],
-    index: &PodIndex,
-    changed: &mpsc::Sender<ObjectRef<DistributedLock>>,
-    resync: &mpsc::Sender<()>,
-    pods: &mpsc::Sender<PodKey>,
-) -> Result<(), String> {
-    let all = etcd
-        .get(prefixes[1].as_str(), Some(GetOptions::new().with_prefix()))
-        .await
-        .map_err(|e| e.to_string())?;
-    let revision = all.header().map_or(0, |h| h.revision());
-    index.clear();
-    all.kvs().iter().for_each(|kv| drop(index.put(kv)));
-    let _ = resync.try_send(());
-    for pod in index.pods() {
-        let _ = pods.send(pod).await;
+async fn follow(store: &Store, namespace: Option<&str>, out: &Outputs<'_>) -> Result<(), String> {
+    let (entries, revision) = store.entries(namespace).await.map_err(|e| e.to_string())?;
+    out.index.clear();
+    entries.iter().for_each(|kv| drop(out.index.put(kv)));
+    let _ = out.resync.try_send(());
+    for pod in out.index.pods() {
+        let _ = out.pods.send(pod).await;
     }
-    let opts = || {
-        Some(
-            WatchOptions::new()
-                .with_prefix()
-                .with_start_revision(revision + 1),
-        )
-    };
-    let mut stream = etcd
-        .client()
-        .watch_client()
-        .watch(prefixes[0].as_str(), opts())
+    let mut stream = store
+        .watch(namespace, revision + 1)
         .await
         .map_err(|e| e.to_string())?;
-    stream
-        .watch(prefixes[1].as_str(), opts())
-        .await
-        .map_err(|e| e.to_string())?;
+    let queues = keys::queue_root(namespace);
     while let Some(resp) = stream.message().await.map_err(|e| e.to_string())? {
         if resp.canceled() {
             return Err(format!("etcd cancelled the watch: {}", resp.cancel_reason()));
         }
         for ev in resp.events() {
             let Some(kv) = ev.kv() else { continue };
-            let Some((ns, name)) = lock_of_key(kv.key()) else {
+            let Some(lock) = keys::lock_of_key(kv.key()) else {
                 continue;
             };
-            if kv.key().starts_with(prefixes[1].as_bytes()) {
+            if kv.key().starts_with(queues.as_bytes()) {
                 match ev.event_type() {
                     EventType::Put => {
-                        if let Some(pod) = index.put(kv) {
-                            let _ = pods.send(pod).await;
+                        if let Some(pod) = out.index.put(kv) {
+                            let _ = out.pods.send(pod).await;
                         }
                     }
-                    EventType::Delete => index.remove(kv.key_str().unwrap_or_default()),
+                    EventType::Delete => out.index.remove(kv.key_str().unwrap_or_default()),
                 }
             }
-            if changed.send(ObjectRef::new(&name).within(&ns)).await.is_err() {
+            let object = ObjectRef::new(&lock.name).within(&lock.namespace);
+            if out.changed.send(object).await.is_err() {
                 return Ok(());
             }
         }
@@ -293,18 +270,6 @@ async fn follow(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn keys_map_to_their_lock() {
-        let lock = |k: &str| lock_of_key(k.as_bytes());
-        assert_eq!(lock("/podlock/v1/config/ns/a"), Some(("ns".into(), "a".into())));
-        assert_eq!(
-            lock("/podlock/v1/queue/ns/a/00ff/h"),
-            Some(("ns".into(), "a".into()))
-        );
-        assert_eq!(lock("/podlock/v1/queue/ns"), None);
-        assert_eq!(lock("/other/v1/config/ns/a"), None);
-    }
 
     #[test]
     fn the_namespace_comes_from_the_key() {

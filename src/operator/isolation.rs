@@ -6,7 +6,6 @@
 //! The operator manages users and roles, so it must connect as etcd's `root` (or a user with
 //! the root role). Without `--etcd-user` there is no isolation: it says so once, in the log.
 
-use etcd_client::Permission;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
@@ -15,8 +14,7 @@ use std::io::Read;
 use std::sync::Mutex;
 use tracing::{info, warn};
 
-use crate::lock::etcd::Etcd;
-use crate::lock::keys;
+use crate::lock::Store;
 
 /// The Secret with a namespace's etcd credentials (`username`, `password`).
 pub const SECRET: &str = "podlock-etcd";
@@ -48,36 +46,17 @@ impl Isolation {
     }
 
     /// Makes sure `namespace` has its role, user and Secret.
-    pub async fn ensure(&self, client: &kube::Client, etcd: &Etcd, namespace: &str) -> anyhow::Result<()> {
+    pub async fn ensure(&self, client: &kube::Client, store: &Store, namespace: &str) -> anyhow::Result<()> {
         if !self.enabled || self.done.lock().unwrap().contains(namespace) {
             return Ok(());
         }
         let name = format!("podlock-ns-{namespace}");
-        let mut c = etcd.client().clone();
-        if c.role_get(name.as_str()).await.is_err() {
-            c.role_add(name.as_str()).await?;
-        }
-        c.role_grant_permission(
-            name.as_str(),
-            Permission::read(keys::config_prefix(Some(namespace))).with_prefix(),
-        )
-        .await?;
-        c.role_grant_permission(
-            name.as_str(),
-            Permission::read_write(keys::queue_root(Some(namespace))).with_prefix(),
-        )
-        .await?;
+        store.ensure_role(namespace, &name).await?;
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
         let have_secret = secrets.get_opt(SECRET).await?.is_some();
-        let have_user = c.user_get(name.as_str()).await.is_ok();
-        if !(have_secret && have_user) {
+        if !(have_secret && store.user_exists(&name).await) {
             let password = random_password()?;
-            if have_user {
-                c.user_change_password(name.as_str(), password.as_str()).await?;
-            } else {
-                c.user_add(name.as_str(), password.as_str(), None).await?;
-            }
-            c.user_grant_role(name.as_str(), name.as_str()).await?;
+            store.set_user(&name, &password, &name).await?;
             let data = BTreeMap::from([
                 ("username".to_string(), ByteString(name.clone().into_bytes())),
                 ("password".to_string(), ByteString(password.into_bytes())),
@@ -90,13 +69,8 @@ impl Isolation {
                 data: Some(data),
                 ..Default::default()
             };
-            secrets
-                .patch(
-                    SECRET,
-                    &PatchParams::apply("podlock-operator").force(),
-                    &Patch::Apply(&secret),
-                )
-                .await?;
+            let apply = PatchParams::apply("podlock-operator").force();
+            secrets.patch(SECRET, &apply, &Patch::Apply(&secret)).await?;
             info!(
                 namespace,
                 user = name,

@@ -12,7 +12,6 @@
 //! per-namespace roles confine), holds end by deleting their keys (guarded by create
 //! revision), and a lease is revoked only when every key on it is in the dead pod's namespace.
 
-use etcd_client::LeaseTimeToLiveOptions;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
@@ -24,9 +23,7 @@ use tracing::{info, warn};
 
 use super::etcd_watch::{PodEntry, PodIndex, PodKey};
 pub use super::verdict::{Reason, SIDECAR_CONTAINER, verdict};
-use crate::lock::etcd::Etcd;
-use crate::lock::keys;
-use crate::lock::queue::{self, Ticket};
+use crate::lock::{self, Revoked};
 use crate::metrics::OperatorMetrics;
 
 /// The label that marks pods with a podlock sidecar.
@@ -35,7 +32,7 @@ pub const SIDECAR_LABEL: &str = "podlock.io/sidecar";
 /// Watches pods and ends the holds of dead ones, until the pods stream ends.
 pub async fn run(
     client: kube::Client,
-    etcd: Etcd,
+    locks: lock::Store,
     index: Arc<PodIndex>,
     mut new_entries: tokio::sync::mpsc::Receiver<PodKey>,
     namespace: Option<String>,
@@ -50,7 +47,7 @@ pub async fn run(
     let mut events = reflector::reflector(writer, watcher(pods, config).default_backoff()).boxed();
     let judge = Judge {
         client,
-        etcd,
+        locks,
         index,
         metrics,
         store,
@@ -76,7 +73,7 @@ pub async fn run(
 
 struct Judge {
     client: kube::Client,
-    etcd: Etcd,
+    locks: lock::Store,
     index: Arc<PodIndex>,
     metrics: OperatorMetrics,
     store: Store<Pod>,
@@ -176,12 +173,7 @@ impl Judge {
     async fn end(&self, ns: &str, name: &str, entries: Vec<PodEntry>, reason: Reason) {
         let mut ended = 0u64;
         for e in &entries {
-            let ticket = Ticket {
-                key: e.key.clone(),
-                revision: e.revision,
-                lease: e.lease,
-            };
-            match queue::remove(&self.etcd, &ticket).await {
+            match self.locks.end_entry(&e.key, e.revision, e.lease).await {
                 Ok(true) => {
                     ended += 1;
                     info!(lock = %e.lock, holder = e.holder_id, pod = name, namespace = ns, reason = reason.label(), "ended hold of a dead pod");
@@ -212,24 +204,13 @@ impl Judge {
     /// another namespace on it means the lease is not this pod's: a tenant attached its key to
     /// someone else's lease, and revoking it would end holds the tenant could never touch.
     async fn revoke_if_own(&self, ns: &str, pod: &str, lease: i64) {
-        let mut c = self.etcd.client().clone();
-        let keys = match c
-            .lease_time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
-            .await
-        {
-            Ok(r) if r.ttl() <= 0 => return, // already gone
-            Ok(r) => r.keys().to_vec(),
-            Err(e) => {
-                return warn!(lease = format_args!("{lease:x}"), pod, namespace = ns, error = %e, "cannot read lease; not revoking it");
+        let lease_hex = format_args!("{lease:x}");
+        match self.locks.revoke_lease_in(lease, ns).await {
+            Ok(Revoked::Revoked | Revoked::Gone) => {}
+            Ok(Revoked::Foreign(foreign)) => {
+                warn!(lease = lease_hex, pod, namespace = ns, %foreign, "not revoking a lease that carries a key of another namespace")
             }
-        };
-        let own = keys::queue_root(Some(ns));
-        if let Some(foreign) = keys.iter().find(|k| !k.starts_with(own.as_bytes())) {
-            let foreign = String::from_utf8_lossy(foreign);
-            return warn!(lease = format_args!("{lease:x}"), pod, namespace = ns, %foreign, "not revoking a lease that carries a key of another namespace");
-        }
-        if let Err(e) = c.lease_revoke(lease).await {
-            warn!(lease = format_args!("{lease:x}"), pod, namespace = ns, error = %e, "lease revoke failed");
+            Err(e) => warn!(lease = lease_hex, pod, namespace = ns, error = %e, "lease revoke failed"),
         }
     }
 }

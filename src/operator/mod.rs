@@ -14,7 +14,6 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use clap::Args;
-use etcd_client::GetOptions;
 use futures::StreamExt;
 use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Config, Controller};
@@ -28,10 +27,8 @@ use tracing::{info, warn};
 
 use crate::crd::DistributedLock;
 use crate::etcd_args::EtcdArgs;
-use crate::lock::etcd::Etcd;
-use crate::lock::{LockId, keys, settings};
+use crate::lock::{LockId, Store};
 use crate::metrics::OperatorMetrics;
-pub use etcd_watch::lock_of_key;
 use reconcile::{Context, error_policy, reconcile};
 
 /// Flags of `podlock operator`.
@@ -59,7 +56,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach the Kubernetes API (KUBECONFIG or in-cluster): {e}"))?;
-    let etcd = Etcd::new(args.etcd.connect().await?);
+    let store = Store::new(args.etcd.connect().await?);
     let metrics = OperatorMetrics::new();
     let reporter = Reporter {
         controller: "podlock-operator".into(),
@@ -67,7 +64,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     };
     let ctx = Arc::new(Context {
         client: client.clone(),
-        etcd: etcd.clone(),
+        store: store.clone(),
         metrics: metrics.clone(),
         recorder: Recorder::new(client.clone(), reporter),
         isolation: isolation::Isolation::new(args.etcd.etcd_user.is_some()),
@@ -82,7 +79,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
             "/metrics",
             get(|State(m): State<OperatorMetrics>| async move { m.render() }).with_state(metrics.clone()),
         )
-        .with_state(etcd.clone());
+        .with_state(store.clone());
     tokio::spawn(async move { axum::serve(listener, http).await });
     info!(listen = %args.listen, "operator serving health and metrics");
 
@@ -135,13 +132,13 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>) {
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
         None => Api::all(ctx.client.clone()),
     };
-    if let Err(e) = remove_orphans(&locks, &ctx.etcd, ns).await {
+    if let Err(e) = remove_orphans(&locks, &ctx.store, ns).await {
         warn!(error = %e, "could not clean up etcd keys of deleted locks; will retry when leading again");
     }
-    let (feeds, pump) = etcd_watch::watch(ctx.etcd.clone(), ns);
+    let (feeds, pump) = etcd_watch::watch(ctx.store.clone(), ns);
     let liveness = liveness::run(
         ctx.client.clone(),
-        ctx.etcd.clone(),
+        ctx.store.clone(),
         feeds.index,
         feeds.pods,
         namespace.clone(),
@@ -176,42 +173,26 @@ async fn shutdown_signal() {
     }
 }
 
-async fn readyz(State(etcd): State<Etcd>) -> (StatusCode, &'static str) {
-    match tokio::time::timeout(Duration::from_secs(1), etcd.get("/podlock/v1/readyz", None)).await {
-        Ok(Ok(_)) => (StatusCode::OK, "ready"),
-        _ => (StatusCode::SERVICE_UNAVAILABLE, "etcd did not answer within 1 s"),
+async fn readyz(State(store): State<Store>) -> (StatusCode, &'static str) {
+    match store.ready(Duration::from_secs(1)).await {
+        true => (StatusCode::OK, "ready"),
+        false => (StatusCode::SERVICE_UNAVAILABLE, "etcd did not answer within 1 s"),
     }
 }
 
 /// Deletes the etcd keys of locks whose DistributedLock no longer exists (deleted while the
 /// operator was down).
-async fn remove_orphans(locks: &Api<DistributedLock>, etcd: &Etcd, ns: Option<&str>) -> anyhow::Result<()> {
-    let existing: BTreeSet<(String, String)> = locks
+async fn remove_orphans(locks: &Api<DistributedLock>, store: &Store, ns: Option<&str>) -> anyhow::Result<()> {
+    let existing: BTreeSet<LockId> = locks
         .list(&ListParams::default())
         .await?
         .items
         .iter()
         .filter(|dl| dl.metadata.deletion_timestamp.is_none())
-        .map(|dl| {
-            (
-                dl.metadata.namespace.clone().unwrap_or_default(),
-                dl.metadata.name.clone().unwrap_or_default(),
-            )
-        })
+        .map(reconcile::lock_id)
         .collect();
-    let mut in_etcd = BTreeSet::new();
-    for prefix in [keys::config_prefix(ns), keys::queue_root(ns)] {
-        let resp = etcd
-            .get(prefix, Some(GetOptions::new().with_prefix().with_keys_only()))
-            .await?;
-        in_etcd.extend(resp.kvs().iter().filter_map(|kv| lock_of_key(kv.key())));
-    }
-    for (namespace, name) in in_etcd.difference(&existing) {
-        let id = LockId {
-            namespace: namespace.clone(),
-            name: name.clone(),
-        };
-        let ended = settings::undeclare(etcd, &id).await?;
+    for id in store.locks(ns).await?.difference(&existing) {
+        let ended = store.undeclare(id).await?;
         info!(lock = %id, ended, "removed etcd keys of a deleted lock");
     }
     Ok(())

@@ -13,9 +13,8 @@ use tracing::{info, warn};
 
 use super::isolation::Isolation;
 use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder};
-use crate::lock::etcd::Etcd;
 use crate::lock::keys::rfc3339;
-use crate::lock::{LockError, LockId, queue, settings};
+use crate::lock::{LockError, LockId, Store};
 use crate::metrics::OperatorMetrics;
 
 /// The finalizer that makes deletion wait until the lock's etcd keys are gone.
@@ -29,7 +28,7 @@ pub struct Context {
     /// The Kubernetes client.
     pub client: kube::Client,
     /// etcd, where the locks live.
-    pub etcd: Etcd,
+    pub store: Store,
     /// The operator's metrics.
     pub metrics: OperatorMetrics,
     /// Publishes Kubernetes Events.
@@ -86,24 +85,23 @@ pub fn error_policy(dl: Arc<DistributedLock>, error: &Error, _ctx: Arc<Context>)
     Action::requeue(Duration::from_secs(2))
 }
 
-fn lock_id(dl: &DistributedLock) -> LockId {
-    LockId {
-        namespace: dl.namespace().unwrap_or_default(),
-        name: dl.name_any(),
-    }
+/// The lock a DistributedLock declares.
+pub fn lock_id(dl: &DistributedLock) -> LockId {
+    let (namespace, name) = (dl.namespace().unwrap_or_default(), dl.name_any());
+    LockId::new(&namespace, &name).expect("the API server admits only valid object names")
 }
 
 async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) -> Result<Action, Error> {
     let id = lock_id(dl);
     ctx.isolation
-        .ensure(&ctx.client, &ctx.etcd, &id.namespace)
+        .ensure(&ctx.client, &ctx.store, &id.namespace)
         .await
         .map_err(|e| Error::Isolation(e.to_string()))?;
     let want = dl.spec.settings();
-    let read = settings::read(&ctx.etcd, &id).await;
+    let read = ctx.store.settings(&id).await;
     let published = match read {
-        Ok(current) if current.map(|d| d.settings) == Some(want) => Ok(()),
-        Ok(_) => settings::declare(&ctx.etcd, &id, &want).await.map(|()| {
+        Ok(current) if current == Some(want) => Ok(()),
+        Ok(_) => ctx.store.declare(&id, &want).await.map(|()| {
             info!(lock = %id, ?want, "published settings");
         }),
         Err(e) => Err(e),
@@ -120,11 +118,7 @@ async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) 
         patch_status(api, dl, &status).await?;
         return Err(e.into());
     }
-    let resp = ctx
-        .etcd
-        .get(id.queue_prefix(), Some(queue::queue_order()))
-        .await?;
-    let state = queue::split_queue(resp.kvs(), want.max_holders);
+    let state = ctx.store.queue(&id, want.max_holders).await?;
     let old = dl.status.clone().unwrap_or_default();
     let newest = state.holders.iter().map(|h| h.fencing_token).max();
     let status = DistributedLockStatus {
@@ -163,7 +157,7 @@ async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) 
 
 async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     let id = lock_id(dl);
-    let ended = settings::undeclare(&ctx.etcd, &id).await?;
+    let ended = ctx.store.undeclare(&id).await?;
     info!(lock = %id, ended, "deleted the lock's etcd keys");
     if ended > 0 {
         ctx.metrics

@@ -148,7 +148,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
     let m = &st.metrics;
     m.held_locks.set(st.engine.held_count() as i64);
     set_counter(&m.keepalive_failures, st.engine.keepalive_failures());
-    let stats = st.engine.etcd().stats();
+    let stats = st.engine.stats();
     set_counter(
         &m.etcd_requests,
         stats.requests.load(std::sync::atomic::Ordering::Relaxed),

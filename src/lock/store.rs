@@ -1,0 +1,156 @@
+//! The narrow interface through which the operator and `podlock declare` use podlock's data in
+//! etcd, without the sidecar's engine: declare and undeclare a lock, read its settings and its
+//! queue, list and watch what is there, end an entry, revoke a dead pod's lease, and give a
+//! namespace its etcd role. Every request goes through the engine's hedged, counted client;
+//! the key layout stays in [`keys`](super::keys).
+
+use etcd_client::{GetOptions, Permission, WatchOptions, WatchStream};
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use super::LockError;
+use super::etcd::Etcd;
+use super::keys::{self, LockId, Settings};
+use super::queue::{self, QueueState, Ticket};
+use super::settings;
+
+/// podlock's data in etcd, for the operator and `podlock declare`. Cheap to clone.
+#[derive(Clone)]
+pub struct Store(Etcd);
+
+/// What [`Store::revoke_lease_in`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Revoked {
+    /// The lease was revoked.
+    Revoked,
+    /// etcd no longer had it.
+    Gone,
+    /// It carries this key of another namespace, so it was left alone.
+    Foreign(String),
+}
+
+impl Store {
+    /// A store on `client`.
+    pub fn new(client: etcd_client::Client) -> Self {
+        Store(Etcd::new(client))
+    }
+
+    /// Whether etcd answers within `within`.
+    pub async fn ready(&self, within: Duration) -> bool {
+        let probe = self.0.get(keys::readiness_key(), None);
+        matches!(tokio::time::timeout(within, probe).await, Ok(Ok(_)))
+    }
+
+    /// A lock's settings; `None` when undeclared.
+    pub async fn settings(&self, lock: &LockId) -> Result<Option<Settings>, LockError> {
+        Ok(settings::read(&self.0, lock).await?.map(|d| d.settings))
+    }
+
+    /// Writes a lock's settings (creating or updating it).
+    pub async fn declare(&self, lock: &LockId, s: &Settings) -> Result<(), LockError> {
+        settings::declare(&self.0, lock, s).await
+    }
+
+    /// Removes a lock: its settings and every queue key. Returns how many keys it ended.
+    pub async fn undeclare(&self, lock: &LockId) -> Result<i64, LockError> {
+        settings::undeclare(&self.0, lock).await
+    }
+
+    /// A lock's queue: its first `max_holders` entries as holders, and how many wait.
+    pub async fn queue(&self, lock: &LockId, max_holders: u32) -> Result<QueueState, LockError> {
+        let resp = self
+            .0
+            .get(lock.queue_prefix(), Some(queue::queue_order()))
+            .await?;
+        Ok(queue::split_queue(resp.kvs(), max_holders))
+    }
+
+    /// Every lock with settings or queue keys in `namespace` (all when `None`).
+    pub async fn locks(&self, namespace: Option<&str>) -> Result<BTreeSet<LockId>, LockError> {
+        let mut found = BTreeSet::new();
+        for prefix in [keys::config_prefix(namespace), keys::queue_root(namespace)] {
+            let opts = GetOptions::new().with_prefix().with_keys_only();
+            let resp = self.0.get(prefix, Some(opts)).await?;
+            found.extend(resp.kvs().iter().filter_map(|kv| keys::lock_of_key(kv.key())));
+        }
+        Ok(found)
+    }
+
+    /// Every queue entry in `namespace` (all when `None`), and the revision they were read at.
+    pub async fn entries(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<(Vec<etcd_client::KeyValue>, i64), LockError> {
+        let opts = GetOptions::new().with_prefix();
+        let mut resp = self.0.get(keys::queue_root(namespace), Some(opts)).await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
+        Ok((resp.take_kvs(), revision))
+    }
+
+    /// Watches the settings and queues of `namespace` (all when `None`) from `revision` on.
+    pub async fn watch(&self, namespace: Option<&str>, revision: i64) -> Result<WatchStream, LockError> {
+        let opts = || Some(WatchOptions::new().with_prefix().with_start_revision(revision));
+        let mut watch = self.0.client().watch_client();
+        let mut stream = watch.watch(keys::config_prefix(namespace), opts()).await?;
+        stream.watch(keys::queue_root(namespace), opts()).await?;
+        Ok(stream)
+    }
+
+    /// Deletes the entry at `key` if it still has create revision `revision`; returns whether
+    /// it did (a newer entry under the same key is never touched).
+    pub async fn end_entry(&self, key: &str, revision: i64, lease: i64) -> Result<bool, LockError> {
+        let ticket = Ticket {
+            key: key.into(),
+            revision,
+            lease,
+        };
+        queue::remove(&self.0, &ticket).await
+    }
+
+    /// Revokes `lease` only if every key on it lies under `namespace`'s queues: exactly what
+    /// that namespace's own etcd role could revoke. A key of another namespace on it means a
+    /// tenant attached its key to someone else's lease; revoking it would end holds the tenant
+    /// could never touch.
+    pub async fn revoke_lease_in(&self, lease: i64, namespace: &str) -> Result<Revoked, LockError> {
+        let Some(attached) = self.0.lease_keys(lease).await? else {
+            return Ok(Revoked::Gone);
+        };
+        let own = keys::queue_root(Some(namespace));
+        if let Some(foreign) = attached.iter().find(|k| !k.starts_with(own.as_bytes())) {
+            return Ok(Revoked::Foreign(String::from_utf8_lossy(foreign).into()));
+        }
+        self.0.lease_revoke(lease).await?;
+        Ok(Revoked::Revoked)
+    }
+
+    /// Makes sure role `role` exists and may read `namespace`'s settings and read and write
+    /// its queues, and nothing else.
+    pub async fn ensure_role(&self, namespace: &str, role: &str) -> Result<(), LockError> {
+        let mut c = self.0.client().clone();
+        if c.role_get(role).await.is_err() {
+            c.role_add(role).await?;
+        }
+        let read = Permission::read(keys::config_prefix(Some(namespace))).with_prefix();
+        c.role_grant_permission(role, read).await?;
+        let write = Permission::read_write(keys::queue_root(Some(namespace))).with_prefix();
+        c.role_grant_permission(role, write).await?;
+        Ok(())
+    }
+
+    /// Whether etcd has user `user`.
+    pub async fn user_exists(&self, user: &str) -> bool {
+        self.0.client().clone().user_get(user).await.is_ok()
+    }
+
+    /// Creates user `user` with `password`, or gives it that password, and grants it `role`.
+    pub async fn set_user(&self, user: &str, password: &str, role: &str) -> Result<(), LockError> {
+        let mut c = self.0.client().clone();
+        if self.user_exists(user).await {
+            c.user_change_password(user, password).await?;
+        } else {
+            c.user_add(user, password, None).await?;
+        }
+        c.user_grant_role(user, role).await?;
+        Ok(())
+    }
+}
