@@ -2,14 +2,18 @@
 //!
 //! It subscribes to the lock's events before acquiring, so a `lost` event can never slip by;
 //! exports `PODLOCK_FENCING_TOKEN`; heartbeats when the hold has a window; sends CMD SIGTERM
-//! when the hold is lost; releases when CMD exits and passes on CMD's exit status.
+//! when the hold is lost (a `lost` event, or the stream lagging or ending); releases when CMD
+//! exits and passes on CMD's exit status, unless the release finds the hold already lost.
 
 use clap::Args;
+use eventsource_stream::Eventsource;
 use futures::StreamExt;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
 use serde_json::{Value, json};
 use std::process::ExitStatus;
 use std::time::Duration;
-use tokio::process::Command;
+use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
@@ -45,132 +49,185 @@ pub struct LockArgs {
     pub command: Vec<String>,
 }
 
-/// Runs `podlock lock`; returns the process exit status.
+/// Runs `podlock lock`: subscribe, acquire, run CMD under the hold, release; returns the
+/// process exit status.
 pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
-    let http = reqwest::Client::new();
-    let base = format!("{}/v1/locks/{}", args.addr.trim_end_matches('/'), args.name);
-    let holder = args.holder_id.clone().unwrap_or_else(default_holder);
-
-    let (lost_tx, mut lost_rx) = mpsc::channel::<String>(1);
-    let events = http.get(format!("{base}/events")).send().await?;
-    if !events.status().is_success() {
-        anyhow::bail!(
-            "cannot subscribe to events of {}: {}",
-            args.name,
-            events.text().await?
-        );
-    }
-    let mut options = json!({ "waitSeconds": args.wait, "holderId": holder });
-    if let Some(c) = &args.container {
-        options["container"] = json!(c);
-    }
-    let resp = http.post(format!("{base}/acquire")).json(&options).send().await?;
-    let status = resp.status();
-    let grant: Value = resp.json().await?;
-    if !status.is_success() {
-        eprintln!(
-            "podlock: could not acquire {}: {}",
-            args.name,
-            grant["message"].as_str().unwrap_or("?")
-        );
+    let sidecar = Sidecar::new(&args);
+    let events = sidecar.subscribe(&args.name).await?;
+    let Some(grant) = sidecar.acquire(&args).await? else {
         return Ok(EXIT_NOT_ACQUIRED);
-    }
+    };
     let token = grant["fencingToken"].as_i64().unwrap_or_default();
-    tokio::spawn(watch_for_loss(events, holder.clone(), token, lost_tx));
-    let heartbeat = grant["heartbeatTimeoutSeconds"].as_u64().unwrap_or(0);
-    if heartbeat > 0 {
-        tokio::spawn(keep_heartbeating(
-            http.clone(),
-            base.clone(),
-            holder.clone(),
-            heartbeat,
-        ));
+    let (lost_tx, lost_rx) = mpsc::channel::<String>(1);
+    tokio::spawn(watch_for_loss(events, sidecar.holder.clone(), token, lost_tx));
+    let window = grant["heartbeatTimeoutSeconds"].as_u64().unwrap_or(0);
+    if window > 0 {
+        tokio::spawn(sidecar.clone().keep_heartbeating(window));
     }
-
-    let mut child = Command::new(&args.command[0])
+    let child = Command::new(&args.command[0])
         .args(&args.command[1..])
         .env("PODLOCK_FENCING_TOKEN", token.to_string())
         .env("PODLOCK_LOCK", &args.name)
-        .env("PODLOCK_HOLDER_ID", &holder)
+        .env("PODLOCK_HOLDER_ID", &sidecar.holder)
         .spawn()
         .map_err(|e| anyhow::anyhow!("cannot run {:?}: {e}", args.command[0]))?;
-    let pid = child.id().map(|p| p as i32);
+    let Some(exit) = supervise(child, lost_rx, &args.name, token).await? else {
+        return Ok(EXIT_LOST);
+    };
+    Ok(match sidecar.release(&args.name).await {
+        Released::Lost => EXIT_LOST,
+        Released::Yes | Released::Unknown => exit_code(exit),
+    })
+}
+
+/// The sidecar's API for one lock and holder.
+#[derive(Clone)]
+struct Sidecar {
+    http: reqwest::Client,
+    base: String,
+    holder: String,
+}
+
+/// How a release ended.
+enum Released {
+    Yes,
+    /// The sidecar says the hold had ended before (410): CMD may have run unprotected.
+    Lost,
+    /// No answer: the lease will end the hold.
+    Unknown,
+}
+
+impl Sidecar {
+    fn new(args: &LockArgs) -> Self {
+        Sidecar {
+            http: reqwest::Client::new(),
+            base: format!("{}/v1/locks/{}", args.addr.trim_end_matches('/'), args.name),
+            holder: args.holder_id.clone().unwrap_or_else(default_holder),
+        }
+    }
+
+    /// Opens the lock's events stream (before acquiring, so no `lost` can slip by).
+    async fn subscribe(&self, name: &str) -> anyhow::Result<reqwest::Response> {
+        let events = self.http.get(format!("{}/events", self.base)).send().await?;
+        if !events.status().is_success() {
+            anyhow::bail!("cannot subscribe to events of {name}: {}", events.text().await?);
+        }
+        Ok(events)
+    }
+
+    /// The grant, or `None` (said on stderr) if the lock could not be acquired.
+    async fn acquire(&self, args: &LockArgs) -> anyhow::Result<Option<Value>> {
+        let mut options = json!({ "waitSeconds": args.wait, "holderId": self.holder });
+        if let Some(c) = &args.container {
+            options["container"] = json!(c);
+        }
+        let resp = self
+            .http
+            .post(format!("{}/acquire", self.base))
+            .json(&options)
+            .send()
+            .await?;
+        let status = resp.status();
+        let grant: Value = resp.json().await?;
+        if !status.is_success() {
+            let why = grant["message"].as_str().unwrap_or("?");
+            eprintln!("podlock: could not acquire {}: {why}", args.name);
+            return Ok(None);
+        }
+        Ok(Some(grant))
+    }
+
+    async fn release(&self, name: &str) -> Released {
+        let body = json!({ "holderId": self.holder });
+        match self
+            .http
+            .post(format!("{}/release", self.base))
+            .json(&body)
+            .send()
+            .await
+        {
+            Ok(r) if r.status() == reqwest::StatusCode::GONE => {
+                let why = r.json::<Value>().await.unwrap_or_default();
+                eprintln!(
+                    "podlock: lock {name} had been lost before its release: {}",
+                    why["message"]
+                );
+                Released::Lost
+            }
+            Ok(_) => Released::Yes,
+            Err(e) => {
+                eprintln!("podlock: release of {name} failed ({e}); the lease will end it");
+                Released::Unknown
+            }
+        }
+    }
+
+    async fn keep_heartbeating(self, window: u64) {
+        let period = Duration::from_millis(window * 1000 / 3);
+        loop {
+            tokio::time::sleep(period).await;
+            let body = json!({ "holderId": self.holder });
+            let _ = self
+                .http
+                .post(format!("{}/heartbeat", self.base))
+                .json(&body)
+                .send()
+                .await;
+        }
+    }
+}
+
+/// Waits for CMD to exit, passing SIGTERM on, and sending it SIGTERM if the hold is lost;
+/// returns its exit status, or `None` if the hold was lost meanwhile.
+async fn supervise(
+    mut child: Child,
+    mut lost_rx: mpsc::Receiver<String>,
+    name: &str,
+    token: i64,
+) -> anyhow::Result<Option<ExitStatus>> {
+    let pid = child.id().map(|p| Pid::from_raw(p as i32));
     let mut term = signal(SignalKind::terminate())?;
-    let mut lost = None;
-    let exit: ExitStatus = loop {
+    let mut lost = false;
+    loop {
         tokio::select! {
-            status = child.wait() => break status?,
-            reason = lost_rx.recv(), if lost.is_none() => {
+            status = child.wait() => return Ok((!lost).then_some(status?)),
+            reason = lost_rx.recv(), if !lost => {
                 let reason = reason.unwrap_or_else(|| "the sidecar's event stream ended".into());
-                eprintln!("podlock: lost lock {} (token {token}): {reason}; sending SIGTERM", args.name);
-                lost = Some(reason);
+                eprintln!("podlock: lost lock {name} (token {token}): {reason}; sending SIGTERM");
+                lost = true;
                 send_sigterm(pid);
             }
             _ = term.recv() => send_sigterm(pid),
         }
-    };
-    if lost.is_some() {
-        return Ok(EXIT_LOST);
     }
-    let released = http
-        .post(format!("{base}/release"))
-        .json(&json!({ "holderId": holder }))
-        .send()
-        .await;
-    if let Err(e) = released {
-        eprintln!(
-            "podlock: release of {} failed ({e}); the lease will end it",
-            args.name
-        );
-    }
-    Ok(exit_code(exit))
 }
 
-/// Reads the event stream until a `lost` event for our hold (or the stream's end).
+/// Reads the event stream until a `lost` event for our hold, a `lagged` one (this stream may
+/// have missed it), or the stream's end.
 async fn watch_for_loss(events: reqwest::Response, holder: String, token: i64, lost: mpsc::Sender<String>) {
-    let mut stream = events.bytes_stream();
-    let mut buf = String::new();
-    while let Some(Ok(chunk)) = stream.next().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buf.find("\n\n") {
-            let frame: String = buf.drain(..end + 2).collect();
-            if let Some(reason) = lost_reason(&frame, &holder, token) {
-                let _ = lost.send(reason).await;
-                return;
-            }
+    let mut stream = events.bytes_stream().eventsource();
+    while let Some(Ok(event)) = stream.next().await {
+        if let Some(reason) = lost_reason(&event.event, &event.data, &holder, token) {
+            let _ = lost.send(reason).await;
+            return;
         }
     }
     let _ = lost.send("the sidecar's event stream ended".into()).await;
 }
 
-/// The reason of a `lost` event frame about `holder`'s hold `token`, if that is what it is.
-fn lost_reason(frame: &str, holder: &str, token: i64) -> Option<String> {
-    let data: String = frame
-        .lines()
-        .filter_map(|l| l.strip_prefix("data:"))
-        .map(str::trim)
-        .collect();
-    let ev: Value = serde_json::from_str(&data).ok()?;
-    let ours = ev["holderId"] == holder && ev["fencingToken"] == token;
-    (ours && ev["type"] == "lost").then(|| ev["reason"].as_str().unwrap_or("unknown").to_string())
-}
-
-async fn keep_heartbeating(http: reqwest::Client, base: String, holder: String, window: u64) {
-    let period = Duration::from_millis(window * 1000 / 3);
-    loop {
-        tokio::time::sleep(period).await;
-        let _ = http
-            .post(format!("{base}/heartbeat"))
-            .json(&json!({ "holderId": holder }))
-            .send()
-            .await;
+/// Why the event `kind` with JSON `data` means `holder`'s hold `token` is lost, if it does.
+fn lost_reason(kind: &str, data: &str, holder: &str, token: i64) -> Option<String> {
+    if kind == "lagged" {
+        return Some("the events stream fell behind (a lost event may have been missed)".into());
     }
+    let ev: Value = serde_json::from_str(data).ok()?;
+    let ours = ev["holderId"] == holder && ev["fencingToken"] == token;
+    (ours && kind == "lost").then(|| ev["reason"].as_str().unwrap_or("unknown").to_string())
 }
 
-fn send_sigterm(pid: Option<i32>) {
+fn send_sigterm(pid: Option<Pid>) {
     if let Some(pid) = pid {
-        // SAFETY: kill(2) has no memory effects; pid is our own child's.
-        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let _ = kill(pid, Signal::SIGTERM);
     }
 }
 
@@ -195,12 +252,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn recognises_only_our_lost_event() {
-        let frame = "event: lost\ndata: {\"type\":\"lost\",\"holderId\":\"a\",\"fencingToken\":7,\"reason\":\"x\"}\n\n";
-        assert_eq!(lost_reason(frame, "a", 7).as_deref(), Some("x"));
-        assert_eq!(lost_reason(frame, "a", 8), None);
-        assert_eq!(lost_reason(frame, "b", 7), None);
-        let released = frame.replace("\"lost\"", "\"released\"");
-        assert_eq!(lost_reason(&released, "a", 7), None);
+    fn recognises_only_our_lost_event_and_a_lag() {
+        let data = r#"{"type":"lost","holderId":"a","fencingToken":7,"reason":"x"}"#;
+        assert_eq!(lost_reason("lost", data, "a", 7).as_deref(), Some("x"));
+        assert_eq!(lost_reason("lost", data, "a", 8), None);
+        assert_eq!(lost_reason("lost", data, "b", 7), None);
+        assert_eq!(lost_reason("released", data, "a", 7), None);
+        assert!(lost_reason("lagged", r#"{"message":"m"}"#, "a", 7).is_some());
     }
 }

@@ -155,6 +155,19 @@ impl Etcd {
         Ok((resp.ttl() > 0).then(|| resp.keys().to_vec()))
     }
 
+    /// Grants a lease of `ttl` seconds; returns its id. Sent again if need be: a grant whose
+    /// answer was not waited for leaves a lease that nobody keeps alive, which etcd expires
+    /// after `ttl` with nothing attached.
+    pub async fn lease_grant(&self, ttl: u32) -> Result<i64, LockError> {
+        let resp = self
+            .retrying(|| {
+                let mut lease = self.client.lease_client();
+                async move { lease.grant(ttl.into(), None).await }
+            })
+            .await?;
+        Ok(resp.id())
+    }
+
     /// Revokes lease `id` (sent again if need be: a revoke takes effect once).
     pub async fn lease_revoke(&self, id: i64) -> Result<(), LockError> {
         self.retrying(|| {

@@ -63,9 +63,10 @@ impl Engine {
         pod: PodRef,
         standalone: bool,
     ) -> Self {
+        let etcd = Etcd::new(client);
         let engine = Engine(Arc::new(Inner {
-            etcd: Etcd::new(client.clone()),
-            sessions: Sessions::new(client, members),
+            sessions: Sessions::new(etcd.clone(), members),
+            etcd,
             pod,
             standalone,
             declared: Mutex::default(),

@@ -17,6 +17,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::LockError;
+use super::etcd::Etcd;
 
 /// How long one keepalive round trip may take before it counts as failed and is sent again on
 /// a new stream: at most 2 s, and a quarter of the TTL, so that a keepalive stream stuck on a
@@ -78,7 +79,7 @@ impl Session {
 /// The sidecar's sessions, by TTL.
 #[derive(Clone)]
 pub struct Sessions {
-    client: Client,
+    etcd: Etcd,
     /// One client per etcd member (empty with a single endpoint): a keepalive that failed is
     /// sent again to the next member, never again to the one that may be stalled.
     members: Arc<Vec<Client>>,
@@ -87,10 +88,10 @@ pub struct Sessions {
 }
 
 impl Sessions {
-    /// An empty set of sessions on `client`, with one client per member in `members`.
-    pub fn new(client: Client, members: Vec<Client>) -> Self {
+    /// An empty set of sessions on `etcd`, with one client per member in `members`.
+    pub fn new(etcd: Etcd, members: Vec<Client>) -> Self {
         Sessions {
-            client,
+            etcd,
             members: Arc::new(members),
             by_ttl: Arc::default(),
             keepalive_failures: Arc::default(),
@@ -109,18 +110,18 @@ impl Sessions {
             return Ok(s.clone());
         }
         let sent = Instant::now();
-        let lease = self.client.clone().lease_grant(ttl.into(), None).await?;
+        let id = self.etcd.lease_grant(ttl).await?;
         let session = Arc::new(Session {
-            id: lease.id(),
+            id,
             ttl,
             lost: CancellationToken::new(),
             expires_ms: AtomicU64::new(0),
             epoch: sent,
         });
         session.confirm(sent);
-        info!(lease = format_args!("{:x}", lease.id()), ttl, "session started");
+        info!(lease = format_args!("{id:x}"), ttl, "session started");
         tokio::spawn(keep_alive(
-            self.client.clone(),
+            self.etcd.client().clone(),
             self.members.clone(),
             session.clone(),
             self.keepalive_failures.clone(),
@@ -140,7 +141,7 @@ impl Sessions {
         let sessions: Vec<_> = self.by_ttl.lock().await.drain().map(|(_, s)| s).collect();
         for s in sessions {
             s.lost.cancel();
-            if let Err(e) = self.client.clone().lease_revoke(s.id).await {
+            if let Err(e) = self.etcd.lease_revoke(s.id).await {
                 warn!(lease = format_args!("{:x}", s.id), error = %e, "revoke at shutdown failed");
             }
         }

@@ -1,12 +1,18 @@
-//! Reading a sidecar's `/v1/locks/{lock}/events` stream in tests.
+//! Reading a sidecar's `/v1/locks/{lock}/events` stream in tests, with the same SSE parser as
+//! `podlock lock`.
 
+use eventsource_stream::{Event, EventStreamError, Eventsource};
+use futures::{Stream, StreamExt};
 use serde_json::Value;
+use std::pin::Pin;
 use std::time::Duration;
 
 use super::Sidecar;
 
+type Frames = Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send>>;
+
 /// An open `/v1/locks/{lock}/events` stream.
-pub struct Events(reqwest::Response, String);
+pub struct Events(Frames);
 
 impl Events {
     /// Opens the stream of `lock`'s events on `s`.
@@ -15,32 +21,18 @@ impl Events {
             .await
             .unwrap();
         assert_eq!(resp.status(), 200);
-        assert!(
-            resp.headers()["content-type"]
-                .to_str()
-                .unwrap()
-                .starts_with("text/event-stream")
-        );
-        Events(resp, String::new())
+        let ctype = resp.headers()["content-type"].to_str().unwrap().to_string();
+        assert!(ctype.starts_with("text/event-stream"), "{ctype}");
+        Events(resp.bytes_stream().eventsource().boxed())
     }
 
     /// The next event's JSON data, within `limit`.
     pub async fn next(&mut self, limit: Duration) -> Value {
-        let deadline = tokio::time::Instant::now() + limit;
-        loop {
-            if let Some(end) = self.1.find("\n\n") {
-                let frame: String = self.1.drain(..end + 2).collect();
-                let data: String = frame.lines().filter_map(|l| l.strip_prefix("data:")).collect();
-                if !data.trim().is_empty() {
-                    return serde_json::from_str(data.trim()).unwrap();
-                }
-                continue;
-            }
-            let chunk = tokio::time::timeout_at(deadline, self.0.chunk())
-                .await
-                .expect("no event in time");
-            self.1
-                .push_str(std::str::from_utf8(&chunk.unwrap().expect("stream open")).unwrap());
-        }
+        let event = tokio::time::timeout(limit, self.0.next())
+            .await
+            .expect("no event in time")
+            .expect("stream open")
+            .expect("a well-formed event");
+        serde_json::from_str(&event.data).unwrap()
     }
 }

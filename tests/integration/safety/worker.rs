@@ -3,6 +3,8 @@
 //! hold as its own the moment it learns the hold is lost: a `lost` event, a refused release, or
 //! its events stream breaking (its sidecar died).
 
+use eventsource_stream::Eventsource;
+use futures::StreamExt;
 use serde_json::{Value, json};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -101,23 +103,19 @@ impl Notices {
     }
 }
 
-/// Reads `/v1/locks/counter/events` until it ends, recording `holder`'s lost holds.
-async fn follow(mut events: reqwest::Response, holder: String, notices: Arc<Mutex<Notices>>) {
-    let mut buf = String::new();
-    while let Ok(Some(chunk)) = events.chunk().await {
-        buf.push_str(&String::from_utf8_lossy(&chunk));
-        while let Some(end) = buf.find("\n\n") {
-            let frame: String = buf.drain(..end + 2).collect();
-            let data: String = frame.lines().filter_map(|l| l.strip_prefix("data:")).collect();
-            let Ok(ev) = serde_json::from_str::<Value>(data.trim()) else {
-                continue;
-            };
-            if ev["type"] == "lost"
-                && ev["holderId"] == holder.as_str()
-                && let Some(token) = ev["fencingToken"].as_i64()
-            {
-                notices.lock().unwrap().lost.entry(token).or_insert(now());
-            }
+/// Reads `/v1/locks/counter/events` until it ends, recording `holder`'s lost holds. A stream
+/// that ends (its sidecar died, or it lagged) makes every hold on it count as lost.
+async fn follow(events: reqwest::Response, holder: String, notices: Arc<Mutex<Notices>>) {
+    let mut stream = events.bytes_stream().eventsource();
+    while let Some(Ok(event)) = stream.next().await {
+        let Ok(ev) = serde_json::from_str::<Value>(&event.data) else {
+            continue;
+        };
+        if event.event == "lost"
+            && ev["holderId"] == holder.as_str()
+            && let Some(token) = ev["fencingToken"].as_i64()
+        {
+            notices.lock().unwrap().lost.entry(token).or_insert(now());
         }
     }
     notices.lock().unwrap().broken.get_or_insert(now());
