@@ -78,47 +78,12 @@ impl Etcd {
         &self.stats
     }
 
-    /// Runs `request`: sends it again after a transient error, or when no attempt answered
-    /// within [`HEDGE`]; the first answer wins. Fails after [`BUDGET`].
+    /// Runs `request` hedged (see [`hedged`]), counting every attempt.
     async fn retrying<T, F: Future<Output = Result<T, etcd_client::Error>>>(
         &self,
         request: impl Fn() -> F,
     ) -> Result<T, LockError> {
-        let deadline = Instant::now() + BUDGET;
-        let mut attempts: VecDeque<Pin<Box<F>>> = VecDeque::new();
-        let mut send_at = Instant::now();
-        let mut error = LockError::Unavailable(format!("etcd did not answer within {BUDGET:?}"));
-        while Instant::now() < deadline {
-            if Instant::now() >= send_at {
-                if attempts.len() == MAX_ATTEMPTS {
-                    attempts.pop_front();
-                }
-                self.stats.requests.fetch_add(1, Ordering::Relaxed);
-                attempts.push_back(Box::pin(request()));
-                send_at = Instant::now() + HEDGE;
-            }
-            let answer = poll_fn(|cx| {
-                let ready = attempts
-                    .iter_mut()
-                    .enumerate()
-                    .find_map(|(i, a)| match a.as_mut().poll(cx) {
-                        Poll::Ready(r) => Some((i, r)),
-                        Poll::Pending => None,
-                    });
-                ready.map_or(Poll::Pending, Poll::Ready)
-            });
-            match timeout_at(send_at.min(deadline), answer).await {
-                Ok((_, Ok(resp))) => return Ok(resp),
-                Ok((_, Err(e))) if EtcdFailure::of(&e) != EtcdFailure::Transient => return Err(e.into()),
-                Ok((i, Err(e))) => {
-                    attempts.remove(i);
-                    error = e.into();
-                    send_at = send_at.min(Instant::now() + RETRY_PAUSE);
-                }
-                Err(_) => {} // time to send again, or to give up
-            }
-        }
-        Err(error)
+        hedged(&self.stats.requests, request).await
     }
 
     /// Runs a transaction (sent again if need be: see [`HEDGE`]).
@@ -232,6 +197,50 @@ impl Etcd {
     }
 }
 
+/// Runs `request`: sends it again after a transient error, or when no attempt answered
+/// within [`HEDGE`]; the first answer wins. Fails after [`BUDGET`]. Counts each attempt in
+/// `sent`.
+async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
+    sent: &AtomicU64,
+    request: impl Fn() -> F,
+) -> Result<T, LockError> {
+    let deadline = Instant::now() + BUDGET;
+    let mut attempts: VecDeque<Pin<Box<F>>> = VecDeque::new();
+    let mut send_at = Instant::now();
+    let mut error = LockError::Unavailable(format!("etcd did not answer within {BUDGET:?}"));
+    while Instant::now() < deadline {
+        if Instant::now() >= send_at {
+            if attempts.len() == MAX_ATTEMPTS {
+                attempts.pop_front(); // the oldest is likeliest stuck on a dead member
+            }
+            sent.fetch_add(1, Ordering::Relaxed);
+            attempts.push_back(Box::pin(request()));
+            send_at = Instant::now() + HEDGE;
+        }
+        let answer = poll_fn(|cx| {
+            let ready = attempts
+                .iter_mut()
+                .enumerate()
+                .find_map(|(i, a)| match a.as_mut().poll(cx) {
+                    Poll::Ready(r) => Some((i, r)),
+                    Poll::Pending => None,
+                });
+            ready.map_or(Poll::Pending, Poll::Ready)
+        });
+        match timeout_at(send_at.min(deadline), answer).await {
+            Ok((_, Ok(resp))) => return Ok(resp),
+            Ok((_, Err(e))) if EtcdFailure::of(&e) != EtcdFailure::Transient => return Err(e.into()),
+            Ok((i, Err(e))) => {
+                attempts.remove(i);
+                error = e.into();
+                send_at = send_at.min(Instant::now() + RETRY_PAUSE);
+            }
+            Err(_) => {} // time to send again, or to give up
+        }
+    }
+    Err(error)
+}
+
 /// A key to watch, for deletion only or for any change.
 #[derive(Debug, Clone)]
 pub struct Target {
@@ -310,5 +319,74 @@ impl KeyWatch {
             self.next().await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::pending;
+
+    type Answer = Pin<Box<dyn Future<Output = Result<i32, etcd_client::Error>>>>;
+
+    /// Runs `hedged` over `answers` (the n-th attempt gets the n-th; later ones never answer);
+    /// returns the result, how many attempts were sent, and how long it took (paused time).
+    async fn run(answers: Vec<fn() -> Answer>) -> (Result<i32, LockError>, u64, Duration) {
+        let sent = AtomicU64::new(0);
+        let start = Instant::now();
+        let result = hedged(&sent, || {
+            let n = sent.load(Ordering::Relaxed) as usize - 1;
+            answers
+                .get(n)
+                .map_or_else(|| Box::pin(pending()) as Answer, |a| a())
+        })
+        .await;
+        (result, sent.load(Ordering::Relaxed), start.elapsed())
+    }
+
+    fn silent() -> Answer {
+        Box::pin(pending())
+    }
+    fn ok() -> Answer {
+        Box::pin(async { Ok(7) })
+    }
+    fn unavailable() -> Answer {
+        Box::pin(async { Err(etcd_client::Error::GRpcStatus(tonic::Status::unavailable("down"))) })
+    }
+    fn denied() -> Answer {
+        Box::pin(async {
+            Err(etcd_client::Error::GRpcStatus(tonic::Status::permission_denied(
+                "no",
+            )))
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_request_is_sent_again_after_the_hedge() {
+        let (result, sent, took) = run(vec![silent, ok]).await;
+        assert_eq!((result.unwrap(), sent, took), (7, 2, HEDGE));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transient_error_is_retried_after_a_short_pause() {
+        let (result, sent, took) = run(vec![unavailable, ok]).await;
+        assert_eq!((result.unwrap(), sent, took), (7, 2, RETRY_PAUSE));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_final() {
+        let (result, sent, _) = run(vec![denied, ok]).await;
+        assert!(matches!(result, Err(LockError::Forbidden(_))), "{result:?}");
+        assert_eq!(sent, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn silence_ends_at_the_budget() {
+        let (result, sent, took) = run(vec![]).await;
+        assert!(matches!(result, Err(LockError::Unavailable(_))), "{result:?}");
+        assert_eq!(
+            (sent, took),
+            ((BUDGET.as_millis() / HEDGE.as_millis()) as u64, BUDGET)
+        );
     }
 }

@@ -367,3 +367,40 @@ impl Engine {
         info!(ended = holds.len(), "ended every hold");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hold(window: Duration) -> Hold {
+        let ticket = Ticket {
+            key: "k".into(),
+            revision: 1,
+            lease: 1,
+        };
+        let lock = LockId::new("ns", "l").unwrap();
+        Hold::new(lock, "h".into(), ticket, 1, Session::detached(15), window)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_heartbeat_restarts_the_window_and_silence_ends_it() {
+        let hold = hold(Duration::from_secs(1));
+        let start = Instant::now();
+        let missed = heartbeat_missed(&hold);
+        tokio::pin!(missed);
+        tokio::select! {
+            _ = &mut missed => panic!("ended inside the window"),
+            _ = sleep(Duration::from_millis(900)) => {}
+        }
+        hold.heartbeat();
+        missed.await;
+        assert_eq!(start.elapsed(), Duration::from_millis(1900));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_without_a_window_never_misses_one() {
+        let hold = hold(Duration::ZERO);
+        let waited = tokio::time::timeout(Duration::from_secs(3600), heartbeat_missed(&hold)).await;
+        assert!(waited.is_err());
+    }
+}

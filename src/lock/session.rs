@@ -214,3 +214,42 @@ async fn renew(client: &Client, id: i64, stream: &mut Option<KeepAlive>) -> Resu
         None => Err(LockError::Unavailable("keepalive stream closed".into())),
     }
 }
+
+#[cfg(test)]
+impl Session {
+    /// A session etcd never saw, confirmed now: for tests of the logic around a session.
+    pub(crate) fn detached(ttl: u32) -> Arc<Self> {
+        let now = Instant::now();
+        let session = Session {
+            id: 1,
+            ttl,
+            lost: CancellationToken::new(),
+            expires_ms: AtomicU64::new(0),
+            epoch: now,
+        };
+        session.confirm(now);
+        Arc::new(session)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keepalives_give_up_on_a_member_well_inside_the_ttl() {
+        assert_eq!(keepalive_timeout(2), Duration::from_millis(500));
+        assert_eq!(keepalive_timeout(15), Duration::from_secs(2));
+        assert_eq!(keepalive_retry(2), Duration::from_millis(250));
+        assert_eq!(keepalive_retry(3600), Duration::from_millis(500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_session_may_expire_a_ttl_after_its_last_confirmed_keepalive() {
+        let session = Session::detached(2);
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let sent = Instant::now();
+        session.confirm(sent);
+        assert_eq!(session.expires_at(), sent + Duration::from_secs(2));
+    }
+}
