@@ -8,9 +8,14 @@
 //! idempotent; objects without the annotation, in `kube-system`, or of the operator itself are
 //! never changed.
 
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EnvVar, EnvVarSource, HTTPGetAction, ObjectFieldSelector, Probe,
+    ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use serde_json::{Value, json};
-
-use super::liveness::{SIDECAR_CONTAINER, SIDECAR_LABEL};
+use std::collections::BTreeMap;
 
 /// The annotation that asks for injection.
 pub const INJECT: &str = "podlock.io/inject";
@@ -22,6 +27,10 @@ pub const HEARTBEAT: &str = "podlock.io/heartbeat-timeout";
 pub const CONTAINER_ENV: &str = "PODLOCK_CONTAINER";
 /// The label that marks the operator's own pods, which are never injected.
 pub const OPERATOR_LABEL: (&str, &str) = ("app.kubernetes.io/component", "podlock-operator");
+/// The label that marks pods with a podlock sidecar (the operator's pod watch selects on it).
+pub const SIDECAR_LABEL: &str = "podlock.io/sidecar";
+/// The sidecar container's name.
+pub const SIDECAR_CONTAINER: &str = "podlock";
 
 /// What the injected sidecar looks like.
 #[derive(Debug, Clone)]
@@ -34,6 +43,18 @@ pub struct SidecarTemplate {
     pub credentials_secret: Option<String>,
 }
 
+/// Where an object of a kind keeps its pod's metadata and spec (JSON pointers).
+struct PodPaths {
+    meta: &'static str,
+    spec: &'static str,
+}
+
+/// What a pod's annotations ask of its sidecar.
+struct Options {
+    port: u16,
+    heartbeat: Option<u32>,
+}
+
 /// The patch that injects the sidecar into `object` (of `kind`, in `namespace`), if any.
 pub fn patch(
     tpl: &SidecarTemplate,
@@ -41,13 +62,43 @@ pub fn patch(
     namespace: &str,
     object: &Value,
 ) -> Result<Option<json_patch::Patch>, String> {
-    let (meta, spec) = match kind {
-        "Pod" => ("/metadata", "/spec"),
-        "Deployment" | "StatefulSet" | "DaemonSet" | "Job" => {
-            ("/spec/template/metadata", "/spec/template/spec")
-        }
-        _ => return Ok(None),
+    let Some(paths) = pod_paths(kind) else {
+        return Ok(None);
     };
+    if !wants_sidecar(object, &paths, namespace) {
+        return Ok(None);
+    }
+    let options = options(object, &paths)?;
+    let mut mutated = object.clone();
+    let labels = ensure_object(&mut mutated, &format!("{}/labels", paths.meta));
+    labels.insert(SIDECAR_LABEL.into(), json!("true"));
+    let pod_spec = ensure_object(&mut mutated, paths.spec);
+    give_app_containers_their_env(pod_spec, options.port);
+    let sidecar = serde_json::to_value(sidecar(tpl, &options)).expect("a container serializes");
+    let init = pod_spec.entry("initContainers").or_insert(json!([]));
+    if let Some(init) = init.as_array_mut() {
+        init.insert(0, sidecar);
+    }
+    Ok(Some(json_patch::diff(object, &mutated)))
+}
+
+fn pod_paths(kind: &str) -> Option<PodPaths> {
+    match kind {
+        "Pod" => Some(PodPaths {
+            meta: "/metadata",
+            spec: "/spec",
+        }),
+        "Deployment" | "StatefulSet" | "DaemonSet" | "Job" => Some(PodPaths {
+            meta: "/spec/template/metadata",
+            spec: "/spec/template/spec",
+        }),
+        _ => None,
+    }
+}
+
+/// Whether `object` asks for the sidecar and may get it: annotated, not in `kube-system`, not
+/// the operator itself, and not injected already.
+fn wants_sidecar(object: &Value, paths: &PodPaths, namespace: &str) -> bool {
     let annotated = |path: &str| {
         object.pointer(&format!("{path}/annotations/{}", escape(INJECT))) == Some(&json!("true"))
     };
@@ -55,26 +106,25 @@ pub fn patch(
         object.pointer(&format!("{path}/labels/{}", escape(OPERATOR_LABEL.0)))
             == Some(&json!(OPERATOR_LABEL.1))
     };
-    if namespace == "kube-system" || !(annotated("/metadata") || annotated(meta)) {
-        return Ok(None);
-    }
-    if labelled_operator("/metadata") || labelled_operator(meta) {
-        return Ok(None);
-    }
     let has_sidecar = object
-        .pointer(&format!("{spec}/initContainers"))
+        .pointer(&format!("{}/initContainers", paths.spec))
         .and_then(Value::as_array)
         .is_some_and(|c| c.iter().any(|c| c["name"] == SIDECAR_CONTAINER));
-    if has_sidecar {
-        return Ok(None);
-    }
+    namespace != "kube-system"
+        && (annotated("/metadata") || annotated(paths.meta))
+        && !(labelled_operator("/metadata") || labelled_operator(paths.meta))
+        && !has_sidecar
+}
+
+/// The port and heartbeat annotations (the pod template's, else the object's).
+fn options(object: &Value, paths: &PodPaths) -> Result<Options, String> {
     let annotation = |name: &str| {
         object
-            .pointer(&format!("{meta}/annotations/{}", escape(name)))
+            .pointer(&format!("{}/annotations/{}", paths.meta, escape(name)))
             .or_else(|| object.pointer(&format!("/metadata/annotations/{}", escape(name))))
             .and_then(Value::as_str)
     };
-    let port: u16 = match annotation(PORT) {
+    let port = match annotation(PORT) {
         Some(p) => p
             .parse()
             .map_err(|_| format!("{PORT} must be a port number, got {p:?}"))?,
@@ -87,17 +137,14 @@ pub fn patch(
         ),
         None => None,
     };
-    let mut mutated = object.clone();
-    let labels = ensure_object(&mut mutated, &format!("{meta}/labels"));
-    labels.insert(SIDECAR_LABEL.into(), json!("true"));
-    let pod_spec = ensure_object(&mut mutated, spec);
+    Ok(Options { port, heartbeat })
+}
+
+/// Gives every app container `PODLOCK_ADDR` and its own name in `PODLOCK_CONTAINER`.
+fn give_app_containers_their_env(pod_spec: &mut serde_json::Map<String, Value>, port: u16) {
     let addr = json!({"name": "PODLOCK_ADDR", "value": format!("http://127.0.0.1:{port}")});
-    for c in pod_spec
-        .get_mut("containers")
-        .and_then(Value::as_array_mut)
-        .into_iter()
-        .flatten()
-    {
+    let containers = pod_spec.get_mut("containers").and_then(Value::as_array_mut);
+    for c in containers.into_iter().flatten() {
         // Kubernetes cannot tell a container its own name: the app passes this with its
         // acquires so that its holds follow its own restarts only.
         let own = json!({"name": CONTAINER_ENV, "value": c["name"].clone()});
@@ -114,54 +161,119 @@ pub fn patch(
             }
         }
     }
-    let init = pod_spec.entry("initContainers").or_insert(json!([]));
-    if let Some(init) = init.as_array_mut() {
-        init.insert(0, sidecar(tpl, port, heartbeat));
-    }
-    Ok(Some(json_patch::diff(object, &mutated)))
 }
 
 /// The sidecar container: a native sidecar, non-root, read-only, no capabilities.
-fn sidecar(tpl: &SidecarTemplate, port: u16, heartbeat: Option<u32>) -> Value {
-    let field =
-        |name: &str, path: &str| json!({"name": name, "valueFrom": {"fieldRef": {"fieldPath": path}}});
-    let health = port.checked_add(1).unwrap_or(port - 1);
+fn sidecar(tpl: &SidecarTemplate, options: &Options) -> Container {
+    let health = options.port.checked_add(1).unwrap_or(options.port - 1);
+    let probe = |path: &str| Probe {
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::Int(health.into()),
+            ..Default::default()
+        }),
+        period_seconds: Some(2),
+        failure_threshold: Some(3),
+        ..Default::default()
+    };
+    let quantities = |cpu: &str, memory: &str| {
+        let q = |v: &str| Quantity(v.into());
+        Some(BTreeMap::from([
+            ("cpu".into(), q(cpu)),
+            ("memory".into(), q(memory)),
+        ]))
+    };
+    Container {
+        name: SIDECAR_CONTAINER.into(),
+        image: Some(tpl.image.clone()),
+        args: Some(vec!["sidecar".into()]),
+        restart_policy: Some("Always".into()),
+        env: Some(sidecar_env(tpl, options, health)),
+        startup_probe: Some(probe("/healthz")),
+        readiness_probe: Some(probe("/readyz")),
+        resources: Some(ResourceRequirements {
+            requests: quantities("10m", "16Mi"),
+            limits: quantities("200m", "64Mi"),
+            ..Default::default()
+        }),
+        security_context: Some(SecurityContext {
+            run_as_non_root: Some(true),
+            run_as_user: Some(65532),
+            run_as_group: Some(65532),
+            read_only_root_filesystem: Some(true),
+            allow_privilege_escalation: Some(false),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                ..Default::default()
+            }),
+            seccomp_profile: Some(SeccompProfile {
+                type_: "RuntimeDefault".into(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The sidecar's environment: the pod's identity from the downward API, its listeners, etcd.
+fn sidecar_env(tpl: &SidecarTemplate, options: &Options, health: u16) -> Vec<EnvVar> {
+    let value = |name: &str, value: String| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        ..Default::default()
+    };
+    let from = |name: &str, source: EnvVarSource| EnvVar {
+        name: name.into(),
+        value_from: Some(source),
+        ..Default::default()
+    };
+    let field = |name: &str, path: &str| {
+        let field_ref = ObjectFieldSelector {
+            field_path: path.into(),
+            ..Default::default()
+        };
+        from(
+            name,
+            EnvVarSource {
+                field_ref: Some(field_ref),
+                ..Default::default()
+            },
+        )
+    };
     let mut env = vec![
         field("PODLOCK_POD_NAME", "metadata.name"),
         field("PODLOCK_NAMESPACE", "metadata.namespace"),
         field("PODLOCK_POD_UID", "metadata.uid"),
-        json!({"name": "PODLOCK_LISTEN", "value": format!("127.0.0.1:{port}")}),
-        json!({"name": "PODLOCK_HEALTH_LISTEN", "value": format!("0.0.0.0:{health}")}),
-        json!({"name": "PODLOCK_ETCD_ENDPOINTS", "value": tpl.etcd_endpoints}),
+        value("PODLOCK_LISTEN", format!("127.0.0.1:{}", options.port)),
+        value("PODLOCK_HEALTH_LISTEN", format!("0.0.0.0:{health}")),
+        value("PODLOCK_ETCD_ENDPOINTS", tpl.etcd_endpoints.clone()),
     ];
-    if let Some(h) = heartbeat {
-        env.push(json!({"name": "PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", "value": h.to_string()}));
+    if let Some(h) = options.heartbeat {
+        env.push(value("PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", h.to_string()));
     }
-    if let Some(secret) = &tpl.credentials_secret {
-        for (var, key) in [
-            ("PODLOCK_ETCD_USER", "username"),
-            ("PODLOCK_ETCD_PASSWORD", "password"),
-        ] {
-            // Optional: a namespace without locks has no Secret yet; its sidecar then reports 403.
-            env.push(json!({"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": key, "optional": true}}}));
-        }
+    for (var, key) in [
+        ("PODLOCK_ETCD_USER", "username"),
+        ("PODLOCK_ETCD_PASSWORD", "password"),
+    ] {
+        let Some(secret) = &tpl.credentials_secret else {
+            break;
+        };
+        // Optional: a namespace without locks has no Secret yet; its sidecar then reports 403.
+        let secret_key_ref = SecretKeySelector {
+            name: secret.clone(),
+            key: key.into(),
+            optional: Some(true),
+        };
+        env.push(from(
+            var,
+            EnvVarSource {
+                secret_key_ref: Some(secret_key_ref),
+                ..Default::default()
+            },
+        ));
     }
-    let probe = |path: &str| json!({"httpGet": {"path": path, "port": health}, "periodSeconds": 2, "failureThreshold": 3});
-    json!({
-        "name": SIDECAR_CONTAINER,
-        "image": tpl.image,
-        "args": ["sidecar"],
-        "restartPolicy": "Always",
-        "env": env,
-        "startupProbe": probe("/healthz"),
-        "readinessProbe": probe("/readyz"),
-        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}},
-        "securityContext": {
-            "runAsNonRoot": true, "runAsUser": 65532, "runAsGroup": 65532,
-            "readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
-            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}
-        }
-    })
+    env
 }
 
 /// The object at `path`, created (with its parents) when missing.

@@ -22,12 +22,10 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use super::etcd_watch::{PodEntry, PodIndex, PodKey};
-pub use super::verdict::{Reason, SIDECAR_CONTAINER, verdict};
+use super::inject::SIDECAR_LABEL;
+pub use super::verdict::{Reason, verdict};
 use crate::lock::{self, Revoked};
 use crate::metrics::OperatorMetrics;
-
-/// The label that marks pods with a podlock sidecar.
-pub const SIDECAR_LABEL: &str = "podlock.io/sidecar";
 
 /// Watches pods and ends the holds of dead ones, until the pods stream ends.
 pub async fn run(

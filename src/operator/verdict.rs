@@ -19,9 +19,7 @@ use std::collections::BTreeMap;
 use std::time::SystemTime;
 
 use super::etcd_watch::PodEntry;
-
-/// The sidecar container's name, which is not an app container.
-pub const SIDECAR_CONTAINER: &str = "podlock";
+use super::inject::SIDECAR_CONTAINER;
 
 /// Why the operator ended a hold (the `reason` label of `podlock_forced_releases_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
