@@ -10,7 +10,6 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use std::collections::{BTreeMap, HashSet};
-use std::io::Read;
 use std::sync::Mutex;
 use tracing::{info, warn};
 
@@ -82,9 +81,9 @@ impl Isolation {
     }
 }
 
-/// 32 hex characters from the kernel's random source.
-fn random_password() -> std::io::Result<String> {
+/// 32 hex characters from the operating system's random source.
+fn random_password() -> Result<String, getrandom::Error> {
     let mut bytes = [0u8; 16];
-    std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
+    getrandom::fill(&mut bytes)?;
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }

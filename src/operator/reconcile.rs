@@ -14,7 +14,7 @@ use tracing::{info, warn};
 use super::isolation::Isolation;
 use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder};
 use crate::lock::keys::rfc3339;
-use crate::lock::{LockError, LockId, Store};
+use crate::lock::{LockError, LockId, QueueState, Settings, Store};
 use crate::metrics::OperatorMetrics;
 
 /// The finalizer that makes deletion wait until the lock's etcd keys are gone.
@@ -48,8 +48,8 @@ pub enum Error {
     Kube(#[from] kube::Error),
     /// Provisioning the namespace's etcd credentials failed.
     #[error("etcd credentials for the namespace: {0}")]
-    Isolation(String),
-    /// Adding or removing the finalizer failed.
+    Isolation(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The object cannot carry the finalizer (no name, or a malformed finalizer).
     #[error("finalizer: {0}")]
     Finalizer(String),
 }
@@ -69,6 +69,8 @@ pub async fn reconcile(dl: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Ac
     .map_err(|e| match e {
         kube::runtime::finalizer::Error::ApplyFailed(e)
         | kube::runtime::finalizer::Error::CleanupFailed(e) => e,
+        kube::runtime::finalizer::Error::AddFinalizer(e)
+        | kube::runtime::finalizer::Error::RemoveFinalizer(e) => Error::Kube(e),
         other => Error::Finalizer(other.to_string()),
     });
     ctx.metrics
@@ -91,34 +93,48 @@ pub fn lock_id(dl: &DistributedLock) -> LockId {
     LockId::new(&namespace, &name).expect("the API server admits only valid object names")
 }
 
+/// Publishes the lock's settings to etcd and mirrors its queue into `status`.
 async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) -> Result<Action, Error> {
     let id = lock_id(dl);
     ctx.isolation
         .ensure(&ctx.client, &ctx.store, &id.namespace)
         .await
-        .map_err(|e| Error::Isolation(e.to_string()))?;
+        .map_err(|e| Error::Isolation(e.into()))?;
     let want = dl.spec.settings();
-    let read = ctx.store.settings(&id).await;
-    let published = match read {
-        Ok(current) if current == Some(want) => Ok(()),
-        Ok(_) => ctx.store.declare(&id, &want).await.map(|()| {
-            info!(lock = %id, ?want, "published settings");
-        }),
-        Err(e) => Err(e),
-    };
-    if let Err(e) = published {
-        let ready = condition(dl, "False", "EtcdUnavailable", &e.to_string());
+    if let Err(e) = publish_settings(ctx, &id, &want).await {
         let old = dl.status.clone().unwrap_or_default();
-        let phase = old.phase.clone().or(Some("Pending".into()));
         let status = DistributedLockStatus {
-            phase,
-            conditions: vec![ready],
+            phase: old.phase.clone().or(Some("Pending".into())),
+            conditions: vec![condition(dl, "False", "EtcdUnavailable", &e.to_string())],
             ..old
         };
         patch_status(api, dl, &status).await?;
         return Err(e.into());
     }
     let state = ctx.store.queue(&id, want.max_holders).await?;
+    mirror_status(dl, api, ctx, &id, state).await?;
+    Ok(Action::requeue(RESYNC))
+}
+
+/// Writes `want` to etcd unless it is there already.
+async fn publish_settings(ctx: &Context, id: &LockId, want: &Settings) -> Result<(), LockError> {
+    if ctx.store.settings(id).await? == Some(*want) {
+        return Ok(());
+    }
+    ctx.store.declare(id, want).await?;
+    info!(lock = %id, ?want, "published settings");
+    Ok(())
+}
+
+/// Mirrors the queue into the object's `status` and the lock's gauges; records an Event when
+/// the first holder changes.
+async fn mirror_status(
+    dl: &DistributedLock,
+    api: &Api<DistributedLock>,
+    ctx: &Context,
+    id: &LockId,
+    state: QueueState,
+) -> Result<(), Error> {
     let old = dl.status.clone().unwrap_or_default();
     let newest = state.holders.iter().map(|h| h.fencing_token).max();
     let status = DistributedLockStatus {
@@ -130,29 +146,28 @@ async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) 
         conditions: vec![condition(dl, "True", "Published", "settings are live in etcd")],
     };
     let labels = [id.namespace.as_str(), id.name.as_str()];
-    ctx.metrics
-        .lock_holders
-        .with_label_values(&labels)
-        .set(status.holders.len() as i64);
+    let holders = ctx.metrics.lock_holders.with_label_values(&labels);
+    holders.set(status.holders.len() as i64);
     ctx.metrics
         .lock_waiters
         .with_label_values(&labels)
         .set(status.waiters.into());
-    if status != old {
-        let first = |s: &DistributedLockStatus| s.holders.first().map(|h| h.pod.clone());
-        if first(&status) != first(&old) {
-            let note = match status.holders.first() {
-                Some(h) => format!(
-                    "held by {} (pod {}, token {})",
-                    h.holder_id, h.pod, h.fencing_token
-                ),
-                None => "free".into(),
-            };
-            publish(ctx, dl, "HolderChanged", note).await;
-        }
-        patch_status(api, dl, &status).await?;
+    if status == old {
+        return Ok(());
     }
-    Ok(Action::requeue(RESYNC))
+    let first = |s: &DistributedLockStatus| s.holders.first().map(|h| h.pod.clone());
+    if first(&status) != first(&old) {
+        let note = match status.holders.first() {
+            Some(h) => format!(
+                "held by {} (pod {}, token {})",
+                h.holder_id, h.pod, h.fencing_token
+            ),
+            None => "free".into(),
+        };
+        publish(ctx, dl, "HolderChanged", note).await;
+    }
+    patch_status(api, dl, &status).await?;
+    Ok(())
 }
 
 async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
