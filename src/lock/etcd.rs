@@ -167,11 +167,16 @@ impl Etcd {
         let (first, rest) = targets
             .split_first()
             .ok_or_else(|| LockError::Invalid("nothing to watch".into()))?;
-        let mut stream = self
-            .client
-            .watch_client()
-            .watch(first.key.clone(), opts(first))
-            .await?;
+        // Opening the stream waits for the member's answer: bounded, as a stalled member never
+        // gives one (the watch's own silence check starts only once it is open).
+        let mut client = self.client.watch_client();
+        let open = client.watch(first.key.clone(), opts(first));
+        let mut stream = timeout(2 * WATCH_SILENCE, open).await.map_err(|_| {
+            LockError::Unavailable(format!(
+                "the etcd member did not open a watch within {:?} (stalled or cut off)",
+                2 * WATCH_SILENCE
+            ))
+        })??;
         for t in rest {
             stream.watch(t.key.clone(), opts(t)).await?;
         }

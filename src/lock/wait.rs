@@ -63,10 +63,18 @@ pub async fn wait_turn(
             Position::Gone => return Ok(Turn::Gone),
             waiting => watch_targets(waiting, lock, ticket, declared.settings.max_holders),
         };
-        let Ok(watch) = timeout_at(deadline, etcd.watch_keys(&targets, None)).await else {
-            return Ok(Turn::TimedOut);
+        let mut watch = match timeout_at(deadline, etcd.watch_keys(&targets, None)).await {
+            Err(_) => return Ok(Turn::TimedOut),
+            Ok(Ok(watch)) => watch,
+            // A member that cannot set up the watch (stalled, restarting): read again (the read
+            // fails if etcd is really gone) and watch anew, likely on another member.
+            Ok(Err(e)) => {
+                warn!(key = ticket.key, error = %e, "could not watch while waiting; re-reading");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                (pos, rev) = position(etcd, lock, ticket, declared).await?;
+                continue;
+            }
         };
-        let mut watch = watch?;
         // Anything written between our read and the watches' start may have moved us: read again.
         if watch.start_revision != rev {
             let (again, again_rev) = position(etcd, lock, ticket, declared).await?;
