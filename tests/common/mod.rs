@@ -9,6 +9,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 pub mod kube;
+pub mod node;
 pub mod store;
 
 /// Where `scripts/setup.sh` puts etcd and the Kubernetes binaries.
