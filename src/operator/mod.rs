@@ -92,10 +92,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
 
     let own_ns = args.operator_namespace.clone().unwrap_or_else(own_namespace);
     rustls::crypto::ring::default_provider().install_default().ok();
-    let owner = match &args.owner_cluster_role {
-        Some(role) => Some(owner::cluster_role(&client, role).await?),
-        None => None,
-    };
+    let owner = owner::cluster_role(&client, args.owner_cluster_role.as_deref()).await?;
     let tls = webhook::tls(&client, &args.webhook, &own_ns, owner.as_ref()).await?;
     let sidecar = inject::SidecarTemplate {
         image: args.webhook.sidecar_image.clone(),

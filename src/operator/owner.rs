@@ -13,19 +13,23 @@ use kube::api::{Api, Patch, PatchParams};
 use serde::de::DeserializeOwned;
 use serde_json::json;
 
-/// The owner reference to ClusterRole `name`.
-pub async fn cluster_role(client: &kube::Client, name: &str) -> anyhow::Result<OwnerReference> {
+/// The owner reference to ClusterRole `name`, if one is named.
+pub async fn cluster_role(
+    client: &kube::Client,
+    name: Option<&str>,
+) -> anyhow::Result<Option<OwnerReference>> {
+    let Some(name) = name else { return Ok(None) };
     let role = Api::<ClusterRole>::all(client.clone())
         .get(name)
         .await
         .map_err(|e| anyhow::anyhow!("cannot read ClusterRole {name} (--owner-cluster-role): {e}"))?;
-    Ok(OwnerReference {
+    Ok(Some(OwnerReference {
         api_version: "rbac.authorization.k8s.io/v1".into(),
         kind: "ClusterRole".into(),
         name: name.into(),
         uid: role.metadata.uid.unwrap_or_default(),
         ..Default::default()
-    })
+    }))
 }
 
 /// Makes `owner` the only owner of object `name` of `api` (an object made by an operator that

@@ -28,12 +28,10 @@ done
 /// The Deployment's replicas.
 const REPLICAS: u32 = 3;
 
-/// Creates the lock and the Deployment, then annotates the Deployment for injection and waits
-/// until its pods (now with the sidecar) contend and one holds the lock.
-pub async fn deploy(node: &Node) {
-    node.kubectl(&["create", "namespace", "app"]);
+/// The lock and the app's Deployment, without the injection annotation.
+fn manifest(node: &Node) -> String {
     let app = serde_json::to_string(APP).unwrap();
-    node.kubectl_apply(&format!(
+    format!(
         r#"
 apiVersion: podlock.io/v1alpha1
 kind: DistributedLock
@@ -58,7 +56,14 @@ spec:
 "#,
         image = node.images["APP_IMAGE"],
         replicas = REPLICAS,
-    ));
+    )
+}
+
+/// Creates the lock and the Deployment, then annotates the Deployment for injection and waits
+/// until its pods (now with the sidecar) contend and one holds the lock.
+pub async fn deploy(node: &Node) {
+    node.kubectl(&["create", "namespace", "app"]);
+    node.kubectl_apply(&manifest(node));
     rollout(node);
     let (ok, _, err) = node.kubectl(&[
         "annotate",
