@@ -273,6 +273,11 @@ up() {
   [ -f "$dir/certs/kubelet-ca.crt" ] || { echo "node: the control plane in $dir was not started with --node" >&2; exit 1; }
   NODE_NAME=$(hostname | tr '[:upper:]' '[:lower:]')
   if [ -e "$state" ]; then down; fi # what a killed earlier run left
+  if ip link show "$BRIDGE" >/dev/null 2>&1; then
+    echo "node: the bridge $BRIDGE exists: another node runs on this machine, or a killed one left" \
+      "it (scripts/node.sh down ITS_DIR removes what it left)" >&2
+    exit 1
+  fi
   mkdir -p "$state/cni"
   trap down EXIT
   trap 'exit 143' TERM
