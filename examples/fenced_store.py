@@ -7,8 +7,12 @@ GET /                              {"value", "accepted", "rejected", "highest"}
 Every accepted write is logged with its token and time to the file given as second argument.
 
     python3 examples/fenced_store.py PORT [LOG]
+
+It listens on 127.0.0.1, or on the address in $FENCED_STORE_HOST (the demo on a real node
+serves its pods on the pod bridge's address).
 """
 import json
+import os
 import sys
 import threading
 import time
@@ -57,4 +61,5 @@ class Store(BaseHTTPRequestHandler):
 
 
 if __name__ == "__main__":
-    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Store).serve_forever()
+    host = os.environ.get("FENCED_STORE_HOST", "127.0.0.1")
+    ThreadingHTTPServer((host, int(sys.argv[1])), Store).serve_forever()

@@ -4,13 +4,22 @@
 # key, a static admin token in system:masters, RBAC) and kube-controller-manager, all on free
 # loopback ports. No kubelet and no scheduler: whoever uses it creates Pods and sets their status.
 #
-#   scripts/control-plane.sh DIR
+#   scripts/control-plane.sh DIR [--node]
+#
+# --node readies it for a real node (scripts/node.sh): the API server also listens on the
+# machine's own non-loopback address and advertises it (so the `kubernetes` Service has an
+# endpoint pods can reach; its self-signed certificate then names that address and the Service
+# IP 10.0.0.1), authenticates to kubelets with a client certificate of its own small CA
+# (DIR/certs/kubelet-ca.crt, which the kubelet trusts), and kube-controller-manager puts the
+# API server's CA into every namespace's kube-root-ca.crt (pods' ca.crt).
 #
 # Runs in the foreground until killed; its processes die with it. When the API server is ready
 # it writes DIR/env (ETCD_ENDPOINT=..., KUBECONFIG=..., APISERVER=...) and then DIR/ready.
 # Logs go to DIR/*.log. Binaries come from scripts/setup.sh --kubernetes.
 set -euo pipefail
-dir=$(realpath -m "${1:?usage: control-plane.sh DIR}")
+dir=$(realpath -m "${1:?usage: control-plane.sh DIR [--node]}")
+node=false
+[ "${2:-}" = "--node" ] && node=true
 mkdir -p "$dir/certs"
 BIN="${PODLOCK_CACHE:-$HOME/.cache/podlock}/bin"
 for b in etcd kube-apiserver kube-controller-manager; do
@@ -34,8 +43,29 @@ until curl -sf "$etcd/health" >/dev/null; do sleep 0.1; done
 
 openssl ecparam -name prime256v1 -genkey -noout -out "$dir/sa.key" 2>/dev/null
 echo "$token,admin,admin,\"system:masters\"" >"$dir/tokens.csv"
+bind=127.0.0.1 advertise=127.0.0.1 node_flags=() kcm_flags=()
+if $node; then
+  # The machine's own address: the first IPv4 address of the default route's interface.
+  dev=$(ip -4 route show default | awk '{print $5; exit}')
+  advertise=$(ip -4 -o addr show scope global ${dev:+dev "$dev"} | awk '{sub("/.*", "", $4); print $4; exit}')
+  [ -n "$advertise" ] || { echo "control-plane: no non-loopback IPv4 address for --node" >&2; exit 1; }
+  bind=0.0.0.0
+  # Its self-signed certificate names the advertised address, not 127.0.0.1.
+  api="https://$advertise:$api_port"
+  c="$dir/certs"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
+    -subj /CN=podlock-kubelet-ca -keyout "$c/kubelet-ca.key" -out "$c/kubelet-ca.crt" 2>/dev/null
+  openssl req -new -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
+    -subj "/O=system:masters/CN=kube-apiserver-kubelet-client" \
+    -keyout "$c/kubelet-client.key" -out "$c/kubelet-client.csr" 2>/dev/null
+  openssl x509 -req -in "$c/kubelet-client.csr" -CA "$c/kubelet-ca.crt" -CAkey "$c/kubelet-ca.key" \
+    -CAcreateserial -days 2 -out "$c/kubelet-client.crt" 2>/dev/null
+  node_flags=(--kubelet-client-certificate="$c/kubelet-client.crt" --kubelet-client-key="$c/kubelet-client.key"
+    --kubelet-preferred-address-types=InternalIP,Hostname)
+  kcm_flags=(--root-ca-file="$c/apiserver.crt")
+fi
 child "$BIN/kube-apiserver" --etcd-servers="$etcd" --cert-dir="$dir/certs" \
-  --secure-port="$api_port" --bind-address=127.0.0.1 --advertise-address=127.0.0.1 \
+  --secure-port="$api_port" --bind-address="$bind" --advertise-address="$advertise" "${node_flags[@]}" \
   --service-cluster-ip-range=10.0.0.0/24 --service-account-issuer="$api" \
   --service-account-key-file="$dir/sa.key" --service-account-signing-key-file="$dir/sa.key" \
   --token-auth-file="$dir/tokens.csv" --authorization-mode=RBAC --allow-privileged=true \
@@ -63,8 +93,9 @@ until kubectl --kubeconfig "$dir/kubeconfig" get --raw /readyz >/dev/null 2>&1; 
 child "$BIN/kube-controller-manager" --kubeconfig="$dir/kubeconfig" \
   --service-account-private-key-file="$dir/sa.key" --leader-elect=false --controllers='*' \
   --use-service-account-credentials=false --secure-port="$kcm_port" --bind-address=127.0.0.1 \
+  "${kcm_flags[@]}" \
   >"$dir/kube-controller-manager.log" 2>&1
 
-printf 'ETCD_ENDPOINT=%s\nKUBECONFIG=%s\nAPISERVER=%s\n' "$etcd" "$dir/kubeconfig" "$api" >"$dir/env"
+printf 'ETCD_ENDPOINT=%s\nKUBECONFIG=%s\nAPISERVER=%s\nNODE_IP=%s\n' "$etcd" "$dir/kubeconfig" "$api" "$advertise" >"$dir/env"
 touch "$dir/ready"
 wait

@@ -1,49 +1,73 @@
 #!/usr/bin/env bash
-# podlock's main job on an embedded default: a local etcd and Kubernetes control plane, the
-# operator, a DistributedLock, and an annotated Deployment whose pods (given the sidecar by the
-# webhook) contend for the lock and write to a fenced counter. There is no kubelet: the demo
-# stands in for it, starting each pod's sidecar and a small curl worker as local processes.
-# Then it deletes the holder's Pod and prints how fast the lock moved on. Leaves nothing running.
+# podlock's main job, on a real single-node Kubernetes cluster of this machine: a control plane
+# (scripts/control-plane.sh --node) and a node with containerd and a kubelet (scripts/node.sh),
+# images built here (scripts/images.sh), `helm install` of the chart with its bundled etcd, a
+# DistributedLock, and a Deployment of three curl workers that `kubectl annotate` gives the
+# sidecar. The workers take turns writing to a fenced counter; the demo shows `kubectl get dlock`
+# live, deletes the holder's Pod in the middle of its hold and prints how fast the lock moved on.
+# Leaves nothing running and nothing of the node behind.
+#
+#   scripts/demo.sh               on the node (needs root)
+#   scripts/demo.sh --processes   without a node: the kubelet played by local processes
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--processes" ]; then exec bash scripts/demo-processes.sh; fi
+if [ "$(id -u)" != 0 ]; then
+  echo "demo: a node needs root; running the demo without one (scripts/demo.sh --processes)" >&2
+  exec bash scripts/demo-processes.sh
+fi
 
 step() { printf '\033[1m[demo]\033[0m %s\n' "$*" >&2; }
-bash scripts/setup.sh --kubernetes >/dev/null
-step "building podlock (release)"
+BIN=$(bash scripts/setup.sh --node | tail -1)
+step "building podlock (release) and the images"
 cargo build --release --locked --bin podlock --quiet
-PODLOCK=$PWD/target/release/podlock
-
 work=$(mktemp -d)
-pids=() # disowned processes (no "Killed" notices), ended at exit
+node_pid=""
 cleanup() {
-  kill $(jobs -p) "${pids[@]}" 2>/dev/null || true
+  [ -z "$node_pid" ] || { kill -TERM "$node_pid" 2>/dev/null || true; wait "$node_pid" 2>/dev/null || true; }
+  kill $(jobs -p) 2>/dev/null || true
   wait 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-now() { date +%s.%N; }
+bash scripts/images.sh "$work/images" target/release/podlock 2>/dev/null
+. "$work/images/images.env"
 
-step "starting etcd, kube-apiserver and kube-controller-manager"
-bash scripts/control-plane.sh "$work/cp" &
+step "starting etcd, kube-apiserver and kube-controller-manager, then the node (containerd, kubelet, kube-proxy, CoreDNS)"
+bash scripts/control-plane.sh "$work/cp" --node &
 until [ -f "$work/cp/ready" ]; do sleep 0.2; done
+bash scripts/node.sh up "$work/cp" "$work/images" 2>"$work/node.log" &
+node_pid=$!
+until [ -f "$work/cp/node/ready" ]; do
+  kill -0 "$node_pid" 2>/dev/null || { cat "$work/node.log" >&2; exit 1; }
+  sleep 0.5
+done
 set -a; . "$work/cp/env"; set +a
 k() { kubectl --kubeconfig "$KUBECONFIG" "$@"; }
+k get nodes -o wide | sed 's/^/  /'
 
-step "installing the CRD and starting the operator"
-k apply -f crds/ >/dev/null
+step "helm install podlock charts/podlock --set etcd.bundled.enabled=true (images $PODLOCK_IMAGE, $ETCD_IMAGE)"
+"$BIN/helm" --kubeconfig "$KUBECONFIG" install podlock charts/podlock -n podlock --create-namespace \
+  --set image.repository="${PODLOCK_IMAGE%:*}" --set image.tag="${PODLOCK_IMAGE##*:}" \
+  --set image.pullPolicy=Never --set etcd.bundled.enabled=true --set etcd.bundled.image="$ETCD_IMAGE" \
+  --wait --timeout 5m >/dev/null
+k get pods -n podlock -o wide | sed 's/^/  /'
+
+# The fenced counter runs on this machine, on the pod bridge's address, where pods reach it.
+FENCED_STORE_HOST=10.244.0.1 python3 examples/fenced_store.py 8088 "$work/writes" &
+step "creating DistributedLock demo/report and a Deployment of 3 curl workers (no sidecar yet)"
 k create namespace demo >/dev/null
-hook=$(free_port); op_metrics=127.0.0.1:$(free_port)
-"$PODLOCK" operator --etcd-endpoints "$ETCD_ENDPOINT" --listen "$op_metrics" \
-  --webhook-listen "127.0.0.1:$hook" --webhook-url "https://127.0.0.1:$hook/mutate" \
-  --leader-lease-seconds 3 >"$work/operator.log" 2>&1 &
-until k get mutatingwebhookconfiguration podlock -o jsonpath='{.webhooks[0].clientConfig.caBundle}' 2>/dev/null | grep -q .; do sleep 0.2; done
-
-store_port=$(free_port)
-python3 examples/fenced_store.py "$store_port" "$work/writes" &
-STORE=http://127.0.0.1:$store_port
-
-step "creating DistributedLock demo/report and an annotated Deployment with 3 replicas"
+# A worker: acquire -> write to the counter with the token -> work 1 s -> release.
+worker='trap "exit 0" TERM
+while true; do
+  if [ -z "$PODLOCK_ADDR" ]; then sleep 1 & wait $!; continue; fi
+  grant=$(curl -s -XPOST "$PODLOCK_ADDR/v1/locks/report/acquire" -d "{\"waitSeconds\":30}") || true
+  token=$(echo "$grant" | sed -n "s/.*\"fencingToken\":\([0-9]*\).*/\1/p")
+  if [ -z "$token" ]; then sleep 0.2 & wait $!; continue; fi
+  curl -s -XPOST "http://10.244.0.1:8088/increment?token=$token&writer=$(hostname)" >/dev/null
+  sleep 1 & wait $!
+  curl -s -XPOST "$PODLOCK_ADDR/v1/locks/report/release" >/dev/null
+done'
 k apply -f - >/dev/null <<YAML
 apiVersion: podlock.io/v1alpha1
 kind: DistributedLock
@@ -52,79 +76,58 @@ spec: {ttlSeconds: 15}
 ---
 apiVersion: apps/v1
 kind: Deployment
-metadata: {name: worker, namespace: demo, annotations: {podlock.io/inject: "true"}}
+metadata: {name: worker, namespace: demo}
 spec:
   replicas: 3
   selector: {matchLabels: {app: worker}}
   template:
     metadata: {labels: {app: worker}}
-    spec: {containers: [{name: app, image: "example/worker:1"}]}
+    spec:
+      containers:
+        - name: app
+          image: $APP_IMAGE
+          imagePullPolicy: Never
+          command: [/bin/sh, -c, $(python3 -c 'import json, sys; print(json.dumps(sys.argv[1]))' "$worker")]
 YAML
-until [ "$(k get pods -n demo -l app=worker -o name | wc -l)" = 3 ]; do sleep 0.2; done
-k get pods -n demo -l app=worker -o jsonpath='{range .items[*]}{.metadata.name} init={.spec.initContainers[*].name} app-env={.spec.containers[0].env[0].name}{"\n"}{end}' | sed 's/^/  /'
+k rollout status deployment/worker -n demo --timeout=120s >/dev/null
+step "kubectl annotate deployment worker podlock.io/inject=true"
+k annotate deployment worker -n demo podlock.io/inject=true >/dev/null
+k rollout status deployment/worker -n demo --timeout=180s >/dev/null
+# (pods of the old ReplicaSet may still be terminating: the ones with a deletionTimestamp)
+k get pods -n demo -o jsonpath='{range .items[*]}{.metadata.name} sidecar={.spec.initContainers[0].name} app-env={.spec.containers[0].env[0].name} {.metadata.deletionTimestamp}{"\n"}{end}' |
+  awk 'NF == 3 {print "  " $0}'
+until [ -s "$work/writes" ]; do sleep 0.2; done
 
-# Stand in for the kubelet: mark each pod Running, start its sidecar and its worker.
-started=$(date -u -d '-1 min' +%Y-%m-%dT%H:%M:%SZ)
-declare -A addr sidecar worker
-for pod in $(k get pods -n demo -l app=worker -o jsonpath='{.items[*].metadata.name}'); do
-  uid=$(k get pod "$pod" -n demo -o jsonpath='{.metadata.uid}')
-  k patch pod "$pod" -n demo --subresource=status --type=merge -p "{\"status\":{\"phase\":\"Running\",\"containerStatuses\":[{\"name\":\"app\",\"image\":\"x\",\"imageID\":\"\",\"ready\":true,\"restartCount\":0,\"state\":{\"running\":{\"startedAt\":\"$started\"}}}]}}" >/dev/null
-  port=$(free_port)
-  addr[$pod]=http://127.0.0.1:$port
-  "$PODLOCK" sidecar --etcd-endpoints "$ETCD_ENDPOINT" --listen "127.0.0.1:$port" \
-    --namespace demo --pod-name "$pod" --pod-uid "$uid" >"$work/$pod.log" 2>&1 &
-  sidecar[$pod]=$!
-  pids+=($!)
-  disown $!
-done
-for pod in "${!addr[@]}"; do until curl -sf "${addr[$pod]}/readyz" >/dev/null; do sleep 0.05; done; done
-
-# A worker: acquire → write to the fenced counter with the token → hold 150 ms → release.
-work_loop() {
-  local pod=$1 a=${addr[$1]} grant token
-  while true; do
-    grant=$(curl -s -XPOST "$a/v1/locks/report/acquire" -d '{"waitSeconds":30}') || { sleep 0.1; continue; }
-    token=$(sed -n 's/.*"fencingToken":\([0-9]*\).*/\1/p' <<<"$grant")
-    [ -n "$token" ] || { sleep 0.1; continue; }
-    echo "$(now) $pod $token" >>"$work/grants"
-    curl -s -XPOST "$STORE/increment?token=$token&writer=$pod" >/dev/null || true
-    sleep 0.15
-    curl -s -XPOST "$a/v1/locks/report/release" >/dev/null || true
-  done
-}
-for pod in "${!addr[@]}"; do
-  work_loop "$pod" &
-  worker[$pod]=$!
-  pids+=($!)
-  disown $!
-done
-step "three pods contend; what \`kubectl get dlock -w\` shows, plus the fenced counter:"
+step "three pods contend; what \`kubectl get dlock\` shows, plus the fenced counter:"
 show() {
   printf '  %s  %s   counter=%s\n' "$(date +%T)" \
     "$(k get dlock report -n demo --no-headers -o custom-columns=HOLDER:.status.holders[0].pod,WAITERS:.status.waiters,TOKEN:.status.fencingToken 2>/dev/null | tr -s ' ')" \
-    "$(curl -s "$STORE/" | sed -n 's/.*"value": \([0-9]*\).*/\1/p')"
+    "$(curl -s http://10.244.0.1:8088/ | sed -n 's/.*"value": \([0-9]*\).*/\1/p')"
 }
 printf '  %-8s  HOLDER WAITERS TOKEN\n' TIME
 for _ in $(seq 8); do show; sleep 0.5; done
 
-step "the holder's processes die (kill -9: its lease would hold the lock for 15 s), then its Pod is deleted"
-n=$(wc -l <"$work/grants")
-until [ "$(wc -l <"$work/grants")" -gt "$n" ]; do sleep 0.005; done # a fresh grant: its pod holds now
-holder=$(tail -n1 "$work/grants" | cut -d' ' -f2)
-kill -9 "${worker[$holder]}" "${sidecar[$holder]}" 2>/dev/null || true
+step "deleting the holder's Pod in the middle of its 1 s hold"
+n=$(wc -l <"$work/writes")
+until [ "$(wc -l <"$work/writes")" -gt "$n" ]; do sleep 0.005; done # a fresh grant: its pod holds now
+holder=$(tail -n1 "$work/writes" | cut -d' ' -f3)
+t0=$(date +%s.%N)
 k delete pod "$holder" -n demo --wait=false >/dev/null
-t0=$(now) # the deletion has reached the API server
-until line=$(awk -v t="$t0" -v v="$holder" '$1 > t && $2 != v' "$work/grants" | head -n1) && [ -n "$line" ]; do sleep 0.01; done
+until line=$(awk -v t="$t0" -v v="$holder" '$1 > t && $3 != v' "$work/writes" | head -n1) && [ -n "$line" ]; do sleep 0.01; done
 moved=$(echo "($(cut -d' ' -f1 <<<"$line") - $t0) * 1000" | bc -l)
 for _ in $(seq 4); do show; sleep 0.5; done
 
 echo
 step "summary"
-awk '{print $2}' "$work/grants" | sort | uniq -c | awk '{printf "  %s: %s grants\n", $2, $1}'
-awk 'NR>1 && $3 <= prev {bad=1} {prev=$3} END {exit bad}' "$work/grants" \
-  && echo "  fencing tokens rose strictly over $(wc -l <"$work/grants") grants" \
+awk '{print $3}' "$work/writes" | sort | uniq -c | awk '{printf "  %s: %s grants\n", $2, $1}'
+awk 'NR>1 && $2 <= prev {bad=1} {prev=$2} END {exit bad}' "$work/writes" \
+  && echo "  fencing tokens rose strictly over $(wc -l <"$work/writes") grants" \
   || { echo "  ERROR: fencing tokens did not rise strictly"; exit 1; }
-curl -s "$STORE/" | sed 's/^/  fenced counter: /'; echo
-printf '  deleted the holder pod %s: %s got the lock %.0f ms later (lock TTL 15 s)\n' \
-  "$holder" "$(cut -d' ' -f2 <<<"$line")" "$moved"
-curl -s "http://$op_metrics/metrics" | grep '^podlock_forced_releases_total' | sed 's/^/  operator: /' || true
+curl -s http://10.244.0.1:8088/ | sed 's/^/  fenced counter: /'; echo
+printf '  deleted the holder pod %s: %s got the lock %.0f ms later (from the kubectl call; hold 1 s, lock TTL 15 s)\n' \
+  "$holder" "$(cut -d' ' -f3 <<<"$line")" "$moved"
+for ip in $(k get pods -n podlock -l app.kubernetes.io/component=podlock-operator -o jsonpath='{.items[*].status.podIP}'); do
+  curl -s "http://$ip:8080/metrics" | grep -E '^podlock_(forced_releases_total\{|operator_leader )' | sed "s/^/  operator $ip: /" || true
+done
+step "helm uninstall podlock, then tearing the node down"
+"$BIN/helm" --kubeconfig "$KUBECONFIG" uninstall podlock -n podlock --wait >/dev/null

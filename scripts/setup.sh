@@ -8,6 +8,12 @@
 #   with --kubernetes: kube-apiserver and kube-controller-manager, built from the Go module
 #                     k8s.io/kubernetes (about 3 + 3 minutes of compile on 2 cores), and helm
 #                     from helm.sh/helm/v3 (about 2 minutes)
+#   with --node:      all of --kubernetes, and for a real node (scripts/node.sh): kubelet,
+#                     kube-scheduler and kube-proxy from the same module (a minute or two once
+#                     the API server's build cache is warm), CoreDNS from github.com/coredns/coredns
+#                     (only its kubernetes, bind and errors plugins), and Debian's containerd, runc,
+#                     containernetworking-plugins, iptables, busybox-static (the demo app image's
+#                     shell) and binutils (strip)
 #
 # Slow builds are cached outside the repo in $PODLOCK_CACHE (default ~/.cache/podlock) and
 # reused while their version matches. Prints the cache's bin directory on the last line.
@@ -16,8 +22,14 @@ set -euo pipefail
 ETCD_VERSION="${ETCD_VERSION:-v3.5.17}"
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
-WITH_KUBERNETES=false
-[ "${1:-}" = "--kubernetes" ] && WITH_KUBERNETES=true
+COREDNS_VERSION="${COREDNS_VERSION:-v1.13.1}"
+WITH_KUBERNETES=false WITH_NODE=false
+case "${1:-}" in
+  --kubernetes) WITH_KUBERNETES=true ;;
+  --node) WITH_KUBERNETES=true WITH_NODE=true ;;
+  "") ;;
+  *) echo "usage: setup.sh [--kubernetes|--node]" >&2; exit 2 ;;
+esac
 CACHE="${PODLOCK_CACHE:-$HOME/.cache/podlock}"
 BIN="$CACHE/bin"
 mkdir -p "$BIN"
@@ -38,7 +50,7 @@ APT_UPDATED=false
 apt_install() {
   local cmd=$1 package=$2 what=$3
   if command -v "$cmd" >/dev/null 2>&1; then
-    step "$cmd: $("$cmd" --version | head -1)"
+    step "$cmd: $(dpkg-query -W -f '${Package} ${Version}' "$package" 2>/dev/null || "$cmd" --version | head -1)"
     return
   fi
   step "installing $cmd (Debian $package, $what)"
@@ -89,6 +101,7 @@ build_go_cmd etcdctl go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdctl/v3
 # build_kube_cmds CMD...: builds k8s.io/kubernetes/cmd/CMD at KUBE_VERSION. `go install` refuses
 # that module (its go.mod replaces every k8s.io staging module with a local directory), so a
 # throwaway module requires it and replaces each staging module with its published v0.Y.Z.
+# The version ldflags are those of Kubernetes' own build (else a node reports v0.0.0-master).
 build_kube_cmds() {
   local missing=() cmd
   for cmd in "$@"; do
@@ -117,7 +130,7 @@ build_kube_cmds() {
     for cmd in "${missing[@]}"; do
       step "building $cmd $KUBE_VERSION (a few minutes on 2 cores)"
       start=$(date +%s)
-      go build -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd" >&2
+      go build -ldflags "$(kube_version_ldflags)" -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd" >&2
       echo "$KUBE_VERSION" > "$BIN/.$cmd.version"
       step "$cmd built in $(( $(date +%s) - start )) s"
     done
@@ -125,9 +138,67 @@ build_kube_cmds() {
   rm -rf "$work"
 }
 
+kube_version_ldflags() {
+  local minor=${KUBE_VERSION#v1.} pkg
+  minor=${minor%%.*}
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    printf -- '-X %s.gitVersion=%s -X %s.gitMajor=1 -X %s.gitMinor=%s -X %s.gitTreeState=clean ' \
+      "$pkg" "$KUBE_VERSION" "$pkg" "$pkg" "$minor" "$pkg"
+  done
+}
+
+# build_coredns: CoreDNS with only the plugins the node uses (a main of our own, the way CoreDNS
+# documents custom builds), so the build skips its cloud DNS providers.
+build_coredns() {
+  if [ -x "$BIN/coredns" ] && [ "$(cat "$BIN/.coredns.version" 2>/dev/null)" = "$COREDNS_VERSION" ]; then
+    step "coredns $COREDNS_VERSION: cached in $BIN"
+    return
+  fi
+  step "building coredns $COREDNS_VERSION from the Go module github.com/coredns/coredns (a minute or two)"
+  local work start
+  work=$(mktemp -d)
+  start=$(date +%s)
+  (
+    cd "$work"
+    go mod init podlock-build-coredns >/dev/null 2>&1
+    cat >main.go <<'GO'
+package main
+
+import (
+	"github.com/coredns/coredns/core/dnsserver"
+	"github.com/coredns/coredns/coremain"
+
+	_ "github.com/coredns/coredns/plugin/bind"
+	_ "github.com/coredns/coredns/plugin/errors"
+	_ "github.com/coredns/coredns/plugin/kubernetes"
+)
+
+func init() { dnsserver.Directives = []string{"bind", "errors", "kubernetes"} }
+
+func main() { coremain.Run() }
+GO
+    go get "github.com/coredns/coredns@$COREDNS_VERSION" >&2
+    go mod tidy >&2
+    go build -o "$BIN/coredns" . >&2
+  )
+  rm -rf "$work"
+  echo "$COREDNS_VERSION" >"$BIN/.coredns.version"
+  step "coredns built in $(( $(date +%s) - start )) s"
+}
+
 if $WITH_KUBERNETES; then
   build_kube_cmds kube-apiserver kube-controller-manager
   build_go_cmd helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+fi
+if $WITH_NODE; then
+  apt_install containerd containerd "the node's container runtime, CRI built in"
+  apt_install runc runc "containerd's OCI runtime"
+  apt_install /usr/lib/cni/bridge containernetworking-plugins "the pod network: bridge, host-local, portmap, loopback"
+  apt_install iptables iptables "for kube-proxy and the kubelet"
+  apt_install busybox busybox-static "the demo app image's shell"
+  apt_install strip binutils "scripts/images.sh strips the podlock binary"
+  build_kube_cmds kubelet kube-scheduler kube-proxy
+  build_coredns
 fi
 
 echo "$BIN"

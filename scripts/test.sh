@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Runs every test of podlock: installs what is missing (scripts/setup.sh --kubernetes: etcd,
-# kube-apiserver, kube-controller-manager, protoc), then format check, clippy, unit tests and
-# the integration tests on a real etcd and a real Kubernetes API server.
+# Runs every test of podlock: installs what is missing (scripts/setup.sh --node: etcd,
+# kube-apiserver, kube-controller-manager, helm, protoc, and for a real node kubelet,
+# kube-scheduler, kube-proxy, CoreDNS, containerd, runc, CNI plugins), then format check, clippy,
+# unit tests, the integration tests on a real etcd and a real Kubernetes API server, and
+# tests/node: the chart installed on a real single-node cluster of this machine (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\033[1m[test]\033[0m %s\n' "$*" >&2; }
 
-bash scripts/setup.sh --kubernetes >/dev/null
+bash scripts/setup.sh --node >/dev/null
 step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
@@ -20,5 +22,5 @@ build=$(sed -n 's/^RUN \(cargo build .*\)$/\1/p' Dockerfile)
 step "$build (the Dockerfile's build command)"
 $build
 ./target/release/podlock --version
-step "cargo test (unit tests, then integration tests on real etcd, kube-apiserver and podlock processes)"
+step "cargo test (unit tests, integration tests on real etcd, kube-apiserver and podlock processes, then tests/node on a real kubelet)"
 cargo test

@@ -4,6 +4,9 @@
 //! one that dies is replaced within the Lease duration.
 
 use clap::Args;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::Api;
 use kube_lease_manager::LeaseManagerBuilder;
 use std::future::Future;
 use tracing::{info, warn};
@@ -28,6 +31,7 @@ pub async fn run_when_leader<F, Fut>(
     client: kube::Client,
     args: &LeaderArgs,
     namespace: &str,
+    owner: Option<&OwnerReference>,
     is_leader: impl Fn(bool),
     lead: F,
     shutdown: impl Future<Output = ()>,
@@ -42,13 +46,20 @@ where
         std::process::id()
     );
     let grace = (args.leader_lease_seconds / 3).max(1);
-    let manager = LeaseManagerBuilder::new(client, &args.leader_election_id)
+    let manager = LeaseManagerBuilder::new(client.clone(), &args.leader_election_id)
         .with_namespace(namespace)
         .with_identity(&identity)
         .with_duration(args.leader_lease_seconds)
         .with_grace(grace)
         .build()
         .await?;
+    if let Some(owner) = owner {
+        // The manager has made the Lease; give it the operator's owner (see `owner`).
+        let leases: Api<Lease> = Api::namespaced(client, namespace);
+        if let Err(e) = super::owner::adopt(&leases, &args.leader_election_id, owner).await {
+            warn!(error = %e, "could not set the leader Lease's owner");
+        }
+    }
     let (mut leading, task) = manager.watch().await;
     tokio::pin!(shutdown);
     loop {

@@ -5,6 +5,7 @@ pub mod inject;
 pub mod isolation;
 mod leader;
 pub mod liveness;
+mod owner;
 mod reconcile;
 mod verdict;
 mod webhook;
@@ -43,6 +44,10 @@ pub struct OperatorArgs {
     /// The operator's own namespace (default: the service account's, else `default`).
     #[arg(long, env = "PODLOCK_OPERATOR_NAMESPACE")]
     pub operator_namespace: Option<String>,
+    /// A ClusterRole that owns what the operator creates (the webhook configuration and its
+    /// Secret, the leader Lease), so that deleting it, as `helm uninstall` does, deletes them.
+    #[arg(long, env = "PODLOCK_OWNER_CLUSTER_ROLE")]
+    pub owner_cluster_role: Option<String>,
     #[command(flatten)]
     pub leader: leader::LeaderArgs,
     #[command(flatten)]
@@ -85,7 +90,8 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
 
     let own_ns = args.operator_namespace.clone().unwrap_or_else(own_namespace);
     rustls::crypto::ring::default_provider().install_default().ok();
-    let tls = webhook::tls(&client, &args.webhook, &own_ns).await?;
+    let owner = owner::cluster_role(&client, args.owner_cluster_role.as_deref()).await?;
+    let tls = webhook::tls(&client, &args.webhook, &own_ns, owner.as_ref()).await?;
     let sidecar = inject::SidecarTemplate {
         image: args.webhook.sidecar_image.clone(),
         etcd_endpoints: args
@@ -101,6 +107,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         own_ns.clone(),
         args.watch_namespace.clone(),
         tls.ca.clone(),
+        owner.clone(),
     ));
     let listen = args.webhook.webhook_listen;
     tokio::spawn(async move {
@@ -116,6 +123,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         client,
         &args.leader,
         &lease_ns,
+        owner.as_ref(),
         |l| leader_gauge.set(l.into()),
         lead,
         shutdown_signal(),

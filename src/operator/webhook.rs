@@ -28,6 +28,8 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::inject::{self, SidecarTemplate};
+use super::owner;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 /// Webhook flags of `podlock operator`.
 #[derive(Debug, Clone, Args)]
@@ -76,7 +78,12 @@ pub struct Tls {
 }
 
 /// Loads the supplied certificate, or the self-made one (made on first start).
-pub async fn tls(client: &kube::Client, args: &WebhookArgs, namespace: &str) -> anyhow::Result<Tls> {
+pub async fn tls(
+    client: &kube::Client,
+    args: &WebhookArgs,
+    namespace: &str,
+    owner: Option<&OwnerReference>,
+) -> anyhow::Result<Tls> {
     if let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_key_file) {
         let ca = args
             .tls_ca_file
@@ -91,6 +98,9 @@ pub async fn tls(client: &kube::Client, args: &WebhookArgs, namespace: &str) -> 
     }
     let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
     if let Some(found) = secrets.get_opt(SECRET).await? {
+        if let Some(owner) = owner.filter(|_| found.metadata.owner_references.is_none()) {
+            owner::adopt(&secrets, SECRET, owner).await?;
+        }
         return from_secret(&found);
     }
     let made = self_made(&hosts(args, namespace))?;
@@ -105,6 +115,7 @@ pub async fn tls(client: &kube::Client, args: &WebhookArgs, namespace: &str) -> 
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(SECRET.into()),
+            owner_references: owner.map(|o| vec![o.clone()]),
             ..Default::default()
         },
         type_: Some("kubernetes.io/tls".into()),
@@ -189,6 +200,7 @@ pub async fn keep_configuration(
     namespace: String,
     watch_namespace: Option<String>,
     ca: Option<String>,
+    owner: Option<OwnerReference>,
 ) {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client);
     let mut client_config = match &args.webhook_url {
@@ -201,7 +213,7 @@ pub async fn keep_configuration(
         client_config["caBundle"] = json!(k8s_openapi::ByteString(ca.clone().into_bytes()));
     }
     let rule = |group: &str, resources: &[&str]| json!({"operations": ["CREATE", "UPDATE"], "apiGroups": [group], "apiVersions": ["v1"], "resources": resources});
-    let config = json!({
+    let mut config = json!({
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": args.webhook_configuration, "labels": {"app.kubernetes.io/part-of": "podlock"}},
@@ -222,6 +234,9 @@ pub async fn keep_configuration(
                 {"key": inject::OPERATOR_LABEL.0, "operator": "NotIn", "values": [inject::OPERATOR_LABEL.1]}]}
         }]
     });
+    if let Some(owner) = owner {
+        config["metadata"]["ownerReferences"] = json!([owner]);
+    }
     let params = PatchParams::apply("podlock-operator").force();
     loop {
         match api

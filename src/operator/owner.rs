@@ -1,0 +1,45 @@
+//! An owner for what the operator creates outside its Helm chart (the webhook configuration,
+//! the webhook's Secret, the leader Lease), so that `helm uninstall` leaves none of it behind:
+//! Kubernetes' garbage collector deletes an object once its owners are gone. The owner is the
+//! operator's ClusterRole, which the chart creates and deletes: being cluster-scoped, it may own
+//! the cluster-scoped webhook configuration as well as the namespaced Secret and Lease.
+//!
+//! An object created again after its owner is gone (a terminating replica re-applying the
+//! webhook configuration) names an owner that no longer exists, and the collector deletes it.
+
+use k8s_openapi::api::rbac::v1::ClusterRole;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{Api, Patch, PatchParams};
+use serde::de::DeserializeOwned;
+use serde_json::json;
+
+/// The owner reference to ClusterRole `name`, if one is named.
+pub async fn cluster_role(
+    client: &kube::Client,
+    name: Option<&str>,
+) -> anyhow::Result<Option<OwnerReference>> {
+    let Some(name) = name else { return Ok(None) };
+    let role = Api::<ClusterRole>::all(client.clone())
+        .get(name)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot read ClusterRole {name} (--owner-cluster-role): {e}"))?;
+    Ok(Some(OwnerReference {
+        api_version: "rbac.authorization.k8s.io/v1".into(),
+        kind: "ClusterRole".into(),
+        name: name.into(),
+        uid: role.metadata.uid.unwrap_or_default(),
+        ..Default::default()
+    }))
+}
+
+/// Makes `owner` the only owner of object `name` of `api` (an object made by an operator that
+/// had no owner yet, or by an earlier release).
+pub async fn adopt<K>(api: &Api<K>, name: &str, owner: &OwnerReference) -> kube::Result<()>
+where
+    K: Clone + DeserializeOwned + std::fmt::Debug,
+{
+    let patch = json!({"metadata": {"ownerReferences": [owner]}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ())
+}

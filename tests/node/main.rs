@@ -1,0 +1,128 @@
+//! podlock on a real node: the Helm chart installed with its bundled etcd, the operator and the
+//! injected sidecars running as Pods under a real kubelet, from images built here
+//! (`scripts/images.sh`). Its own test binary, so that its pods do not share the 2 cores with
+//! the timing-sensitive integration tests.
+
+#[path = "../common/mod.rs"]
+mod common;
+
+mod workload;
+
+use common::node::Node;
+
+const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/podlock");
+
+/// Installs the chart with the local images; returns once the operator and etcd are Ready.
+fn install(node: &Node) {
+    let (repo, tag) = node.images["PODLOCK_IMAGE"].rsplit_once(':').unwrap();
+    let sets = [
+        format!("image.repository={repo}"),
+        format!("image.tag={tag}"),
+        "image.pullPolicy=Never".into(),
+        "etcd.bundled.enabled=true".into(),
+        format!("etcd.bundled.image={}", node.images["ETCD_IMAGE"]),
+    ];
+    let mut args = vec!["install", "podlock", CHART, "-n", "podlock", "--create-namespace"];
+    args.extend(["--wait", "--timeout", "5m"]);
+    for s in &sets {
+        args.extend(["--set", s]);
+    }
+    let started = std::time::Instant::now();
+    let (ok, out, err) = node.helm(&args);
+    if !ok {
+        let (_, pods, _) = node.kubectl(&["get", "pods", "-A", "-o", "wide"]);
+        let (_, events, _) = node.kubectl(&["get", "events", "-n", "podlock"]);
+        panic!("helm install: {out}{err}\n{pods}\n{events}\n{}", node.logs());
+    }
+    eprintln!(
+        "helm install --wait: operator and etcd Ready in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+}
+
+/// The webhook is registered through its Service (not a URL) and has a CA bundle.
+fn assert_webhook_through_service(node: &Node) {
+    let (ok, out, err) = node.kubectl(&[
+        "get",
+        "mutatingwebhookconfiguration",
+        "podlock",
+        "-o",
+        "jsonpath={.webhooks[0].clientConfig.service.name} {.webhooks[0].clientConfig.url} {.webhooks[0].clientConfig.caBundle}",
+    ]);
+    assert!(ok, "{err}");
+    let parts: Vec<&str> = out.split(' ').collect();
+    assert_eq!(parts[0], "podlock-webhook", "clientConfig: {out}");
+    assert!(parts[1].is_empty(), "a URL is registered: {out}");
+    assert!(
+        parts.get(2).is_some_and(|ca| ca.len() > 100),
+        "no caBundle: {out}"
+    );
+}
+
+/// `helm uninstall` leaves nothing of podlock behind.
+fn uninstall(node: &Node) {
+    let (ok, out, err) = node.helm(&[
+        "uninstall",
+        "podlock",
+        "-n",
+        "podlock",
+        "--wait",
+        "--timeout",
+        "2m",
+    ]);
+    assert!(ok, "helm uninstall: {out}{err}");
+    let (_, pvcs, _) = node.kubectl(&["get", "pvc", "-n", "podlock", "-o", "name"]);
+    // A StatefulSet's claims outlive it by design (Helm does not own them): delete them as a user would.
+    for pvc in pvcs.lines() {
+        node.kubectl(&["delete", "-n", "podlock", pvc, "--wait=true"]);
+    }
+    for (what, args) in [
+        (
+            "webhook configuration",
+            vec!["get", "mutatingwebhookconfiguration", "-o", "name"],
+        ),
+        (
+            "objects in namespace podlock",
+            vec![
+                "get",
+                "all,secrets,configmaps,leases,pvc",
+                "-n",
+                "podlock",
+                "-o",
+                "name",
+            ],
+        ),
+        (
+            "cluster roles",
+            vec!["get", "clusterrole,clusterrolebinding", "-o", "name"],
+        ),
+    ] {
+        let left = common::node::retry(std::time::Duration::from_secs(60), || {
+            let (_, out, _) = node.kubectl(&args);
+            let left: Vec<&str> = out
+                .lines()
+                .filter(|l| l.contains("podlock") || what.starts_with("objects"))
+                .filter(|l| !l.contains("kube-root-ca.crt") && !l.contains("service/kubernetes"))
+                .collect();
+            left.is_empty().then_some(()).ok_or_else(|| left.join(", "))
+        });
+        assert!(left.is_ok(), "helm uninstall left {what}: {}", left.unwrap_err());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
+    let Some(node) = Node::start(common::podlock_bin()).await else {
+        return;
+    };
+    let (_, nodes, _) = node.kubectl(&["get", "nodes", "-o", "wide"]);
+    eprintln!("{nodes}");
+    install(&node);
+    assert_webhook_through_service(&node);
+    let client = node.client().await;
+    workload::deploy(&node).await;
+    workload::pod_deletion_hands_the_lock_on(&node, &client).await;
+    workload::app_crash_ends_the_hold(&node).await;
+    workload::remove(&node).await;
+    uninstall(&node);
+}
