@@ -186,6 +186,17 @@ impl OperatorMetrics {
     pub fn render(&self) -> String {
         render(&self.registry)
     }
+
+    /// Creates every labelled counter at 0 (results, and forced releases for `reasons`), so
+    /// that every metric is there from the first scrape and alerts see a series, not nothing.
+    pub fn start_at_zero(&self, reasons: &[&str]) {
+        for result in ["ok", "error"] {
+            self.reconcile_total.with_label_values(&[result]);
+        }
+        for reason in reasons {
+            self.forced_releases.with_label_values(&[reason]);
+        }
+    }
 }
 
 impl Default for OperatorMetrics {

@@ -63,44 +63,14 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot reach the Kubernetes API (KUBECONFIG or in-cluster): {e}"))?;
     let store = Store::new(args.etcd.connect().await?);
     let metrics = OperatorMetrics::new();
-    let reporter = Reporter {
-        controller: "podlock-operator".into(),
-        instance: std::env::var("HOSTNAME").ok(),
-    };
-    let ctx = Arc::new(Context {
-        client: client.clone(),
-        store: store.clone(),
-        metrics: metrics.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
-        isolation: isolation::Isolation::new(args.etcd.etcd_user.is_some()),
-    });
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
-    let http = Router::new()
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
-        .route(
-            "/metrics",
-            get(|State(m): State<OperatorMetrics>| async move { m.render() }).with_state(metrics.clone()),
-        )
-        .with_state(store.clone());
-    tokio::spawn(async move { axum::serve(listener, http).await });
-    info!(listen = %args.listen, "operator serving health and metrics");
-
-    let own_ns = args.operator_namespace.clone().unwrap_or_else(own_namespace);
+    let reasons = liveness::Reason::ALL.map(liveness::Reason::label);
+    metrics.start_at_zero(&[&reasons[..], &[reconcile::LOCK_DELETED]].concat());
+    let ctx = context(&client, &store, &metrics, &args);
+    let health = health_server(&args, store, metrics.clone()).await?;
+    let own_ns = (args.operator_namespace.clone()).unwrap_or_else(|| client.default_namespace().into());
     rustls::crypto::ring::default_provider().install_default().ok();
     let owner = owner::cluster_role(&client, args.owner_cluster_role.as_deref()).await?;
     let tls = webhook::tls(&client, &args.webhook, &own_ns, owner.as_ref()).await?;
-    let sidecar = inject::SidecarTemplate {
-        image: args.webhook.sidecar_image.clone(),
-        etcd_endpoints: args
-            .webhook
-            .sidecar_etcd_endpoints
-            .clone()
-            .unwrap_or_else(|| args.etcd.etcd_endpoints.join(",")),
-        credentials_secret: ctx.isolation.enabled().then(|| isolation::SECRET.to_string()),
-    };
     tokio::spawn(webhook::keep_configuration(
         client.clone(),
         args.webhook.clone(),
@@ -109,17 +79,12 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         tls.ca.clone(),
         owner.clone(),
     ));
-    let listen = args.webhook.webhook_listen;
-    tokio::spawn(async move {
-        if let Err(e) = webhook::serve(listen, &tls, sidecar).await {
-            tracing::error!(error = %e, "webhook server failed");
-        }
-    });
-
+    let sidecar = sidecar_template(&args, &ctx);
+    let webhook = webhook::serve(args.webhook.webhook_listen, &tls, sidecar);
     let leader_gauge = metrics.leader.clone();
     let lead = || lead(ctx.clone(), args.watch_namespace.clone());
     let lease_ns = args.leader.leader_election_namespace.clone().unwrap_or(own_ns);
-    leader::run_when_leader(
+    let leading = leader::run_when_leader(
         client,
         &args.leader,
         &lease_ns,
@@ -127,10 +92,70 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         |l| leader_gauge.set(l.into()),
         lead,
         shutdown_signal(),
-    )
-    .await?;
+    );
+    // The servers live as long as the operator: one that fails ends the process, rather than
+    // leave a replica Ready whose webhook no longer injects.
+    tokio::select! {
+        led = leading => led?,
+        failed = health => anyhow::bail!("the health and metrics server failed: {failed:?}"),
+        served = webhook => match served {
+            Err(e) => anyhow::bail!("the webhook server failed: {e:#}"),
+            Ok(()) => anyhow::bail!("the webhook server stopped"),
+        },
+    }
     info!("operator stopped");
     Ok(())
+}
+
+/// What the reconciler shares.
+fn context(
+    client: &kube::Client,
+    store: &Store,
+    metrics: &OperatorMetrics,
+    args: &OperatorArgs,
+) -> Arc<Context> {
+    let reporter = Reporter {
+        controller: "podlock-operator".into(),
+        instance: std::env::var("HOSTNAME").ok(),
+    };
+    Arc::new(Context {
+        client: client.clone(),
+        store: store.clone(),
+        metrics: metrics.clone(),
+        recorder: Recorder::new(client.clone(), reporter),
+        isolation: isolation::Isolation::new(args.etcd.etcd_user.is_some()),
+    })
+}
+
+/// Binds `--listen` and returns the server of `/healthz`, `/readyz` and `/metrics` on it.
+async fn health_server(
+    args: &OperatorArgs,
+    store: Store,
+    metrics: OperatorMetrics,
+) -> anyhow::Result<impl std::future::Future<Output = std::io::Result<()>> + use<>> {
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
+    let http = Router::new()
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(readyz))
+        .route(
+            "/metrics",
+            get(|State(m): State<OperatorMetrics>| async move { m.render() }).with_state(metrics),
+        )
+        .with_state(store);
+    info!(listen = %args.listen, "operator serving health and metrics");
+    Ok(axum::serve(listener, http).into_future())
+}
+
+/// The sidecar the webhook injects.
+fn sidecar_template(args: &OperatorArgs, ctx: &Context) -> inject::SidecarTemplate {
+    let endpoints = args.webhook.sidecar_etcd_endpoints.clone();
+    inject::SidecarTemplate {
+        image: args.webhook.sidecar_image.clone(),
+        etcd_endpoints: endpoints.unwrap_or_else(|| args.etcd.etcd_endpoints.join(",")),
+        credentials_secret: ctx.isolation.enabled().then(|| isolation::SECRET.to_string()),
+    }
 }
 
 /// The leader's work: clean up orphans, then reconcile locks and watch pods until dropped.
@@ -163,13 +188,6 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>) {
         _ = liveness => {}
         _ = controller => {}
     }
-}
-
-/// The namespace of the service account this process runs as, else `default`.
-fn own_namespace() -> String {
-    std::fs::read_to_string("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-        .map(|s| s.trim().to_string())
-        .unwrap_or_else(|_| "default".into())
 }
 
 async fn shutdown_signal() {

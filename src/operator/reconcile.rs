@@ -23,6 +23,9 @@ pub const FINALIZER: &str = "podlock.io/cleanup";
 /// How often a lock is re-read even without an etcd event (a backstop, not the mechanism).
 const RESYNC: Duration = Duration::from_secs(300);
 
+/// The `reason` label of holds ended by their lock's deletion.
+pub const LOCK_DELETED: &str = "lock_deleted";
+
 /// What the reconciler shares.
 pub struct Context {
     /// The Kubernetes client.
@@ -177,7 +180,7 @@ async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     if ended > 0 {
         ctx.metrics
             .forced_releases
-            .with_label_values(&["lock_deleted"])
+            .with_label_values(&[LOCK_DELETED])
             .inc_by(ended as u64);
     }
     let _ = ctx

@@ -37,6 +37,15 @@ pub enum Reason {
 }
 
 impl Reason {
+    /// Every reason.
+    pub const ALL: [Reason; 5] = [
+        Reason::PodDeleted,
+        Reason::PodFailed,
+        Reason::PodSucceeded,
+        Reason::PodReplaced,
+        Reason::ContainerRestarted,
+    ];
+
     /// The metric label.
     pub fn label(self) -> &'static str {
         match self {

@@ -298,10 +298,17 @@ async fn of_two_replicas_one_leads_and_a_killed_leader_is_replaced_within_the_le
     let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
     plane.kubectl_stdin(&["apply", "-f", "-"], &lock_yaml(&ns, "first", "{}"));
     status_until(&api, "first", "Free", |s| s.phase.as_deref() == Some("Free")).await;
-    assert!(
-        !follower.metrics().await.contains("podlock_reconcile_total{"),
-        "the follower reconciled"
-    );
+    let metrics = follower.metrics().await;
+    for zero in [
+        "podlock_reconcile_total{result=\"ok\"} 0",
+        "podlock_forced_releases_total{reason=\"pod_deleted\"} 0",
+        "podlock_forced_releases_total{reason=\"lock_deleted\"} 0",
+    ] {
+        assert!(
+            metrics.contains(zero),
+            "the follower reconciled, or lacks {zero}:\n{metrics}"
+        );
+    }
 
     leader.kill();
     let killed = Instant::now();
@@ -318,5 +325,45 @@ async fn of_two_replicas_one_leads_and_a_killed_leader_is_replaced_within_the_le
     eprintln!(
         "new leader reconciled a new lock {:?} after the kill",
         killed.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn an_operator_whose_webhook_cannot_serve_exits_instead_of_staying_ready() {
+    let plane = with_crd();
+    let ns = plane.namespace("webhook-down");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hook = taken.local_addr().unwrap().to_string();
+    let listen = format!("127.0.0.1:{}", crate::common::free_port());
+    let mut operator = crate::common::spawn_dying_with_parent(
+        std::process::Command::new(crate::common::podlock_bin())
+            .args([
+                "operator",
+                "--etcd-endpoints",
+                &plane.etcd.endpoint,
+                "--listen",
+                &listen,
+            ])
+            .args(["--watch-namespace", &ns, "--leader-election-namespace", &ns])
+            .args(["--operator-namespace", &ns, "--webhook-listen", &hook])
+            .args(["--webhook-url", &format!("https://{hook}/mutate")])
+            .args(["--webhook-configuration", &format!("podlock-{ns}")])
+            .env("KUBECONFIG", &plane.kubeconfig)
+            .stderr(std::process::Stdio::piped()),
+    );
+    let exited = wait_until(Duration::from_secs(20), || {
+        let done = operator.try_wait().unwrap().is_some();
+        async move { done }
+    })
+    .await;
+    if exited.is_err() {
+        let _ = operator.kill();
+    }
+    let out = operator.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr);
+    exited.unwrap_or_else(|e| panic!("the operator ran on with its webhook down ({e}):\n{log}"));
+    assert!(
+        !out.status.success() && log.contains("webhook server failed"),
+        "{log}"
     );
 }

@@ -223,7 +223,7 @@ async fn a_pod_recreated_under_its_name_keeps_its_holds_while_the_pod_watch_lags
     );
     let metrics = op.metrics().await;
     assert!(
-        !metrics.contains("reason=\"pod_replaced\""),
+        metrics.contains("podlock_forced_releases_total{reason=\"pod_replaced\"} 0"),
         "a live pod was judged replaced:\n{metrics}"
     );
 }
