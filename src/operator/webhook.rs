@@ -14,12 +14,13 @@ use axum::Json;
 use axum::extract::State;
 use clap::Args;
 use k8s_openapi::ByteString;
-use k8s_openapi::api::admissionregistration::v1::MutatingWebhookConfiguration;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference, WebhookClientConfig,
+};
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
-use serde_json::json;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -29,7 +30,9 @@ use tracing::{info, warn};
 
 use super::inject::{self, SidecarTemplate};
 use super::owner;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
+};
 
 /// Webhook flags of `podlock operator`.
 #[derive(Debug, Clone, Args)]
@@ -192,8 +195,7 @@ fn self_made(hosts: &[String]) -> anyhow::Result<Tls> {
 }
 
 /// Creates or updates the MutatingWebhookConfiguration (server-side apply), every minute, so
-/// that a deleted or edited configuration comes back. An operator limited to one namespace
-/// injects only there; otherwise every namespace but `kube-system`.
+/// that a deleted or edited configuration comes back.
 pub async fn keep_configuration(
     client: kube::Client,
     args: WebhookArgs,
@@ -203,52 +205,94 @@ pub async fn keep_configuration(
     owner: Option<OwnerReference>,
 ) {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client);
-    let mut client_config = match &args.webhook_url {
-        Some(url) => json!({"url": url}),
-        None => {
-            json!({"service": {"name": args.webhook_service, "namespace": namespace, "path": "/mutate", "port": 443}})
-        }
-    };
-    if let Some(ca) = &ca {
-        client_config["caBundle"] = json!(k8s_openapi::ByteString(ca.clone().into_bytes()));
-    }
-    let rule = |group: &str, resources: &[&str]| json!({"operations": ["CREATE", "UPDATE"], "apiGroups": [group], "apiVersions": ["v1"], "resources": resources});
-    let mut config = json!({
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "MutatingWebhookConfiguration",
-        "metadata": {"name": args.webhook_configuration, "labels": {"app.kubernetes.io/part-of": "podlock"}},
-        "webhooks": [{
-            "name": "inject.podlock.io",
-            "admissionReviewVersions": ["v1"],
-            "sideEffects": "None",
-            "failurePolicy": "Ignore",
-            "timeoutSeconds": 5,
-            "clientConfig": client_config,
-            "rules": [rule("", &["pods"]), rule("apps", &["deployments", "statefulsets", "daemonsets"]), rule("batch", &["jobs"])],
-            "namespaceSelector": match &watch_namespace {
-                Some(ns) => json!({"matchLabels": {"kubernetes.io/metadata.name": ns}}),
-                None => json!({"matchExpressions": [
-                    {"key": "kubernetes.io/metadata.name", "operator": "NotIn", "values": ["kube-system"]}]}),
-            },
-            "objectSelector": {"matchExpressions": [
-                {"key": inject::OPERATOR_LABEL.0, "operator": "NotIn", "values": [inject::OPERATOR_LABEL.1]}]}
-        }]
-    });
-    if let Some(owner) = owner {
-        config["metadata"]["ownerReferences"] = json!([owner]);
-    }
-    let params = PatchParams::apply("podlock-operator").force();
+    let config = configuration(&args, &namespace, watch_namespace.as_deref(), ca, owner);
+    let (params, patch) = (
+        PatchParams::apply("podlock-operator").force(),
+        Patch::Apply(&config),
+    );
     loop {
-        match api
-            .patch(&args.webhook_configuration, &params, &Patch::Apply(&config))
-            .await
-        {
-            Ok(_) => {}
-            Err(e) => warn!(error = %e, "could not apply the MutatingWebhookConfiguration; retrying"),
+        if let Err(e) = api.patch(&args.webhook_configuration, &params, &patch).await {
+            warn!(error = %e, "could not apply the MutatingWebhookConfiguration; retrying");
         }
         tokio::time::sleep(Duration::from_secs(60)).await;
     }
 }
+
+/// The webhook's configuration: reached through `--webhook-url`, else the Service in
+/// `namespace`; for Pods and the workloads with a pod template, never for the operator's own
+/// pods. An operator limited to one namespace injects only there; otherwise every namespace
+/// but `kube-system`.
+fn configuration(
+    args: &WebhookArgs,
+    namespace: &str,
+    watch_namespace: Option<&str>,
+    ca: Option<String>,
+    owner: Option<OwnerReference>,
+) -> MutatingWebhookConfiguration {
+    let service = ServiceReference {
+        name: args.webhook_service.clone(),
+        namespace: namespace.into(),
+        path: Some("/mutate".into()),
+        port: Some(443),
+    };
+    let client_config = WebhookClientConfig {
+        url: args.webhook_url.clone(),
+        service: args.webhook_url.is_none().then_some(service),
+        ca_bundle: ca.map(|ca| k8s_openapi::ByteString(ca.into_bytes())),
+    };
+    let rule = |group: &str, resources: &[&str]| RuleWithOperations {
+        operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+        api_groups: Some(vec![group.into()]),
+        api_versions: Some(vec!["v1".into()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        ..Default::default()
+    };
+    let not_in = |key: &str, value: &str| LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: key.into(),
+            operator: "NotIn".into(),
+            values: Some(vec![value.into()]),
+        }]),
+        ..Default::default()
+    };
+    let namespaces = match watch_namespace {
+        Some(ns) => LabelSelector {
+            match_labels: Some(BTreeMap::from([(NAMESPACE_NAME.into(), ns.into())])),
+            ..Default::default()
+        },
+        None => not_in(NAMESPACE_NAME, "kube-system"),
+    };
+    MutatingWebhookConfiguration {
+        metadata: ObjectMeta {
+            name: Some(args.webhook_configuration.clone()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/part-of".into(),
+                "podlock".into(),
+            )])),
+            owner_references: owner.map(|o| vec![o]),
+            ..Default::default()
+        },
+        webhooks: Some(vec![MutatingWebhook {
+            name: "inject.podlock.io".into(),
+            admission_review_versions: vec!["v1".into()],
+            side_effects: "None".into(),
+            failure_policy: Some("Ignore".into()),
+            timeout_seconds: Some(5),
+            client_config,
+            rules: Some(vec![
+                rule("", &["pods"]),
+                rule("apps", &["deployments", "statefulsets", "daemonsets"]),
+                rule("batch", &["jobs"]),
+            ]),
+            namespace_selector: Some(namespaces),
+            object_selector: Some(not_in(inject::OPERATOR_LABEL.0, inject::OPERATOR_LABEL.1)),
+            ..Default::default()
+        }]),
+    }
+}
+
+/// The label every namespace carries with its own name.
+const NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
 
 /// Serves `/mutate` over TLS until the process ends.
 pub async fn serve(listen: SocketAddr, tls: &Tls, template: SidecarTemplate) -> anyhow::Result<()> {
