@@ -187,3 +187,66 @@ fn not_held(lock: &LockId, holder: &str, slot: Option<&Slot>) -> LockError {
         },
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::queue::Ticket;
+    use crate::lock::session::Session;
+
+    fn held(registry: &Registry, holder: &str) -> Arc<Hold> {
+        let lock = LockId::new("ns", "l").unwrap();
+        let ticket = Ticket {
+            key: format!("k/{holder}"),
+            revision: 1,
+            lease: 1,
+        };
+        let hold = Hold::new(
+            lock.clone(),
+            holder.into(),
+            ticket,
+            1,
+            Session::detached(15),
+            Duration::ZERO,
+        );
+        let hold = Arc::new(hold);
+        registry.hold((lock, holder.into()), hold.clone());
+        hold
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn lost_holds_are_forgotten_so_unique_holder_ids_cannot_grow_it() {
+        let registry = Registry::default();
+        for i in 0..1000 {
+            let hold = held(&registry, &format!("run-{i}"));
+            assert!(registry.mark_lost(&hold, "test"));
+        }
+        assert_eq!(registry.0.lock().unwrap().len(), 1000);
+        tokio::time::advance(LOST_MEMORY + Duration::from_secs(1)).await;
+        let hold = held(&registry, "last");
+        assert!(registry.mark_lost(&hold, "test"));
+        assert_eq!(
+            registry.0.lock().unwrap().len(),
+            1,
+            "only the newest lost hold is remembered"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_lost_hold_is_told_lost_a_released_one_not_held() {
+        let registry = Registry::default();
+        let lock = LockId::new("ns", "l").unwrap();
+        let lost = held(&registry, "a");
+        registry.mark_lost(&lost, "its key was deleted");
+        assert!(matches!(
+            registry.get_held(&lock, "a"),
+            Err(LockError::Lost { .. })
+        ));
+        let released = held(&registry, "b");
+        assert!(registry.end_released(&released));
+        assert!(matches!(
+            registry.get_held(&lock, "b"),
+            Err(LockError::NotHolder { .. })
+        ));
+    }
+}
