@@ -51,3 +51,54 @@ impl Subscribers {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::model::EventKind;
+
+    fn event(lock: &LockId, kind: EventKind) -> HoldEvent {
+        HoldEvent {
+            kind,
+            lock: lock.name.clone(),
+            namespace: lock.namespace.clone(),
+            holder_id: "h".into(),
+            fencing_token: 1,
+            reason: None,
+            at: String::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_busy_lock_cannot_crowd_out_a_quiet_ones_lost() {
+        let (busy, quiet) = (
+            LockId::new("ns", "busy").unwrap(),
+            LockId::new("ns", "quiet").unwrap(),
+        );
+        let subscribers = Subscribers::default();
+        let mut quiet_rx = subscribers.subscribe(Some(quiet.clone()));
+        for _ in 0..10 * CAPACITY {
+            subscribers.publish(&busy, &event(&busy, EventKind::Acquired));
+        }
+        subscribers.publish(&quiet, &event(&quiet, EventKind::Lost));
+        assert_eq!(quiet_rx.recv().await.unwrap().kind, EventKind::Lost);
+    }
+
+    #[tokio::test]
+    async fn a_subscriber_that_falls_behind_is_ended_not_skipped() {
+        let lock = LockId::new("ns", "l").unwrap();
+        let subscribers = Subscribers::default();
+        let mut rx = subscribers.subscribe(Some(lock.clone()));
+        for _ in 0..=CAPACITY {
+            subscribers.publish(&lock, &event(&lock, EventKind::Acquired));
+        }
+        subscribers.publish(&lock, &event(&lock, EventKind::Lost));
+        let mut received = vec![];
+        while let Some(ev) = rx.recv().await {
+            received.push(ev.kind);
+        }
+        // The stream ended after what fitted: the client then treats its holds as lost.
+        assert_eq!(received.len(), CAPACITY);
+        assert!(!received.contains(&EventKind::Lost));
+    }
+}
