@@ -127,7 +127,7 @@ curl -s http://10.244.0.1:8088/ | sed 's/^/  fenced counter: /'; echo
 printf '  deleted the holder pod %s: %s got the lock %.0f ms later (from the kubectl call; hold 1 s, lock TTL 15 s)\n' \
   "$holder" "$(cut -d' ' -f3 <<<"$line")" "$moved"
 for ip in $(k get pods -n podlock -l app.kubernetes.io/component=podlock-operator -o jsonpath='{.items[*].status.podIP}'); do
-  curl -s "http://$ip:8080/metrics" | grep -E '^podlock_(forced_releases_total\{|operator_leader )' | sed "s/^/  operator $ip: /" || true
+  curl -s "http://$ip:8080/metrics" | grep -E '^podlock_(forced_releases_total\{.* [1-9][0-9]*$|operator_leader )' | sed "s/^/  operator $ip: /" || true
 done
 step "helm uninstall podlock, then tearing the node down"
 "$BIN/helm" --kubeconfig "$KUBECONFIG" uninstall podlock -n podlock --wait >/dev/null
