@@ -128,4 +128,4 @@ awk 'NR>1 && $3 <= prev {bad=1} {prev=$3} END {exit bad}' "$work/grants" \
 curl -s "$STORE/" | sed 's/^/  fenced counter: /'; echo
 printf '  deleted the holder pod %s: %s got the lock %.0f ms later (lock TTL 15 s)\n' \
   "$holder" "$(cut -d' ' -f2 <<<"$line")" "$moved"
-curl -s "http://$op_metrics/metrics" | grep '^podlock_forced_releases_total' | sed 's/^/  operator: /' || true
+curl -s "http://$op_metrics/metrics" | grep -E '^podlock_forced_releases_total\{.* [1-9][0-9]*$' | sed 's/^/  operator: /' || true
