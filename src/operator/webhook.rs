@@ -229,24 +229,6 @@ fn configuration(
     ca: Option<String>,
     owner: Option<OwnerReference>,
 ) -> MutatingWebhookConfiguration {
-    let service = ServiceReference {
-        name: args.webhook_service.clone(),
-        namespace: namespace.into(),
-        path: Some("/mutate".into()),
-        port: Some(443),
-    };
-    let client_config = WebhookClientConfig {
-        url: args.webhook_url.clone(),
-        service: args.webhook_url.is_none().then_some(service),
-        ca_bundle: ca.map(|ca| k8s_openapi::ByteString(ca.into_bytes())),
-    };
-    let rule = |group: &str, resources: &[&str]| RuleWithOperations {
-        operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
-        api_groups: Some(vec![group.into()]),
-        api_versions: Some(vec!["v1".into()]),
-        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
-        ..Default::default()
-    };
     let not_in = |key: &str, value: &str| LabelSelector {
         match_expressions: Some(vec![LabelSelectorRequirement {
             key: key.into(),
@@ -278,17 +260,44 @@ fn configuration(
             side_effects: "None".into(),
             failure_policy: Some("Ignore".into()),
             timeout_seconds: Some(5),
-            client_config,
-            rules: Some(vec![
-                rule("", &["pods"]),
-                rule("apps", &["deployments", "statefulsets", "daemonsets"]),
-                rule("batch", &["jobs"]),
-            ]),
+            client_config: client_config(args, namespace, ca),
+            rules: Some(rules()),
             namespace_selector: Some(namespaces),
             object_selector: Some(not_in(inject::OPERATOR_LABEL.0, inject::OPERATOR_LABEL.1)),
             ..Default::default()
         }]),
     }
+}
+
+/// How the API server reaches the webhook: `--webhook-url`, else the Service in `namespace`.
+fn client_config(args: &WebhookArgs, namespace: &str, ca: Option<String>) -> WebhookClientConfig {
+    let service = ServiceReference {
+        name: args.webhook_service.clone(),
+        namespace: namespace.into(),
+        path: Some("/mutate".into()),
+        port: Some(443),
+    };
+    WebhookClientConfig {
+        url: args.webhook_url.clone(),
+        service: args.webhook_url.is_none().then_some(service),
+        ca_bundle: ca.map(|ca| k8s_openapi::ByteString(ca.into_bytes())),
+    }
+}
+
+/// What the webhook is called for: Pods and the workloads with a pod template.
+fn rules() -> Vec<RuleWithOperations> {
+    let rule = |group: &str, resources: &[&str]| RuleWithOperations {
+        operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+        api_groups: Some(vec![group.into()]),
+        api_versions: Some(vec!["v1".into()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        ..Default::default()
+    };
+    vec![
+        rule("", &["pods"]),
+        rule("apps", &["deployments", "statefulsets", "daemonsets"]),
+        rule("batch", &["jobs"]),
+    ]
 }
 
 /// The label every namespace carries with its own name.
