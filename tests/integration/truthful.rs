@@ -35,56 +35,59 @@ async fn expect_lost(events: &mut Events, token: i64) {
     );
 }
 
+/// A sidecar holding `lock` whose key was deleted behind its back, within the first 100 ms of
+/// the hold (before its key is watched).
+struct KeyGone {
+    _etcd: EtcdServer,
+    sidecar: Sidecar,
+    token: i64,
+    events: Events,
+}
+
+impl KeyGone {
+    async fn new(lock: &str, options: Value) -> Self {
+        let etcd = EtcdServer::start().await;
+        declare(&etcd.endpoint, &[lock]);
+        let sidecar = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+        let (token, events) = hold_with_events(&sidecar, lock, options).await;
+        delete_queue(&etcd, lock).await;
+        KeyGone {
+            _etcd: etcd,
+            sidecar,
+            token,
+            events,
+        }
+    }
+
+    /// `verb` on `lock` must answer 410 `lock_lost` and send a `lost` event.
+    async fn expect_lost_on(&mut self, lock: &str, verb: &str) {
+        let (status, body) = self.sidecar.post(lock, verb, json!({})).await;
+        let answer = (status, body["error"].as_str());
+        assert_eq!(answer, (410, Some("lock_lost")), "{verb}: {body}");
+        expect_lost(&mut self.events, self.token).await;
+    }
+}
+
 #[tokio::test]
 async fn a_release_that_finds_the_key_gone_is_lost_not_released() {
-    let etcd = EtcdServer::start().await;
-    declare(&etcd.endpoint, &["r"]);
-    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
-    let (token, mut events) = hold_with_events(&s, "r", json!({})).await;
-    // Within the first 100 ms of the hold, before its key is watched.
-    delete_queue(&etcd, "r").await;
-    let (status, body) = s.post("r", "release", json!({})).await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (410, Some("lock_lost")),
-        "{body}"
-    );
-    expect_lost(&mut events, token).await;
-    let (status, body) = s.post("r", "release", json!({})).await;
+    let mut gone = KeyGone::new("r", json!({})).await;
+    gone.expect_lost_on("r", "release").await;
+    let (status, body) = gone.sidecar.post("r", "release", json!({})).await;
     assert_eq!(status, 410, "a second release of a lost hold: {body}");
 }
 
 #[tokio::test]
 async fn a_heartbeat_that_finds_the_key_gone_is_lost() {
-    let etcd = EtcdServer::start().await;
-    declare(&etcd.endpoint, &["hb"]);
-    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
-    let (token, mut events) = hold_with_events(&s, "hb", json!({"heartbeatTimeoutSeconds": 30})).await;
-    delete_queue(&etcd, "hb").await;
-    let (status, body) = s.post("hb", "heartbeat", json!({})).await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (410, Some("lock_lost")),
-        "{body}"
-    );
-    expect_lost(&mut events, token).await;
+    let mut gone = KeyGone::new("hb", json!({"heartbeatTimeoutSeconds": 30})).await;
+    gone.expect_lost_on("hb", "heartbeat").await;
 }
 
 #[tokio::test]
 async fn a_reacquire_that_finds_the_key_gone_is_lost_then_a_new_acquire_works() {
-    let etcd = EtcdServer::start().await;
-    declare(&etcd.endpoint, &["ra"]);
-    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
-    let (token, mut events) = hold_with_events(&s, "ra", json!({})).await;
-    delete_queue(&etcd, "ra").await;
-    let (status, body) = s.post("ra", "acquire", json!({})).await;
-    assert_eq!(
-        (status, body["error"].as_str()),
-        (410, Some("lock_lost")),
-        "{body}"
-    );
-    expect_lost(&mut events, token).await;
-    let again = s.must_acquire("ra", json!({})).await;
+    let mut gone = KeyGone::new("ra", json!({})).await;
+    gone.expect_lost_on("ra", "acquire").await;
+    let again = gone.sidecar.must_acquire("ra", json!({})).await;
+    let token = gone.token;
     assert!(
         again > token,
         "a new hold gets a new, higher token: {again} after {token}"
