@@ -154,11 +154,14 @@ async fn a_pod_replaced_while_the_operator_was_down_loses_its_holds() {
         "replaced pod: waiter granted {:?} after the operator restarted",
         at - restarted
     );
-    assert!(
-        op.metrics()
-            .await
-            .contains("podlock_forced_releases_total{reason=\"pod_replaced\"} 1")
-    );
+    // The operator counts the release once etcd confirmed it, which may be just after the
+    // waiter was granted.
+    let counted = "podlock_forced_releases_total{reason=\"pod_replaced\"} 1";
+    wait_until(Duration::from_secs(2), || async {
+        op.metrics().await.contains(counted)
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{counted}: {e}\n{}", op.log()));
 }
 
 #[tokio::test]
