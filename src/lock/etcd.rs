@@ -143,15 +143,15 @@ impl Etcd {
         .map(drop)
     }
 
-    /// Watches each of `targets` on one stream, from revision `from` on, or from the current
-    /// revision on when `from` is `None`.
+    /// Watches each of `targets` on one stream, each from its own revision on (see
+    /// [`Target::from`]) or from the current revision.
     ///
     /// Returns once etcd confirmed every watch, with the revision the watches start after:
     /// every change after it will be delivered. Watching from "now" rather than from a past
     /// revision keeps the watch on etcd's synced path; a watch that starts in the past waits for
     /// etcd's 100 ms catch-up loop, which is what makes etcd's own Mutex hand off slowly. Where
-    /// that delay does not matter, `from` saves the read that would close the gap.
-    pub async fn watch_keys(&self, targets: &[Target], from: Option<i64>) -> Result<KeyWatch, LockError> {
+    /// that delay does not matter, a start revision saves the read that would close the gap.
+    pub async fn watch_keys(&self, targets: &[Target]) -> Result<KeyWatch, LockError> {
         let opts = |t: &Target| {
             let filters = if t.puts {
                 vec![]
@@ -159,7 +159,7 @@ impl Etcd {
                 vec![WatchFilterType::NoPut]
             };
             let o = WatchOptions::new().with_filters(filters);
-            Some(match from {
+            Some(match t.from {
                 Some(rev) => o.with_start_revision(rev),
                 None => o,
             })
@@ -190,11 +190,12 @@ impl Etcd {
         while created < targets.len() && !watch.fired {
             let resp = watch.next().await?;
             if resp.created() {
-                created += 1;
-                let rev = match from {
+                // etcd answers a stream's creates in the order they were sent.
+                let rev = match targets[created].from {
                     Some(from) => from - 1,
                     None => resp.header().map_or(0, |h| h.revision()),
                 };
+                created += 1;
                 watch.start_revision = watch.start_revision.max(rev);
             }
         }
@@ -246,11 +247,12 @@ async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
     Err(error)
 }
 
-/// A key to watch, for deletion only or for any change.
+/// A key to watch, for deletion only or for any change, from a revision or from now.
 #[derive(Debug, Clone)]
 pub struct Target {
     key: Vec<u8>,
     puts: bool,
+    from: Option<i64>,
 }
 
 impl Target {
@@ -259,6 +261,7 @@ impl Target {
         Target {
             key: key.to_vec(),
             puts: false,
+            from: None,
         }
     }
 
@@ -267,7 +270,15 @@ impl Target {
         Target {
             key: key.to_vec(),
             puts: true,
+            from: None,
         }
+    }
+
+    /// Watch from revision `rev` on (`None`: from now). Changes after a read at `rev - 1` then
+    /// cannot be missed without reading again, at the cost of etcd's catch-up delay (up to
+    /// 100 ms) for this key.
+    pub fn from(self, rev: Option<i64>) -> Self {
+        Target { from: rev, ..self }
     }
 }
 

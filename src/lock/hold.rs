@@ -170,8 +170,8 @@ async fn key_deleted(engine: &Engine, hold: &Hold) -> &'static str {
     // First from the confirmed revision; after a broken watch, from now, with a read.
     let mut from = Some(hold.confirmed + 1);
     loop {
-        let key = [Target::deletion(ticket.key.as_bytes())];
-        match etcd.watch_keys(&key, from.take()).await {
+        let key = [Target::deletion(ticket.key.as_bytes()).from(from.take())];
+        match etcd.watch_keys(&key).await {
             Ok(mut w) => {
                 if w.start_revision != hold.confirmed {
                     match queue::is_ours(etcd, ticket).await {

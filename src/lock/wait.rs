@@ -61,9 +61,9 @@ pub async fn wait_turn(
         let targets = match &pos {
             Position::Holder => return Ok(Turn::Granted(rev)),
             Position::Gone => return Ok(Turn::Gone),
-            waiting => watch_targets(waiting, lock, ticket, declared.settings.max_holders),
+            waiting => watch_targets(waiting, lock, ticket, declared.settings.max_holders, rev),
         };
-        let mut watch = match timeout_at(deadline, etcd.watch_keys(&targets, None)).await {
+        let mut watch = match timeout_at(deadline, etcd.watch_keys(&targets)).await {
             Err(_) => return Ok(Turn::TimedOut),
             Ok(Ok(watch)) => watch,
             // A member that cannot set up the watch (stalled, restarting): read again (the read
@@ -98,8 +98,11 @@ pub async fn wait_turn(
     }
 }
 
-/// What a waiter at `pos` watches (see the module's doc).
-fn watch_targets(pos: &Position, lock: &LockId, ticket: &Ticket, max_holders: u32) -> Vec<Target> {
+/// What a waiter at `pos`, read at revision `rev`, watches (see the module's doc). Its own key
+/// and the config key are watched from just after the read: a change to them may reach the
+/// waiter up to 100 ms late (etcd's catch-up loop), but never needs another read, and only the
+/// keys that hand the lock on are watched from "now".
+fn watch_targets(pos: &Position, lock: &LockId, ticket: &Ticket, max_holders: u32, rev: i64) -> Vec<Target> {
     let mut targets = match pos {
         Position::FirstWaiter(holders) => holders.iter().map(|k| Target::deletion(k)).collect(),
         Position::Waiter(pred) if max_holders > 1 => vec![Target::any_change(pred)],
@@ -107,8 +110,8 @@ fn watch_targets(pos: &Position, lock: &LockId, ticket: &Ticket, max_holders: u3
         Position::BehindUngranted(key) => vec![Target::any_change(key)],
         Position::Holder | Position::Gone => unreachable!("nothing to wait for"),
     };
-    targets.push(Target::deletion(ticket.key.as_bytes()));
-    targets.push(Target::any_change(lock.config_key().as_bytes()));
+    targets.push(Target::deletion(ticket.key.as_bytes()).from(Some(rev + 1)));
+    targets.push(Target::any_change(lock.config_key().as_bytes()).from(Some(rev + 1)));
     targets
 }
 
