@@ -22,24 +22,54 @@ async fn credentials(plane: &ControlPlane, ns: &str) -> (String, String) {
     (field("username"), field("password"))
 }
 
+/// Two namespaces with a lock `shared` each, on an etcd with auth, each with its operator and
+/// the etcd credentials it provisioned.
+struct Tenants {
+    etcd: EtcdServer,
+    x: String,
+    y: String,
+    creds: ((String, String), (String, String)),
+    _ops: (Operator, Operator),
+}
+
+impl Tenants {
+    async fn new(plane: &'static crate::common::kube::ControlPlane, x: &str, y: &str) -> Self {
+        let etcd = EtcdServer::start().await;
+        etcd.enable_auth("root-secret").await;
+        let root = ["--etcd-user", "root", "--etcd-password", "root-secret"];
+        let (x, y) = (plane.namespace(x), plane.namespace(y));
+        let ops = (
+            Operator::start_with(plane, &x, &etcd.endpoint, &root).await,
+            Operator::start_with(plane, &y, &etcd.endpoint, &root).await,
+        );
+        for ns in [&x, &y] {
+            let lock = format!(
+                "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{}}\n"
+            );
+            assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
+        }
+        let creds = (credentials(plane, &x).await, credentials(plane, &y).await);
+        Tenants {
+            etcd,
+            x,
+            y,
+            creds,
+            _ops: ops,
+        }
+    }
+}
+
 #[tokio::test]
 async fn a_namespace_cannot_take_or_break_another_namespaces_lock() {
     let plane = with_crd();
-    let etcd = EtcdServer::start().await;
-    etcd.enable_auth("root-secret").await;
-    let root = ["--etcd-user", "root", "--etcd-password", "root-secret"];
-    let (x, y) = (plane.namespace("iso-x"), plane.namespace("iso-y"));
-    let _ops = (
-        Operator::start_with(plane, &x, &etcd.endpoint, &root).await,
-        Operator::start_with(plane, &y, &etcd.endpoint, &root).await,
-    );
-    for ns in [&x, &y] {
-        let lock = format!(
-            "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{}}\n"
-        );
-        assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
-    }
-    let ((ux, px), (uy, py)) = (credentials(plane, &x).await, credentials(plane, &y).await);
+    let Tenants {
+        etcd,
+        x,
+        y,
+        creds,
+        _ops,
+    } = Tenants::new(plane, "iso-x", "iso-y").await;
+    let ((ux, px), (uy, py)) = creds;
     let endpoint = etcd.endpoint.clone();
     let sidecar = |pod: &'static str, ns: String, user: String, password: String| {
         let endpoint = endpoint.clone();
@@ -101,21 +131,14 @@ async fn a_namespace_cannot_take_or_break_another_namespaces_lock() {
 #[tokio::test]
 async fn a_tenants_key_on_another_namespaces_lease_never_revokes_that_lease() {
     let plane = with_crd();
-    let etcd = EtcdServer::start().await;
-    etcd.enable_auth("root-secret").await;
-    let root = ["--etcd-user", "root", "--etcd-password", "root-secret"];
-    let (x, y) = (plane.namespace("trust-x"), plane.namespace("trust-y"));
-    let _ops = (
-        Operator::start_with(plane, &x, &etcd.endpoint, &root).await,
-        Operator::start_with(plane, &y, &etcd.endpoint, &root).await,
-    );
-    for ns in [&x, &y] {
-        let lock = format!(
-            "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{}}\n"
-        );
-        assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
-    }
-    let ((ux, px), (uy, py)) = (credentials(plane, &x).await, credentials(plane, &y).await);
+    let Tenants {
+        etcd,
+        x,
+        y,
+        creds,
+        _ops,
+    } = Tenants::new(plane, "trust-x", "trust-y").await;
+    let ((ux, px), (uy, py)) = creds;
     // y's pod (outside Kubernetes' view: no uid, so no pod state judges it) takes y's lock once
     // and lets go: its sidecar keeps its session's lease, now without keys.
     let args = ["--namespace", &y, "--etcd-user", &uy, "--etcd-password", &py];
