@@ -27,6 +27,15 @@ pub struct ControlPlane {
     pub kubeconfig: PathBuf,
 }
 
+/// A client with the identity of `kubeconfig`.
+pub async fn client_for(kubeconfig: &std::path::Path) -> kube::Client {
+    let kc = kube::config::Kubeconfig::read_from(kubeconfig).unwrap();
+    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
+        .await
+        .unwrap();
+    kube::Client::try_from(config).unwrap()
+}
+
 /// The shared control plane with the DistributedLock CRD installed and established.
 pub fn with_crd() -> &'static ControlPlane {
     static INSTALLED: OnceLock<()> = OnceLock::new();
@@ -104,11 +113,7 @@ impl ControlPlane {
 
     /// A client with admin rights (one per test: clients belong to the test's runtime).
     pub async fn client(&self) -> kube::Client {
-        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap();
-        kube::Client::try_from(config).unwrap()
+        client_for(&self.kubeconfig).await
     }
 
     /// Runs kubectl against the control plane; returns (success, stdout, stderr).

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use super::kube::client_for;
 use super::{bin_dir, log_file, spawn_dying_with_parent, wait_until};
 
 const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts");
@@ -156,11 +157,7 @@ impl Node {
 
     /// A client with admin rights.
     pub async fn client(&self) -> kube::Client {
-        let kc = kube::config::Kubeconfig::read_from(&self.kubeconfig).unwrap();
-        let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .unwrap();
-        kube::Client::try_from(config).unwrap()
+        client_for(&self.kubeconfig).await
     }
 
     /// Runs helm against this cluster; returns (success, stdout, stderr).
