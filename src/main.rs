@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use podlock::cli::{declare, run_locked};
+use podlock::cli::{declare, probe, run_locked};
 use podlock::{operator, sidecar};
 
 #[derive(Parser)]
@@ -38,6 +38,8 @@ enum Command {
     Operator(Box<operator::OperatorArgs>),
     /// Print the DistributedLock CRD as YAML (what crds/ holds).
     Crd,
+    /// Check that a sidecar's API serves (its injected startup and readiness probe).
+    Probe(probe::ProbeArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -62,6 +64,7 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Sidecar(args) => sidecar::run(args).await,
             Command::Declare(args) => declare::run(args).await,
+            Command::Probe(args) => probe::run(args).await,
             Command::Operator(args) => operator::run(*args).await,
             Command::Crd => {
                 print!("{}", podlock::crd::crd_yaml());

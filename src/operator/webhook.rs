@@ -15,12 +15,13 @@ use axum::extract::State;
 use clap::Args;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference, WebhookClientConfig,
+    MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    WebhookClientConfig,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::core::DynamicObject;
-use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -219,9 +220,9 @@ pub async fn keep_configuration(
 }
 
 /// The webhook's configuration: reached through `--webhook-url`, else the Service in
-/// `namespace`; for Pods and the workloads with a pod template, never for the operator's own
-/// pods. An operator limited to one namespace injects only there; otherwise every namespace
-/// but `kube-system`.
+/// `namespace`; called only for objects that carry podlock's annotations (`matchConditions`),
+/// never for the operator's own. An operator limited to one namespace injects only there;
+/// otherwise every namespace but `kube-system`.
 fn configuration(
     args: &WebhookArgs,
     namespace: &str,
@@ -229,20 +230,30 @@ fn configuration(
     ca: Option<String>,
     owner: Option<OwnerReference>,
 ) -> MutatingWebhookConfiguration {
-    let not_in = |key: &str, value: &str| LabelSelector {
-        match_expressions: Some(vec![LabelSelectorRequirement {
-            key: key.into(),
-            operator: "NotIn".into(),
-            values: Some(vec![value.into()]),
-        }]),
-        ..Default::default()
-    };
     let namespaces = match watch_namespace {
         Some(ns) => LabelSelector {
             match_labels: Some(BTreeMap::from([(NAMESPACE_NAME.into(), ns.into())])),
             ..Default::default()
         },
         None => not_in(NAMESPACE_NAME, "kube-system"),
+    };
+    let webhook = |name: &str, rules, condition: &str| MutatingWebhook {
+        name: name.into(),
+        admission_review_versions: vec!["v1".into()],
+        side_effects: "None".into(),
+        failure_policy: Some("Ignore".into()),
+        timeout_seconds: Some(5),
+        client_config: client_config(args, namespace, ca.clone()),
+        rules: Some(rules),
+        match_conditions: Some(vec![MatchCondition {
+            name: "podlock-annotated".into(),
+            expression: condition.into(),
+        }]),
+        namespace_selector: Some(namespaces.clone()),
+        object_selector: Some(not_in(inject::OPERATOR_LABEL.0, inject::OPERATOR_LABEL.1)),
+        // Called again after later webhooks (a mesh's injector) changed the pod.
+        reinvocation_policy: Some("IfNeeded".into()),
+        ..Default::default()
     };
     MutatingWebhookConfiguration {
         metadata: ObjectMeta {
@@ -254,20 +265,35 @@ fn configuration(
             owner_references: owner.map(|o| vec![o]),
             ..Default::default()
         },
-        webhooks: Some(vec![MutatingWebhook {
-            name: "inject.podlock.io".into(),
-            admission_review_versions: vec!["v1".into()],
-            side_effects: "None".into(),
-            failure_policy: Some("Ignore".into()),
-            timeout_seconds: Some(5),
-            client_config: client_config(args, namespace, ca),
-            rules: Some(rules()),
-            namespace_selector: Some(namespaces),
-            object_selector: Some(not_in(inject::OPERATOR_LABEL.0, inject::OPERATOR_LABEL.1)),
-            ..Default::default()
-        }]),
+        webhooks: Some(vec![
+            webhook("pods.inject.podlock.io", pod_rules(), POD_ASKS),
+            webhook("workloads.inject.podlock.io", workload_rules(), WORKLOAD_ASKS),
+        ]),
     }
 }
+
+/// A selector of objects whose label `key` is not `value` (or is absent).
+fn not_in(key: &str, value: &str) -> LabelSelector {
+    LabelSelector {
+        match_expressions: Some(vec![LabelSelectorRequirement {
+            key: key.into(),
+            operator: "NotIn".into(),
+            values: Some(vec![value.into()]),
+        }]),
+        ..Default::default()
+    }
+}
+
+/// A pod that asks for the sidecar (CEL, evaluated by the API server before calling us).
+const POD_ASKS: &str = "has(object.metadata.annotations) && \
+    'podlock.io/inject' in object.metadata.annotations && \
+    object.metadata.annotations['podlock.io/inject'] == 'true'";
+
+/// A workload annotated for podlock, or whose template holds copies to remove.
+const WORKLOAD_ASKS: &str = "(has(object.metadata.annotations) && \
+    'podlock.io/inject' in object.metadata.annotations) || \
+    (has(object.spec.template.metadata) && has(object.spec.template.metadata.annotations) && \
+    'podlock.io/inject-stamp' in object.spec.template.metadata.annotations)";
 
 /// How the API server reaches the webhook: `--webhook-url`, else the Service in `namespace`.
 fn client_config(args: &WebhookArgs, namespace: &str, ca: Option<String>) -> WebhookClientConfig {
@@ -284,19 +310,31 @@ fn client_config(args: &WebhookArgs, namespace: &str, ca: Option<String>) -> Web
     }
 }
 
-/// What the webhook is called for: Pods and the workloads with a pod template.
-fn rules() -> Vec<RuleWithOperations> {
-    let rule = |group: &str, resources: &[&str]| RuleWithOperations {
-        operations: Some(vec!["CREATE".into(), "UPDATE".into()]),
+fn rule(operations: &[&str], group: &str, resources: &[&str]) -> RuleWithOperations {
+    let strings = |v: &[&str]| Some(v.iter().map(|r| r.to_string()).collect());
+    RuleWithOperations {
+        operations: strings(operations),
         api_groups: Some(vec![group.into()]),
         api_versions: Some(vec!["v1".into()]),
-        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        resources: strings(resources),
         ..Default::default()
-    };
+    }
+}
+
+/// Pods are injected when created, never updated.
+fn pod_rules() -> Vec<RuleWithOperations> {
+    vec![rule(&["CREATE"], "", &["pods"])]
+}
+
+/// Workloads get their annotations copied into their template; a Job's template is immutable.
+fn workload_rules() -> Vec<RuleWithOperations> {
     vec![
-        rule("", &["pods"]),
-        rule("apps", &["deployments", "statefulsets", "daemonsets"]),
-        rule("batch", &["jobs"]),
+        rule(
+            &["CREATE", "UPDATE"],
+            "apps",
+            &["deployments", "statefulsets", "daemonsets"],
+        ),
+        rule(&["CREATE"], "batch", &["jobs"]),
     ]
 }
 
@@ -336,19 +374,38 @@ async fn mutate(
     };
     let value = serde_json::to_value(object).expect("objects serialize");
     let namespace = req.namespace.as_deref().unwrap_or_default();
-    let resp = match inject::patch(&tpl, &req.kind.kind, namespace, &value) {
-        Ok(None) => resp,
-        Ok(Some(patch)) => {
-            info!(
-                kind = req.kind.kind,
-                namespace,
-                name = req.name,
-                "injecting the podlock sidecar"
-            );
-            resp.with_patch(patch)
-                .unwrap_or_else(|e| AdmissionResponse::invalid(e.to_string()))
-        }
+    let creating = req.operation == Operation::Create;
+    let resp = match inject::mutate(&tpl, &req.kind.kind, creating, namespace, &value) {
+        Ok(mutation) => answer(resp, &req, mutation),
         Err(reason) => resp.deny(reason),
     };
     Json(resp.into_review())
+}
+
+/// The admission response for `mutation` of the object `req` admits.
+fn answer(
+    mut resp: AdmissionResponse,
+    req: &AdmissionRequest<DynamicObject>,
+    mutation: inject::Mutation,
+) -> AdmissionResponse {
+    let (kind, name) = (&req.kind.kind, req.name.as_str());
+    let namespace = req.namespace.as_deref().unwrap_or_default();
+    if let Some(warning) = mutation.warning {
+        info!(kind, namespace, name, warning, "not injecting");
+        resp.warnings = Some(vec![warning]);
+    }
+    let Some(patch) = mutation.patch else {
+        return resp;
+    };
+    info!(kind, namespace, name, "injecting: {}", describe(kind));
+    resp.with_patch(patch)
+        .unwrap_or_else(|e| AdmissionResponse::invalid(e.to_string()))
+}
+
+/// What the webhook does to an object of `kind`.
+fn describe(kind: &str) -> &'static str {
+    match kind {
+        "Pod" => "adding the podlock sidecar",
+        _ => "copying the podlock annotations into the pod template",
+    }
 }

@@ -4,6 +4,7 @@ mod api;
 mod error;
 mod events;
 mod request;
+mod start;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -81,21 +82,23 @@ pub fn router(state: AppState) -> Router {
         .with_state(state)
 }
 
-/// Runs the sidecar until SIGTERM or Ctrl-C, then ends every hold before exiting.
+/// Runs the sidecar until SIGTERM or Ctrl-C, then ends every hold before exiting. It listens
+/// first and reaches etcd after (see [`start`]).
 pub async fn run(args: SidecarArgs) -> anyhow::Result<()> {
-    let (engine, state) = start(&args).await?;
+    crate::lock::keys::check_dns_subdomain("namespace", &args.namespace)?;
     let listener = bind(args.listen).await?;
     let health = match args.health_listen {
-        Some(addr) => Some(bind(addr).await?),
+        Some(addr) => Some(bind_any_family(addr).await?),
         None => None,
     };
     info!(listen = %args.listen, namespace = args.namespace, standalone = args.standalone, "sidecar serving");
-    serve(engine, state, listener, health).await
+    let started = start::Started::default();
+    tokio::spawn(started.clone().connect(args));
+    serve(started, listener, health).await
 }
 
 /// Connects to etcd and builds the engine and the handlers' state.
 async fn start(args: &SidecarArgs) -> anyhow::Result<(Engine, AppState)> {
-    crate::lock::keys::check_dns_subdomain("namespace", &args.namespace)?;
     let pod_name = args.pod_name.clone().unwrap_or_else(hostname);
     let client = args.etcd.connect().await?;
     let members = args.etcd.connect_each().await?;
@@ -123,16 +126,27 @@ async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
         .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))
 }
 
+/// Binds `addr`; `[::]` (every address of both families, as injected) falls back to `0.0.0.0`
+/// where the kernel has no IPv6 at all.
+async fn bind_any_family(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    match bind(addr).await {
+        Err(e) if addr.ip() == std::net::Ipv6Addr::UNSPECIFIED => {
+            warn!(error = %e, "no IPv6 here; serving health and metrics on IPv4 only");
+            bind(SocketAddr::from(([0, 0, 0, 0], addr.port()))).await
+        }
+        bound => bound,
+    }
+}
+
 /// Serves the API (and the health routes on `health`) until a signal, or until a listener
 /// fails: then every hold ends and the process exits non-zero, rather than linger with its
 /// probes or its API gone.
 async fn serve(
-    engine: Engine,
-    state: AppState,
+    started: start::Started,
     listener: tokio::net::TcpListener,
     health: Option<tokio::net::TcpListener>,
 ) -> anyhow::Result<()> {
-    let health_app = health_router().with_state(state.clone());
+    let health_app = started.health();
     let health = async move {
         match health {
             Some(listener) => axum::serve(listener, health_app).await,
@@ -141,21 +155,27 @@ async fn serve(
     };
     let mut term = signal(SignalKind::terminate())?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel();
-    let stopping = engine.clone();
+    let stopping = started.clone();
+    let shutdown = || async move {
+        if let Some(engine) = stopping.engine() {
+            engine.shutdown().await;
+        }
+    };
     // On a signal the holds end first (their `lost` events still reach open streams, which
     // then end), and only then does the server stop.
-    let serve = axum::serve(listener, router(state)).with_graceful_shutdown(async move {
+    let ending = shutdown.clone();
+    let serve = axum::serve(listener, started.api()).with_graceful_shutdown(async move {
         let _ = stop_rx.await;
-        stopping.shutdown().await;
+        ending().await;
     });
     let mut serve = std::pin::pin!(serve.into_future());
     tokio::select! {
         served = &mut serve => {
-            engine.shutdown().await;
+            shutdown().await;
             anyhow::bail!("the API listener failed: {served:?}");
         }
         failed = health => {
-            engine.shutdown().await;
+            shutdown().await;
             anyhow::bail!("the health listener failed: {failed:?}");
         }
         _ = term.recv() => info!("SIGTERM: ending every hold"),

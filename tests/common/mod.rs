@@ -250,8 +250,19 @@ pub struct Sidecar {
 
 impl Sidecar {
     /// Starts a sidecar for pod `pod` in namespace `default` with `extra` flags, waiting until
-    /// it answers.
+    /// its lock API serves (it has reached etcd).
     pub async fn start(etcd: &str, pod: &str, extra: &[&str]) -> Self {
+        let sidecar = Self::spawn(etcd, pod, extra).await;
+        wait_until(Duration::from_secs(10), || async {
+            sidecar.get("/v1/locks").await.0 == 200
+        })
+        .await
+        .unwrap_or_else(|e| panic!("the sidecar never reached etcd ({e}):\n{}", sidecar.log()));
+        sidecar
+    }
+
+    /// Starts a sidecar as [`Sidecar::start`] does, waiting only until it listens.
+    pub async fn spawn(etcd: &str, pod: &str, extra: &[&str]) -> Self {
         let logs = tempfile::Builder::new()
             .prefix("podlock-sidecar-")
             .tempdir()
@@ -283,7 +294,7 @@ impl Sidecar {
             matches!(reqwest::get(format!("{}/healthz", sidecar.addr)).await, Ok(r) if r.status().is_success())
         })
         .await
-        .expect("sidecar did not come up");
+        .unwrap_or_else(|e| panic!("the sidecar did not come up ({e}):\n{}", sidecar.log()));
         sidecar
     }
 

@@ -20,14 +20,15 @@ fn deployment(ns: &str, name: &str, annotations: Value) -> String {
     .to_string()
 }
 
-/// The pods of Deployment `app`, once some exist, `all` holds for all of them and `any` for one.
+/// The pods that `selector` selects, once some exist, `all` holds for all of them and `any`
+/// for one.
 async fn pods_of(
     pods: &Api<Pod>,
-    app: &str,
+    selector: &str,
     all: impl Fn(&Pod) -> bool,
     any: impl Fn(&Pod) -> bool,
 ) -> Vec<Pod> {
-    let params = ListParams::default().labels(&format!("app={app}"));
+    let params = ListParams::default().labels(selector);
     let start = std::time::Instant::now();
     loop {
         let found = pods.list(&params).await.map(|l| l.items).unwrap_or_default();
@@ -36,7 +37,7 @@ async fn pods_of(
         }
         assert!(
             start.elapsed() < Duration::from_secs(30),
-            "pods of {app}: {:?}",
+            "pods of {selector}: {:?}",
             found.iter().map(|p| &p.spec).collect::<Vec<_>>()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -92,7 +93,7 @@ async fn annotating_a_deployment_rolls_out_pods_with_exactly_one_sidecar() {
             .kubectl_stdin(&["apply", "-f", "-"], &deployment(&ns, "web", json!({})))
             .0
     );
-    pods_of(&pods, "web", |p| sidecars(p) == 0, |_| true).await;
+    pods_of(&pods, "app=web", |p| sidecars(p) == 0, |_| true).await;
 
     // `kubectl annotate deployment web podlock.io/inject=true` alone rolls out injected pods.
     let (ok, _, err) = plane.kubectl(&[
@@ -105,7 +106,7 @@ async fn annotating_a_deployment_rolls_out_pods_with_exactly_one_sidecar() {
     ]);
     assert!(ok, "{err}");
     // No kubelet: the old pod stays; the rollout's new pod carries the sidecar.
-    let injected = pods_of(&pods, "web", |p| sidecars(p) <= 1, |p| sidecars(p) == 1).await;
+    let injected = pods_of(&pods, "app=web", |p| sidecars(p) <= 1, |p| sidecars(p) == 1).await;
     let pod = injected.iter().find(|p| sidecars(p) == 1).unwrap();
     let spec = pod.spec.as_ref().unwrap();
     let sc = spec
@@ -132,9 +133,13 @@ async fn annotating_a_deployment_rolls_out_pods_with_exactly_one_sidecar() {
     let ready = sc
         .readiness_probe
         .as_ref()
-        .and_then(|p| p.http_get.as_ref())
-        .map(|h| h.path.clone());
-    assert_eq!(ready, Some(Some("/readyz".into())));
+        .and_then(|p| p.exec.as_ref())
+        .and_then(|e| e.command.clone());
+    assert_eq!(
+        ready,
+        Some(vec!["/usr/local/bin/podlock".into(), "probe".into()]),
+        "a probe on loopback, inside the sidecar"
+    );
     let resources = sc.resources.as_ref().unwrap();
     assert!(resources.requests.is_some() && resources.limits.is_some());
     let sec = sc.security_context.as_ref().unwrap();
@@ -159,14 +164,43 @@ async fn annotating_a_deployment_rolls_out_pods_with_exactly_one_sidecar() {
         "true"
     );
 
-    // Applying the annotated Deployment again keeps exactly one sidecar in its template.
-    let annotated = deployment(&ns, "web", json!({"podlock.io/inject": "true"}));
-    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &annotated).0);
-    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &annotated).0);
+    // The Deployment carries no sidecar, only the annotation copied into its template, so a
+    // new podlock version reaches its next pods.
+    assert_eq!(template_init_containers(plane, "deployment", "web", &ns), "");
     assert_eq!(
-        template_init_containers(plane, "deployment", "web", &ns),
-        "podlock"
+        template_annotations(plane, "deployment", "web", &ns),
+        json!({"podlock.io/inject": "true", "podlock.io/inject-stamp": "podlock.io/inject"})
     );
+    // Removing the annotation rolls out pods without the sidecar.
+    let (ok, _, err) = plane.kubectl(&["annotate", "deployment", "web", "-n", &ns, "podlock.io/inject-"]);
+    assert!(ok, "{err}");
+    assert_eq!(template_annotations(plane, "deployment", "web", &ns), json!(null));
+    // (The template is the first one again: its ReplicaSet becomes the current revision.)
+    wait_until(Duration::from_secs(30), || async {
+        current_revision_template(plane, &ns).is_empty()
+    })
+    .await
+    .expect("a rollout back to pods without the sidecar");
+}
+
+/// The pod template annotations of `kind`/`name` (`null` when there are none).
+fn template_annotations(plane: &ControlPlane, kind: &str, name: &str, ns: &str) -> Value {
+    let path = "jsonpath={.spec.template.metadata.annotations}";
+    let out = plane.kubectl(&["get", kind, name, "-n", ns, "-o", path]).1;
+    serde_json::from_str(out.trim()).unwrap_or(Value::Null)
+}
+
+/// The pod template annotations of the ReplicaSet of the highest revision in `ns`.
+fn current_revision_template(plane: &ControlPlane, ns: &str) -> String {
+    let path = r#"jsonpath={range .items[*]}{.metadata.annotations.deployment\.kubernetes\.io/revision} {.spec.template.metadata.annotations}{"\n"}{end}"#;
+    let out = plane.kubectl(&["get", "rs", "-n", ns, "-o", path]).1;
+    let mut revisions: Vec<(u32, String)> = out
+        .lines()
+        .filter_map(|l| l.split_once(' '))
+        .map(|(rev, annotations)| (rev.parse().unwrap_or(0), annotations.trim().to_string()))
+        .collect();
+    revisions.sort();
+    revisions.pop().map(|(_, a)| a).unwrap_or_else(|| "none".into())
 }
 
 #[tokio::test]
@@ -209,11 +243,42 @@ async fn pods_and_jobs_are_injected_only_when_annotated() {
         "{env:?}"
     );
 
-    let job = json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "migrate", "namespace": ns},
-        "spec": {"template": {"metadata": {"annotations": {"podlock.io/inject": "true"}},
-                 "spec": {"restartPolicy": "Never", "containers": [{"name": "m", "image": "m"}]}}}});
+    // A hostNetwork pod gets no sidecar, and its creator is told why.
+    let mut host = serde_json::from_str::<Value>(&pod("host", json!({"podlock.io/inject": "true"}))).unwrap();
+    host["spec"]["hostNetwork"] = json!(true);
+    let (ok, _, stderr) = plane.kubectl_stdin(&["apply", "-f", "-"], &host.to_string());
+    assert!(
+        ok && stderr.contains("hostNetwork pods get no sidecar"),
+        "{stderr}"
+    );
+    assert_eq!(sidecars(&pods.get("host").await.unwrap()), 0);
+
+    // A Job's pods get the sidecar; the Job itself only the copied annotation (at creation:
+    // its template is immutable), and annotating it later is not refused.
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "migrate", "namespace": ns, "annotations": {"podlock.io/inject": "true"}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "m", "image": "m"}]}}}});
     assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &job.to_string()).0);
-    assert_eq!(template_init_containers(plane, "job", "migrate", &ns), "podlock");
+    assert_eq!(template_init_containers(plane, "job", "migrate", &ns), "");
+    let job_pods = pods_of(&pods, "job-name=migrate", |_| true, |_| true).await;
+    assert_eq!(sidecars(&job_pods[0]), 1);
+    let (ok, _, err) = plane.kubectl(&["annotate", "job", "migrate", "-n", &ns, "team=db"]);
+    assert!(ok, "annotating a Job is not refused: {err}");
+}
+
+#[tokio::test]
+async fn a_pod_created_while_the_webhook_was_away_stays_updatable() {
+    let plane = with_crd();
+    let ns = plane.namespace("inject-update");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "early", "namespace": ns,
+        "annotations": {"podlock.io/inject": "true"}}, "spec": {"containers": [{"name": "app", "image": "app"}]}});
+    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &pod.to_string()).0);
+    let _op = Operator::start(plane, &ns).await;
+    webhook_ready(plane, &ns).await;
+    let (ok, _, err) = plane.kubectl(&["label", "pod", "early", "-n", &ns, "updated=yes"]);
+    assert!(ok, "a pod update is never mutated, so never refused: {err}");
+    let pods: Api<Pod> = Api::namespaced(plane.client().await, &ns);
+    assert_eq!(sidecars(&pods.get("early").await.unwrap()), 0);
 }
 
 #[tokio::test]

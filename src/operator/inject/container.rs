@@ -1,0 +1,175 @@
+//! The injected sidecar container and what it changes in the pod's other containers.
+
+use k8s_openapi::api::core::v1::{
+    Capabilities, Container, EnvVar, EnvVarSource, ExecAction, ObjectFieldSelector, Probe,
+    ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext,
+};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+use super::{CONTAINER_ENV, SIDECAR_CONTAINER, SidecarTemplate};
+
+/// What a pod's annotations ask of its sidecar.
+pub(super) struct Options {
+    pub port: u16,
+    pub heartbeat: Option<u32>,
+}
+
+/// The image's own path to the binary (the Dockerfile's ENTRYPOINT), for the exec probes.
+const BINARY: &str = "/usr/local/bin/podlock";
+
+/// Gives every app container `PODLOCK_ADDR` and its own name in `PODLOCK_CONTAINER`.
+pub(super) fn give_app_containers_their_env(pod_spec: &mut serde_json::Map<String, Value>, port: u16) {
+    let addr = json!({"name": "PODLOCK_ADDR", "value": format!("http://127.0.0.1:{port}")});
+    let containers = pod_spec.get_mut("containers").and_then(Value::as_array_mut);
+    for c in containers.into_iter().flatten() {
+        // Kubernetes cannot tell a container its own name: the app passes this with its
+        // acquires so that its holds follow its own restarts only.
+        let own = json!({"name": CONTAINER_ENV, "value": c["name"].clone()});
+        let env = c
+            .as_object_mut()
+            .expect("container")
+            .entry("env")
+            .or_insert(json!([]));
+        if let Some(env) = env.as_array_mut() {
+            for var in [&addr, &own] {
+                if !env.iter().any(|e| e["name"] == var["name"]) {
+                    env.push(var.clone());
+                }
+            }
+        }
+    }
+}
+
+/// Where the sidecar goes among the init containers: after the native sidecars already there
+/// (a mesh proxy must be up before the sidecar reaches etcd), before the other init containers
+/// (so that they may take locks too).
+pub(super) fn position(init: &[Value]) -> usize {
+    init.iter()
+        .rposition(|c| c["restartPolicy"] == "Always")
+        .map_or(0, |last| last + 1)
+}
+
+/// The sidecar container: a native sidecar, non-root, read-only, no capabilities.
+pub(super) fn sidecar(tpl: &SidecarTemplate, options: &Options) -> Container {
+    let quantities = |cpu: &str, memory: &str| {
+        let q = |v: &str| Quantity(v.into());
+        Some(BTreeMap::from([
+            ("cpu".into(), q(cpu)),
+            ("memory".into(), q(memory)),
+        ]))
+    };
+    Container {
+        name: SIDECAR_CONTAINER.into(),
+        image: Some(tpl.image.clone()),
+        args: Some(vec!["sidecar".into()]),
+        restart_policy: Some("Always".into()),
+        env: Some(sidecar_env(tpl, options)),
+        // The app containers start once the API serves; the pod stays Ready while it does.
+        // Neither depends on etcd: an etcd election must not take every pod out of its
+        // Services (etcd's health is in the API's /readyz and in the metrics).
+        startup_probe: Some(probe(1, 60)),
+        readiness_probe: Some(probe(10, 3)),
+        resources: Some(ResourceRequirements {
+            requests: quantities("10m", "16Mi"),
+            limits: quantities("200m", "64Mi"),
+            ..Default::default()
+        }),
+        security_context: Some(restricted()),
+        ..Default::default()
+    }
+}
+
+/// `podlock probe` run inside the sidecar: it asks the API on loopback, where no mesh's
+/// traffic capture and no IP family of the cluster can get in the way, as an HTTP probe from
+/// the kubelet to the pod's address could.
+fn probe(period_seconds: i32, failure_threshold: i32) -> Probe {
+    Probe {
+        exec: Some(ExecAction {
+            command: Some(vec![BINARY.into(), "probe".into()]),
+        }),
+        period_seconds: Some(period_seconds),
+        failure_threshold: Some(failure_threshold),
+        timeout_seconds: Some(2),
+        ..Default::default()
+    }
+}
+
+/// The Pod Security Standards' `restricted` profile.
+fn restricted() -> SecurityContext {
+    SecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(65532),
+        run_as_group: Some(65532),
+        read_only_root_filesystem: Some(true),
+        allow_privilege_escalation: Some(false),
+        capabilities: Some(Capabilities {
+            drop: Some(vec!["ALL".into()]),
+            ..Default::default()
+        }),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// The sidecar's environment: the pod's identity from the downward API, its listeners, etcd.
+fn sidecar_env(tpl: &SidecarTemplate, options: &Options) -> Vec<EnvVar> {
+    let value = |name: &str, value: String| EnvVar {
+        name: name.into(),
+        value: Some(value),
+        ..Default::default()
+    };
+    let from = |name: &str, source: EnvVarSource| EnvVar {
+        name: name.into(),
+        value_from: Some(source),
+        ..Default::default()
+    };
+    let field = |name: &str, path: &str| {
+        let field_ref = ObjectFieldSelector {
+            field_path: path.into(),
+            ..Default::default()
+        };
+        let source = EnvVarSource {
+            field_ref: Some(field_ref),
+            ..Default::default()
+        };
+        from(name, source)
+    };
+    // Metrics on every address of either family, for Prometheus; the API on loopback only.
+    let metrics = options.port.checked_add(1).unwrap_or(options.port - 1);
+    let mut env = vec![
+        field("PODLOCK_POD_NAME", "metadata.name"),
+        field("PODLOCK_NAMESPACE", "metadata.namespace"),
+        field("PODLOCK_POD_UID", "metadata.uid"),
+        value("PODLOCK_LISTEN", format!("127.0.0.1:{}", options.port)),
+        value("PODLOCK_HEALTH_LISTEN", format!("[::]:{metrics}")),
+        value("PODLOCK_ETCD_ENDPOINTS", tpl.etcd_endpoints.clone()),
+    ];
+    if let Some(h) = options.heartbeat {
+        env.push(value("PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", h.to_string()));
+    }
+    let Some(secret) = &tpl.credentials_secret else {
+        return env;
+    };
+    for (var, key) in [
+        ("PODLOCK_ETCD_USER", "username"),
+        ("PODLOCK_ETCD_PASSWORD", "password"),
+    ] {
+        // Optional: a namespace without locks has no Secret yet; its sidecar then reports 403.
+        let secret_key_ref = SecretKeySelector {
+            name: secret.clone(),
+            key: key.into(),
+            optional: Some(true),
+        };
+        let source = EnvVarSource {
+            secret_key_ref: Some(secret_key_ref),
+            ..Default::default()
+        };
+        env.push(from(var, source));
+    }
+    env
+}

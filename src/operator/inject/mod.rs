@@ -1,0 +1,177 @@
+//! Sidecar injection as pure functions: given an admitted object, the JSON patch the webhook
+//! answers with, if any.
+//!
+//! The sidecar is added to Pods only, when they are created, so that every new pod gets the
+//! current sidecar (a `helm upgrade` of podlock reaches the next pods) and workloads never
+//! carry a frozen copy of it. A Pod annotated `podlock.io/inject: "true"` (from its own
+//! metadata or its workload's pod template) gets a native sidecar (an init container with
+//! `restartPolicy: Always`) named `podlock`, the label `podlock.io/sidecar=true` (so the
+//! operator's pod watch sees it) and `PODLOCK_ADDR` in every app container.
+//!
+//! A Deployment, StatefulSet, DaemonSet or Job annotated in its own metadata (`kubectl
+//! annotate deployment web podlock.io/inject=true`) gets only that annotation copied into its
+//! pod template (marked as copied, [`STAMP`]), which rolls out pods that ask for the sidecar;
+//! removing the workload's annotation removes the copy again. A Job's template cannot change
+//! after creation: a Job is stamped when created only.
+//!
+//! Objects without the annotation, in `kube-system`, or of the operator itself are never
+//! changed; injection is idempotent.
+
+mod container;
+mod stamp;
+#[cfg(test)]
+mod tests;
+
+use serde_json::{Value, json};
+
+use container::{Options, give_app_containers_their_env, position, sidecar};
+
+/// The annotation that asks for injection.
+pub const INJECT: &str = "podlock.io/inject";
+/// The annotation that marks a pod template's [`INJECT`] as copied there from its workload.
+pub const STAMP: &str = "podlock.io/inject-stamp";
+/// The annotation that sets the sidecar's API port (default 4040).
+pub const PORT: &str = "podlock.io/port";
+/// The annotation that sets a default heartbeat window for the pod's holds.
+pub const HEARTBEAT: &str = "podlock.io/heartbeat-timeout";
+/// The variable that tells each app container its own name, to pass as `container`.
+pub const CONTAINER_ENV: &str = "PODLOCK_CONTAINER";
+/// The label that marks the operator's own pods, which are never injected.
+pub const OPERATOR_LABEL: (&str, &str) = ("app.kubernetes.io/component", "podlock-operator");
+/// The label that marks pods with a podlock sidecar (the operator's pod watch selects on it).
+pub const SIDECAR_LABEL: &str = "podlock.io/sidecar";
+/// The sidecar container's name.
+pub const SIDECAR_CONTAINER: &str = "podlock";
+/// The kinds whose pod template a workload annotation is copied into.
+pub const WORKLOADS: [&str; 4] = ["Deployment", "StatefulSet", "DaemonSet", "Job"];
+
+/// What the injected sidecar looks like.
+#[derive(Debug, Clone)]
+pub struct SidecarTemplate {
+    /// The podlock image.
+    pub image: String,
+    /// etcd endpoints for the sidecar, comma-separated.
+    pub etcd_endpoints: String,
+    /// A Secret with the namespace's etcd credentials (`username`, `password`), if any.
+    pub credentials_secret: Option<String>,
+}
+
+/// The webhook's answer for one object: a patch, a warning for the user, both or neither.
+#[derive(Debug, Default)]
+pub struct Mutation {
+    /// The change to make, if any.
+    pub patch: Option<json_patch::Patch>,
+    /// Why an object that asked for the sidecar did not get it.
+    pub warning: Option<String>,
+}
+
+/// What the webhook does with `object` (of `kind`, in `namespace`), being created when
+/// `creating`, else updated.
+pub fn mutate(
+    tpl: &SidecarTemplate,
+    kind: &str,
+    creating: bool,
+    namespace: &str,
+    object: &Value,
+) -> Result<Mutation, String> {
+    if namespace == "kube-system" || is_operator(object) {
+        return Ok(Mutation::default());
+    }
+    match kind {
+        // An existing pod is never changed: the API server would reject most changes, and a
+        // pod created while the webhook was down must stay updatable.
+        "Pod" if creating => inject(tpl, object),
+        kind if WORKLOADS.contains(&kind) => Ok(stamp::stamp(kind, creating, object)),
+        _ => Ok(Mutation::default()),
+    }
+}
+
+/// The sidecar added to a new pod that asks for it.
+fn inject(tpl: &SidecarTemplate, pod: &Value) -> Result<Mutation, String> {
+    if annotation(pod, "/metadata", INJECT) != Some("true") || has_sidecar(pod) {
+        return Ok(Mutation::default());
+    }
+    if pod.pointer("/spec/hostNetwork") == Some(&json!(true)) {
+        // On the node's network the sidecar's loopback port would be every such pod's.
+        let warning = "podlock: hostNetwork pods get no sidecar (its loopback port would be node-wide)";
+        return Ok(Mutation {
+            patch: None,
+            warning: Some(warning.into()),
+        });
+    }
+    let options = options(pod)?;
+    let mut mutated = pod.clone();
+    let labels = ensure_object(&mut mutated, "/metadata/labels");
+    labels.insert(SIDECAR_LABEL.into(), json!("true"));
+    let pod_spec = ensure_object(&mut mutated, "/spec");
+    give_app_containers_their_env(pod_spec, options.port);
+    let sidecar = serde_json::to_value(sidecar(tpl, &options)).expect("a container serializes");
+    let init = pod_spec.entry("initContainers").or_insert(json!([]));
+    if let Some(init) = init.as_array_mut() {
+        init.insert(position(init), sidecar);
+    }
+    Ok(Mutation {
+        patch: Some(json_patch::diff(pod, &mutated)),
+        warning: None,
+    })
+}
+
+/// Whether the operator's own label is on `object` or on its pod template.
+fn is_operator(object: &Value) -> bool {
+    ["/metadata", "/spec/template/metadata"].iter().any(|meta| {
+        object.pointer(&format!("{meta}/labels/{}", escape(OPERATOR_LABEL.0)))
+            == Some(&json!(OPERATOR_LABEL.1))
+    })
+}
+
+/// Whether the pod already has a container named `podlock` (injected, or written by hand).
+fn has_sidecar(pod: &Value) -> bool {
+    ["initContainers", "containers"].iter().any(|list| {
+        pod["spec"][list]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["name"] == SIDECAR_CONTAINER))
+    })
+}
+
+/// The annotation `name` in the metadata at `meta`.
+fn annotation<'a>(object: &'a Value, meta: &str, name: &str) -> Option<&'a str> {
+    object
+        .pointer(&format!("{meta}/annotations/{}", escape(name)))
+        .and_then(Value::as_str)
+}
+
+/// The port and heartbeat annotations of a pod.
+fn options(pod: &Value) -> Result<Options, String> {
+    let port = match annotation(pod, "/metadata", PORT) {
+        Some(p) => p
+            .parse()
+            .map_err(|_| format!("{PORT} must be a port number, got {p:?}"))?,
+        None => 4040,
+    };
+    let heartbeat = match annotation(pod, "/metadata", HEARTBEAT) {
+        Some(h) => Some(
+            h.parse::<u32>()
+                .map_err(|_| format!("{HEARTBEAT} must be whole seconds, got {h:?}"))?,
+        ),
+        None => None,
+    };
+    Ok(Options { port, heartbeat })
+}
+
+/// The object at `path`, created (with its parents) when missing.
+fn ensure_object<'a>(root: &'a mut Value, path: &str) -> &'a mut serde_json::Map<String, Value> {
+    let mut node = root;
+    for part in path.split('/').skip(1) {
+        node = node
+            .as_object_mut()
+            .expect("objects along the path")
+            .entry(part)
+            .or_insert(json!({}));
+    }
+    node.as_object_mut().expect("an object")
+}
+
+/// Escapes a key for a JSON pointer.
+fn escape(key: &str) -> String {
+    key.replace('~', "~0").replace('/', "~1")
+}
