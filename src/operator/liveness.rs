@@ -2,8 +2,9 @@
 //! took the hold has since restarted, the operator ends the hold at once instead of waiting for
 //! its lease TTL. The pod's sidecar, if still alive, sees its key deleted and reports `lost`.
 //!
-//! It watches only pods labelled `podlock.io/sidecar=true` (the injection webhook sets it) and
-//! acts only on positive evidence: a watch event, or a successful read that finds the pod gone.
+//! It watches pods labelled `podlock.io/sidecar=true` (the injection webhook sets it), and each
+//! other pod that holds or waits on its own (see [`super::named_pods`]); never every pod of
+//! the cluster. It acts only on positive evidence: a watch event, or a successful read that finds the pod gone.
 //! An unreachable API server releases nothing. A pod watch can lag behind etcd, so "another
 //! uid under this name" from the cache is checked by a fresh read before anything ends: the
 //! cached pod may be the old one and the entry the new pod's.
@@ -18,11 +19,13 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tracing::{info, warn};
 
 use super::etcd_watch::{PodEntry, PodIndex, PodKey};
 use super::inject::SIDECAR_LABEL;
+use super::named_pods::{NamedPods, Seen};
 pub use super::verdict::{Reason, verdict};
 use crate::lock::{self, Revoked};
 use crate::metrics::OperatorMetrics;
@@ -43,13 +46,16 @@ pub async fn run(
     let (store, writer) = reflector::store();
     let config = watcher::Config::default().labels(&format!("{SIDECAR_LABEL}=true"));
     let mut events = reflector::reflector(writer, watcher(pods, config).default_backoff()).boxed();
+    let (seen_tx, mut seen) = tokio::sync::mpsc::channel(1024);
     let judge = Judge {
+        named: Mutex::new(NamedPods::new(client.clone(), seen_tx)),
         client,
         locks,
         index,
         metrics,
         store,
     };
+    let mut tidy = tokio::time::interval(TIDY_NAMED_PODS);
     loop {
         tokio::select! {
             ev = events.next() => match ev {
@@ -65,11 +71,17 @@ pub async fn run(
                 None => return,
             },
             Some(key) = new_entries.recv() => judge.check(&key).await,
+            Some(named) = seen.recv() => judge.seen(named).await,
+            _ = tidy.tick() => judge.tidy(),
         }
     }
 }
 
+/// How often single-pod watches of pods without entries are ended.
+const TIDY_NAMED_PODS: Duration = Duration::from_secs(10);
+
 struct Judge {
+    named: Mutex<NamedPods>,
     client: kube::Client,
     locks: lock::Store,
     index: Arc<PodIndex>,
@@ -103,6 +115,9 @@ impl Judge {
         };
         match read {
             Ok(Some(fresh)) => {
+                if !labelled(&fresh) {
+                    self.named.lock().expect("not poisoned").watch(&pod);
+                }
                 for (reason, entries) in self.judged(&fresh, &pod, entries) {
                     self.end(ns, name, entries, reason).await;
                 }
@@ -148,6 +163,22 @@ impl Judge {
             }
         }
         by_reason
+    }
+
+    /// What a single-pod watch saw.
+    async fn seen(&self, seen: Seen) {
+        match seen {
+            Seen::Pod(pod) => self.pod(&pod).await,
+            Seen::Deleted(pod) => self.deleted(&pod).await,
+            // Found or not, a read tells (a pod deleted before its watch began is judged here).
+            Seen::Listed((ns, name)) => self.fresh(&ns, &name, None).await,
+        }
+    }
+
+    /// Ends the single-pod watches of pods that no longer hold or wait.
+    fn tidy(&self) {
+        let mut named = self.named.lock().expect("not poisoned");
+        named.retain(|pod| !self.index.entries_of(pod).is_empty());
     }
 
     async fn deleted(&self, pod: &Pod) {
@@ -211,4 +242,10 @@ impl Judge {
             Err(e) => warn!(lease = lease_hex, pod, namespace = ns, error = %e, "lease revoke failed"),
         }
     }
+}
+
+/// Whether the main pod watch sees `pod`.
+fn labelled(pod: &Pod) -> bool {
+    let labels = pod.metadata.labels.as_ref();
+    labels.and_then(|l| l.get(SIDECAR_LABEL)).map(String::as_str) == Some("true")
 }

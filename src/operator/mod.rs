@@ -5,6 +5,7 @@ pub mod inject;
 pub mod isolation;
 mod leader;
 pub mod liveness;
+mod named_pods;
 mod owner;
 mod reconcile;
 mod verdict;

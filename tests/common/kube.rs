@@ -9,7 +9,7 @@
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use serde_json::json;
+use serde_json::{Value, json};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -272,8 +272,13 @@ pub fn rfc3339(t: SystemTime) -> String {
 
 /// Creates a running pod (app container + podlock sidecar) and returns its uid.
 pub async fn running_pod(pods: &Api<Pod>, name: &str) -> String {
+    running_pod_labelled(pods, name, json!({"podlock.io/sidecar": "true"})).await
+}
+
+/// Like [`running_pod`], with `labels` instead of the label injection sets.
+pub async fn running_pod_labelled(pods: &Api<Pod>, name: &str, labels: Value) -> String {
     let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name, "labels": {"podlock.io/sidecar": "true"}},
+        "metadata": {"name": name, "labels": labels},
         "spec": {"containers": [{"name": "app", "image": "app"}, {"name": "podlock", "image": "podlock"}]}
     }))
     .unwrap();

@@ -8,7 +8,9 @@ use serde_json::json;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
-use crate::common::kube::{ControlPlane, Operator, rfc3339, running_pod, set_status, with_crd};
+use crate::common::kube::{
+    ControlPlane, Operator, rfc3339, running_pod, running_pod_labelled, set_status, with_crd,
+};
 use crate::common::lag::LagProxy;
 use crate::common::{Sidecar, percentile, wait_until};
 
@@ -229,4 +231,33 @@ async fn a_pod_recreated_under_its_name_keeps_its_holds_while_the_pod_watch_lags
         metrics.contains("podlock_forced_releases_total{reason=\"pod_replaced\"} 0"),
         "a live pod was judged replaced:\n{metrics}"
     );
+}
+
+#[tokio::test]
+async fn a_pod_whose_sidecar_was_written_by_hand_hands_the_lock_over_within_a_second() {
+    let ns = "liveness-by-hand";
+    let (plane, _op, pods) = setup(ns).await;
+    // No `podlock.io/sidecar` label: the webhook never saw this pod (GitOps, a manifest with
+    // the sidecar in it), so the operator's labelled pod watch does not either.
+    let (h, w) = ("by-hand", "waiter");
+    let hu = running_pod_labelled(&pods, h, json!({"app": "by-hand"})).await;
+    let wu = running_pod(&pods, w).await;
+    let (holder, waiter) = (sidecar(plane, ns, h, &hu).await, sidecar(plane, ns, w, &wu).await);
+    holder.must_acquire("job", json!({})).await;
+    let granted = tokio::spawn(async move {
+        waiter.must_acquire("job", json!({"waitSeconds": 20})).await;
+        Instant::now()
+    });
+    wait_until(Duration::from_secs(5), || async {
+        holder.get("/v1/locks/job").await.1["waiters"] == 1
+    })
+    .await
+    .unwrap();
+    // Time for the operator to see the entry and watch the pod by name.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let deleted = Instant::now();
+    pods.delete(h, &DeleteParams::default()).await.unwrap();
+    let handoff = granted.await.unwrap() - deleted;
+    println!("hand-written sidecar: handoff {handoff:?} after the pod's deletion (TTL 30 s)");
+    assert!(handoff < Duration::from_millis(1500), "handoff took {handoff:?}");
 }
