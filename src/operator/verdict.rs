@@ -13,7 +13,7 @@
 //! later second than the request is also proof; the rest (same second, not running) is left
 //! alone until a later status says more.
 
-use k8s_openapi::api::core::v1::{ContainerStatus, Pod};
+use k8s_openapi::api::core::v1::{ContainerStatus, Pod, PodStatus};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;
 use std::time::SystemTime;
@@ -34,16 +34,20 @@ pub enum Reason {
     PodReplaced,
     /// The container incarnation that took the hold is gone.
     ContainerRestarted,
+    /// The sidecar incarnation that kept the hold's lease alive is gone (a crash, an OOM
+    /// kill): a new sidecar cannot continue its session, so the hold would last its TTL.
+    SidecarRestarted,
 }
 
 impl Reason {
     /// Every reason.
-    pub const ALL: [Reason; 5] = [
+    pub const ALL: [Reason; 6] = [
         Reason::PodDeleted,
         Reason::PodFailed,
         Reason::PodSucceeded,
         Reason::PodReplaced,
         Reason::ContainerRestarted,
+        Reason::SidecarRestarted,
     ];
 
     /// The metric label.
@@ -54,10 +58,12 @@ impl Reason {
             Reason::PodSucceeded => "pod_succeeded",
             Reason::PodReplaced => "pod_replaced",
             Reason::ContainerRestarted => "container_restarted",
+            Reason::SidecarRestarted => "sidecar_restarted",
         }
     }
 
-    /// Whether the whole pod (its sidecar too) is gone: then its leases may be revoked too.
+    /// Whether the hold's sidecar session is gone with it (the whole pod, or the sidecar
+    /// incarnation that kept it): then its leases may be revoked too.
     pub fn whole_pod(self) -> bool {
         self != Reason::ContainerRestarted
     }
@@ -90,6 +96,9 @@ pub fn verdict(pod: &Pod, entry: &PodEntry, bound: &mut Binding) -> Option<Reaso
     // A hold that names its container is judged by that container alone (an init container
     // too: one that ran to completion without releasing is gone); one that names none by every
     // app container of the pod (the behaviour before holds could name one).
+    if sidecar_gone(status, entry, bound) {
+        return Some(Reason::SidecarRestarted);
+    }
     let init = status.init_container_statuses.iter().flatten();
     let judged = status
         .container_statuses
@@ -109,6 +118,25 @@ pub fn verdict(pod: &Pod, entry: &PodEntry, bound: &mut Binding) -> Option<Reaso
         }
     }
     gone.then_some(Reason::ContainerRestarted)
+}
+
+/// Whether the sidecar incarnation that was running at the request (and so wrote the entry
+/// and keeps its lease alive) is gone. A native sidecar reports among the init containers, one
+/// written by hand may be an app container.
+fn sidecar_gone(status: &PodStatus, entry: &PodEntry, bound: &mut Binding) -> bool {
+    let all = status
+        .init_container_statuses
+        .iter()
+        .chain(&status.container_statuses);
+    let Some(c) = all.flatten().find(|c| c.name == SIDECAR_CONTAINER) else {
+        return false;
+    };
+    let mut own = bound.get(&c.name).cloned();
+    let gone = container_gone(c, entry.requested, &mut own);
+    if let Some(inc) = own {
+        bound.insert(c.name.clone(), inc);
+    }
+    gone
 }
 
 /// Whether the incarnation of `c` that was running at `requested` is gone; binds `bound` to it

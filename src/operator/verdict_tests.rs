@@ -65,12 +65,16 @@ fn pod_verdicts() {
         judge(&pod("u", "Succeeded", app()), &e, &mut b),
         Some(Reason::PodSucceeded)
     );
-    // The sidecar's own restarts say nothing about the app.
+    // A sidecar (written by hand as an app container) that restarted since took the session
+    // that kept the hold with it.
     let sidecar_restarted = vec![
         running("app", "a1", 0, -60_000),
         running("podlock", "s2", 3, 5_000),
     ];
-    assert_eq!(judge(&pod("u", "Running", sidecar_restarted), &e, &mut b), None);
+    assert_eq!(
+        judge(&pod("u", "Running", sidecar_restarted), &e, &mut b),
+        Some(Reason::SidecarRestarted)
+    );
 }
 
 #[test]
@@ -232,4 +236,28 @@ fn an_id_reported_after_the_binding_is_learnt() {
         judge(&pod("u", "Running", vec![dead]), &e, &mut b),
         Some(Reason::ContainerRestarted)
     );
+}
+
+#[test]
+fn a_sidecar_restart_ends_the_holds_it_kept() {
+    let with_sidecar = |sidecar: Value| {
+        let mut p = pod("u", "Running", vec![running("app", "a1", 0, -60_000)]);
+        p.status.as_mut().unwrap().init_container_statuses =
+            Some(vec![serde_json::from_value(sidecar).unwrap()]);
+        p
+    };
+    for e in [entry("u", None), entry("u", Some("app"))] {
+        let mut b = Binding::new();
+        let first = with_sidecar(running(SIDECAR_CONTAINER, "s1", 0, -60_000));
+        assert_eq!(judge(&first, &e, &mut b), None);
+        assert_eq!(b[SIDECAR_CONTAINER].id, "s1");
+        // Killed and restarted by the kubelet in the second of the request: still proof.
+        let restarted = with_sidecar(running(SIDECAR_CONTAINER, "s2", 1, 0));
+        assert_eq!(judge(&restarted, &e, &mut b), Some(Reason::SidecarRestarted));
+    }
+    // A hold the new sidecar took is its own.
+    let mut late = entry("u", None);
+    late.requested = t() + Duration::from_secs(5);
+    let restarted = with_sidecar(running(SIDECAR_CONTAINER, "s2", 1, 0));
+    assert_eq!(judge(&restarted, &late, &mut Binding::new()), None);
 }

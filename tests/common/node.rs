@@ -160,6 +160,17 @@ impl Node {
         client_for(&self.kubeconfig).await
     }
 
+    /// Runs `ctr` against the node's containerd (namespace `k8s.io`); returns (success,
+    /// stdout, stderr).
+    pub fn ctr(&self, args: &[&str]) -> (bool, String, String) {
+        let socket = self.dir.path().join("node/containerd.sock");
+        run(Command::new("ctr")
+            .arg("--address")
+            .arg(socket)
+            .args(["-n", "k8s.io"])
+            .args(args))
+    }
+
     /// Runs helm against this cluster; returns (success, stdout, stderr).
     pub fn helm(&self, args: &[&str]) -> (bool, String, String) {
         run(Command::new(bin_dir().join("helm"))

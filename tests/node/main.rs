@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod lifecycle;
 mod workload;
 
 use common::node::Node;
@@ -123,6 +124,8 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     workload::deploy(&node).await;
     workload::pod_deletion_hands_the_lock_on(&node, &client).await;
     workload::app_crash_ends_the_hold(&node).await;
+    lifecycle::helm_upgrade_reaches_new_pods(&node);
+    lifecycle::sidecar_kill_ends_the_hold(&node);
     workload::remove(&node).await;
     uninstall(&node);
 }

@@ -103,7 +103,7 @@ pub async fn deploy(node: &Node) {
     assert!(table.contains(&holder.unwrap().pod), "{table}");
 }
 
-fn rollout(node: &Node) {
+pub fn rollout(node: &Node) {
     let (ok, out, err) = node.kubectl(&[
         "rollout",
         "status",
@@ -118,13 +118,13 @@ fn rollout(node: &Node) {
 /// The first holder of `work` as its status shows it.
 #[derive(Debug, Clone)]
 pub struct Holder {
-    pod: String,
+    pub pod: String,
     acquired_at: SystemTime,
     token: String,
     waiters: u32,
 }
 
-fn status(node: &Node) -> Option<Holder> {
+pub fn status(node: &Node) -> Option<Holder> {
     let (_, out, _) = node.kubectl(&[
         "get", "dlock", "work", "-n", "app", "-o",
         "jsonpath={.status.holders[0].pod} {.status.holders[0].acquiredAt} {.status.holders[0].fencingToken} {.status.waiters}",
@@ -138,7 +138,7 @@ fn status(node: &Node) -> Option<Holder> {
     })
 }
 
-fn logs(node: &Node) -> String {
+pub fn logs(node: &Node) -> String {
     node.kubectl(&[
         "logs",
         "-n",
@@ -153,7 +153,7 @@ fn logs(node: &Node) -> String {
 }
 
 /// Waits until a pod other than `old` holds the lock; returns the new holder.
-fn next_holder(node: &Node, old: &str) -> Holder {
+pub fn next_holder(node: &Node, old: &str) -> Holder {
     let next = retry(Duration::from_secs(40), || {
         status(node)
             .filter(|h| h.pod != old)
@@ -172,7 +172,7 @@ fn next_holder(node: &Node, old: &str) -> Holder {
     next
 }
 
-fn since(t0: SystemTime, holder: &Holder) -> Duration {
+pub fn since(t0: SystemTime, holder: &Holder) -> Duration {
     // acquiredAt has millisecond precision: a grant in the same millisecond as t0 reads as 0.
     holder
         .acquired_at
@@ -181,7 +181,7 @@ fn since(t0: SystemTime, holder: &Holder) -> Duration {
 }
 
 /// Waits until every replica runs and every one but the holder waits in the lock's queue.
-fn settled(node: &Node) -> Holder {
+pub fn settled(node: &Node) -> Holder {
     rollout(node);
     retry(Duration::from_secs(90), || {
         status(node)
