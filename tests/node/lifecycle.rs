@@ -1,5 +1,6 @@
-//! What happens to injected pods over podlock's own life: a `helm upgrade` reaches the next
-//! pods' sidecars, and a sidecar that dies abruptly does not leave its holds for a TTL.
+//! What happens to injected pods over their and podlock's life: a `helm upgrade` reaches the
+//! next pods' sidecars, a sidecar that dies abruptly does not leave its holds for a TTL, and a
+//! pod whose app ignores SIGTERM keeps its hold exactly while that app still runs.
 
 use std::time::{Duration, SystemTime};
 
@@ -87,5 +88,52 @@ pub fn sidecar_kill_ends_the_hold(node: &Node) {
     assert!(
         took < Duration::from_secs(5),
         "hold outlived its sidecar by {took:?}"
+    );
+}
+
+/// Deletes the holder's pod with a 3 s grace period while its app ignores SIGTERM: the app
+/// runs on (and may still write) until the kubelet kills it, so the hold stays until then, and
+/// moves on as soon as it is dead. Handing it on at the deletion would make two running holders.
+pub fn an_app_ignoring_sigterm_keeps_its_hold_until_killed(node: &Node) {
+    let holder = settled(node);
+    let (ok, _, err) = node.kubectl(&[
+        "exec",
+        "-n",
+        "app",
+        &holder.pod,
+        "-c",
+        "app",
+        "--",
+        "kill",
+        "-USR2",
+        "1",
+    ]);
+    assert!(ok, "exec: {err}");
+    let t0 = SystemTime::now();
+    let (ok, _, err) = node.kubectl(&[
+        "delete",
+        "pod",
+        "-n",
+        "app",
+        &holder.pod,
+        "--grace-period=3",
+        "--wait=false",
+    ]);
+    assert!(ok, "delete: {err}");
+    let next = next_holder(node, &holder.pod);
+    let took = since(t0, &next);
+    eprintln!(
+        "deleted {} (grace 3 s) whose app ignores SIGTERM: {} got the lock {} ms later",
+        holder.pod,
+        next.pod,
+        took.as_millis()
+    );
+    assert!(
+        took >= Duration::from_millis(2500),
+        "the lock moved on while the old holder still ran ({took:?})"
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the lock outlived the grace period by {took:?}"
     );
 }

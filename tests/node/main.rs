@@ -125,6 +125,7 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     workload::pod_deletion_hands_the_lock_on(&node, &client).await;
     workload::app_crash_ends_the_hold(&node).await;
     lifecycle::helm_upgrade_reaches_new_pods(&node);
+    lifecycle::an_app_ignoring_sigterm_keeps_its_hold_until_killed(&node);
     lifecycle::sidecar_kill_ends_the_hold(&node);
     workload::remove(&node).await;
     uninstall(&node);

@@ -10,10 +10,12 @@ use crate::common::node::{Node, retry};
 use crate::common::percentile;
 
 /// The app: takes the lock `work` through `$PODLOCK_ADDR` with curl and holds it until its pod
-/// goes (SIGTERM: exit 0) or it is told to crash (SIGUSR1: exit 1). A lock that moves on has
-/// therefore moved because its holder died, not because it was released.
+/// goes (SIGTERM: exit 0, unless told to ignore it by SIGUSR2) or it is told to crash (SIGUSR1:
+/// exit 1). A lock that moves on has therefore moved because its holder died, not because it was
+/// released.
 const APP: &str = r#"
-trap 'exit 0' TERM
+trap 'stubborn=1' USR2
+trap 'if [ -n "$stubborn" ]; then echo ignoring SIGTERM; else exit 0; fi' TERM
 trap 'echo crashing; exit 1' USR1
 while true; do
   if [ -z "$PODLOCK_ADDR" ]; then sleep 1 & wait $!; continue; fi
