@@ -19,4 +19,5 @@ mod rbac;
 mod restarts;
 mod safety;
 mod settings_change;
+mod stalled_member;
 mod truthful;

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use super::worker::Slot;
 use super::{COUNTER, POOL, POOL_SLOTS, TTL, WORKERS};
+use crate::common::members::leader_of;
 use crate::common::{EtcdServer, Sidecar, declare};
 
 /// The processes under test.
@@ -54,12 +55,7 @@ impl Rig {
 
     /// The index of the etcd leader, if a member says it is.
     pub async fn leader(&self) -> Option<usize> {
-        for (i, m) in self.etcd.iter().enumerate() {
-            if m.is_leader().await {
-                return Some(i);
-            }
-        }
-        None
+        leader_of(&self.etcd).await
     }
 
     /// The worker whose sidecar holds the mutex now, if any.
