@@ -22,13 +22,15 @@
 //! mutex's accepted writes rose in token order and the counter equals them (no increment lost or
 //! duplicated); the paused holders' stale writes were rejected by fencing; after every fault a
 //! newly granted hold wrote within the TTL plus 1 s; and once the workers left (those still
-//! waiting by disconnecting), no queue key remained in etcd.
+//! waiting by disconnecting), no queue key remained in etcd. While they ran, no queue key
+//! stayed unknown to every sidecar's registry for more than 15 s ([`orphans`]).
 //!
 //! `cargo test --test integration safety -- --nocapture` runs the CI form: every fault kind
 //! twice. `PODLOCK_SAFETY_SECONDS=300` goes on injecting faults for 300 s.
 
 mod check;
 mod faults;
+mod orphans;
 mod overlap;
 mod report;
 mod rig;
@@ -86,9 +88,18 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
         })
         .collect();
 
+    let sampled = CancellationToken::new();
+    let orphans = tokio::spawn(orphans::sample(
+        rig.slots.clone(),
+        rig.endpoints.clone(),
+        sampled.clone(),
+    ));
+
     let start = now();
     let faults = faults::run(&mut rig, seconds).await;
     let elapsed = now() - start;
+    sampled.cancel();
+    let orphans = orphans.await.unwrap();
     stop.cancel();
     for w in workers {
         w.await.unwrap();
@@ -109,7 +120,10 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
         .collect();
     let a = check::analyze(&holds, &store.accepted(), &faults);
     eprintln!("{}", report::report(&a, start, elapsed, &state, &drained));
+    eprintln!("  {}", orphans.summary());
     assert_verdict(&a, &state, start);
+    let orphaned = orphans.violations();
+    assert!(orphaned.is_empty(), "{orphaned:#?}");
     drained.expect("no queue key outlives its client");
 }
 
