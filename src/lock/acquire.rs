@@ -209,7 +209,11 @@ impl Engine {
     ) -> Result<Grant, LockError> {
         let Placed { ticket, session, .. } = placed;
         let mut entry = self.entry(&req, session.ttl, settings);
-        entry.acquired_at = Some(rfc3339(SystemTime::now()));
+        // Stamped before the grant is recorded in etcd (which may admit the next waiter of a
+        // semaphore), and answered as the same instant etcd shows: grants' `acquiredAt` then
+        // follow the order the lock made them in, whichever answer arrives first.
+        let acquired_at = SystemTime::now();
+        entry.acquired_at = Some(rfc3339(acquired_at));
         if mark == MarkWhen::Now && !queue::mark_acquired(&self.0.etcd, &ticket, &entry).await? {
             return Err(self.vanished(&req.lock, &session).await);
         }
@@ -224,14 +228,16 @@ impl Engine {
         let heartbeat = req
             .heartbeat_timeout_seconds
             .unwrap_or(settings.heartbeat_timeout_seconds);
-        let hold = Arc::new(Hold::new(
+        let mut hold = Hold::new(
             req.lock,
             req.holder_id,
             ticket,
             seen,
             session,
             Duration::from_secs(heartbeat.into()),
-        ));
+        );
+        hold.acquired_at = acquired_at;
+        let hold = Arc::new(hold);
         pending.ticket = None;
         self.0.registry.hold(pending.slot.clone(), hold.clone());
         info!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), "acquired");

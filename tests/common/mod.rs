@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 pub mod events;
 pub mod kube;
 pub mod lag;
+pub mod members;
 pub mod node;
 pub mod store;
 

@@ -19,5 +19,6 @@ mod rbac;
 mod restarts;
 mod safety;
 mod settings_change;
+mod stalled_member;
 mod startup;
 mod truthful;

@@ -9,14 +9,6 @@ use std::time::{Duration, Instant};
 use crate::common::events::Events;
 use crate::common::{EtcdServer, Sidecar, declare, wait_until};
 
-/// Deletes every queue key of `lock` behind podlock's back (as a revocation would).
-async fn delete_queue(etcd: &EtcdServer, lock: &str) {
-    let opts = etcd_client::DeleteOptions::new().with_prefix();
-    let prefix = format!("/podlock/v1/queue/default/{lock}/");
-    let deleted = etcd.client().await.delete(prefix, Some(opts)).await.unwrap();
-    assert!(deleted.deleted() > 0, "no key of {lock} to delete");
-}
-
 /// Acquires `lock` on `s` with an open events stream, and reads the `acquired` event.
 async fn hold_with_events(s: &Sidecar, lock: &str, body: Value) -> (i64, Events) {
     let mut events = Events::open(s, lock).await;
@@ -50,7 +42,7 @@ impl KeyGone {
         declare(&etcd.endpoint, &[lock]);
         let sidecar = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
         let (token, events) = hold_with_events(&sidecar, lock, options).await;
-        delete_queue(&etcd, lock).await;
+        etcd.delete_queue(lock).await;
         KeyGone {
             _etcd: etcd,
             sidecar,

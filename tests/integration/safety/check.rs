@@ -3,17 +3,20 @@
 //! a broken lock.
 //!
 //! Safety, in the terms a correct client sees: a hold lasts from its grant until its client
-//! sends release or learns that it is lost. When a hold is granted while an earlier one still
-//! lasts, the earlier one must have been lost (its lease ended: its sidecar was paused or cut
-//! off from etcd), its client must have been told within [`LOST_NOTICE`] of the later grant (or
-//! of its sidecar running again), and its token must be the lower one. Any other overlap means
+//! sends release or learns that it is lost. When a hold is granted while earlier ones still
+//! last and fill the lock's `maxHolders` in force (one, for the mutex), enough of those must
+//! have been lost (their leases ended: their sidecars were paused or cut off from etcd), their
+//! clients told within [`LOST_NOTICE`] of the later grant (or of their sidecar running again);
+//! and tokens must rise in grant order ([`overlap`](super::overlap)). Any other overlap means
 //! the lock granted a hold that was not free: that is how an accepted write would come to lie
-//! inside another's hold. The store's log must show the accepted writes in strictly rising
-//! token order, each from a hold a worker was granted, each counted once. A write made after
-//! its hold was lost or superseded must be rejected by fencing, or counted as stale.
+//! inside another's hold. The store's log must show the mutex's accepted writes in strictly
+//! rising token order, each from a hold a worker was granted, each counted once. A write made
+//! after its hold was lost or superseded must be rejected by fencing, or counted as stale.
 
-use super::faults::{Fault, Kind};
+use super::faults::Fault;
+use super::overlap::{Limits, LockStats, check_lock};
 use super::worker::HoldRecord;
+use super::{COUNTER, POOL, POOL_SLOTS};
 use crate::common::store::AcceptedWrite;
 
 /// How late a client may learn that its hold was lost, after the next grant (or after its
@@ -23,16 +26,14 @@ pub const LOST_NOTICE: f64 = 1.0;
 /// The verdict on one run.
 #[derive(Debug, Default)]
 pub struct Analysis {
-    /// Holds granted.
-    pub grants: usize,
-    /// Holds whose clients learned that they were lost.
-    pub lost: usize,
+    /// Per lock that was held: its grants, losses and most holders at once.
+    pub locks: Vec<(&'static str, LockStats)>,
     /// For each hold that a later grant overlapped, explained by its loss: how long after that
     /// grant (or its sidecar resuming) its client was told.
     pub notice_lags: Vec<f64>,
     /// Everything that breaks safety, in words.
     pub violations: Vec<String>,
-    /// Writes accepted by the store.
+    /// Writes accepted by the store (the mutex's).
     pub accepted: usize,
     /// Writes rejected by fencing (stale tokens).
     pub rejected: usize,
@@ -44,7 +45,7 @@ pub struct Analysis {
     /// Holds lost before their client wrote: correct clients did not write.
     pub unwritten: usize,
     /// Each fault, and the time from it to the first accepted write of a hold granted after
-    /// it (`None`: never).
+    /// it; for a change of the semaphore's `maxHolders`, to its next grant (`None`: never).
     pub recoveries: Vec<(Fault, Option<f64>)>,
     /// The longest time between two accepted writes, and when it began.
     pub longest_stall: (f64, f64),
@@ -53,22 +54,21 @@ pub struct Analysis {
 /// Checks one run.
 pub fn analyze(holds: &[HoldRecord], writes: &[AcceptedWrite], faults: &[Fault]) -> Analysis {
     let mut a = Analysis {
-        grants: holds.len(),
-        lost: holds.iter().filter(|h| h.lost.is_some()).count(),
         accepted: writes.len(),
         ..Analysis::default()
     };
-    check_overlaps(holds, faults, &mut a);
-    check_token_order(holds, &mut a);
-    check_writes(holds, writes, &mut a);
-    a.recoveries = faults
-        .iter()
-        .map(|f| {
-            let next = writes
-                .iter()
-                .find(|w| w.at > f.at && holds.iter().any(|h| h.token == w.token && h.granted > f.at));
-            (*f, next.map(|w| w.at - f.at))
-        })
+    let limits = [
+        (COUNTER, Limits::fixed(1)),
+        (POOL, Limits::changed_by(POOL_SLOTS, faults)),
+    ];
+    for (lock, limits) in limits {
+        let of_lock: Vec<&HoldRecord> = holds.iter().filter(|h| h.lock == lock).collect();
+        check_lock(&of_lock, &limits, faults, &mut a);
+    }
+    let counter: Vec<HoldRecord> = (holds.iter()).filter(|h| h.lock == COUNTER).cloned().collect();
+    check_writes(&counter, writes, &mut a);
+    a.recoveries = (faults.iter())
+        .map(|f| (*f, recovery(f, holds, writes)))
         .collect();
     a.longest_stall = writes
         .windows(2)
@@ -77,65 +77,23 @@ pub fn analyze(holds: &[HoldRecord], writes: &[AcceptedWrite], faults: &[Fault])
     a
 }
 
-/// Holds that a later grant overlapped: explained by a timely lost notice, or violations.
-fn check_overlaps(holds: &[HoldRecord], faults: &[Fault], a: &mut Analysis) {
-    let mut by_grant: Vec<&HoldRecord> = holds.iter().collect();
-    by_grant.sort_by(|x, y| x.granted.total_cmp(&y.granted));
-    for (i, h) in by_grant.iter().enumerate() {
-        let later = by_grant[i + 1..]
-            .iter()
-            .take_while(|n| n.granted < h.ended)
-            .collect::<Vec<_>>();
-        let Some(first) = later.first() else { continue };
-        for n in &later {
-            if n.token < h.token {
-                a.violations.push(format!(
-                    "token {} granted at {:.3} after token {} (granted {:.3}, still held)",
-                    n.token, n.granted, h.token, h.granted
-                ));
-            }
-        }
-        let Some(_) = h.lost else {
-            a.violations.push(format!(
-                "token {} (worker {}, {:.3}..{:.3}, never lost) overlapped by token {} granted at {:.3}",
-                h.token, h.worker, h.granted, h.ended, first.token, first.granted
-            ));
-            continue;
-        };
-        // A stopped sidecar cannot tell anyone anything: count from when it ran again.
-        let resumed = faults
-            .iter()
-            .filter(|f| matches!(f.kind, Kind::Pause | Kind::ReleasePause) && f.target == h.worker)
-            .filter(|f| f.at < h.ended && f.until > h.granted)
-            .map(|f| f.until)
-            .fold(first.granted, f64::max);
-        let lag = h.ended - resumed;
-        if lag > LOST_NOTICE {
-            a.violations.push(format!(
-                "token {} (worker {}) told it was lost {lag:.3} s after token {} was granted",
-                h.token, h.worker, first.token
-            ));
-        }
-        a.notice_lags.push(lag.max(0.0));
+/// How long after `f` the lock it hit made progress: a change of the semaphore's `maxHolders`,
+/// its next grant; any other fault, the first accepted write of a hold granted after it.
+fn recovery(f: &Fault, holds: &[HoldRecord], writes: &[AcceptedWrite]) -> Option<f64> {
+    if f.kind.max_holders().is_some() {
+        let next = holds.iter().filter(|h| h.lock == POOL && h.granted > f.at);
+        return next.map(|h| h.granted - f.at).reduce(f64::min);
     }
-}
-
-/// Tokens must rise in grant order: a grant with a lower token than an earlier grant's means
-/// the lock handed out grants out of queue order (as it did when `maxHolders` changed under
-/// queued waiters), and a fenced resource would then refuse a rightful holder.
-fn check_token_order(holds: &[HoldRecord], a: &mut Analysis) {
-    let mut by_grant: Vec<&HoldRecord> = holds.iter().collect();
-    by_grant.sort_by(|x, y| x.granted.total_cmp(&y.granted));
-    let mut highest: Option<&HoldRecord> = None;
-    for h in by_grant {
-        match highest {
-            Some(top) if h.token <= top.token => a.violations.push(format!(
-                "token {} granted at {:.3} after token {} was granted at {:.3}",
-                h.token, h.granted, top.token, top.granted
-            )),
-            _ => highest = Some(h),
-        }
-    }
+    let later = |w: &&AcceptedWrite| {
+        holds
+            .iter()
+            .any(|h| h.lock == COUNTER && h.token == w.token && h.granted > f.at)
+    };
+    writes
+        .iter()
+        .filter(|w| w.at > f.at)
+        .find(later)
+        .map(|w| w.at - f.at)
 }
 
 /// The store's log against the workers' writes.
@@ -195,13 +153,17 @@ fn check_writes(holds: &[HoldRecord], writes: &[AcceptedWrite], a: &mut Analysis
 
 #[cfg(test)]
 mod tests {
+    use super::super::faults::Kind;
     use super::super::worker::WriteRecord;
     use super::*;
 
+    /// A hold of the mutex, granted by its sidecar just as it arrived, and written.
     fn hold(token: i64, granted: f64, ended: f64, lost: Option<f64>, status: u16) -> HoldRecord {
         HoldRecord {
+            lock: COUNTER,
             worker: token as usize % 3,
             token,
+            acquired: granted,
             granted,
             ended,
             lost,
@@ -210,6 +172,25 @@ mod tests {
                 status,
                 paused: false,
             }),
+        }
+    }
+
+    /// A hold of the semaphore: no write.
+    fn slot(token: i64, granted: f64, ended: f64, lost: Option<f64>) -> HoldRecord {
+        HoldRecord {
+            lock: POOL,
+            write: None,
+            ..hold(token, granted, ended, lost, 0)
+        }
+    }
+
+    /// A change of the semaphore's `maxHolders` to `kind`'s, by a command run over `at..at + 0.05`.
+    fn change(kind: Kind, at: f64) -> Fault {
+        Fault {
+            kind,
+            target: 0,
+            at,
+            until: at + 0.05,
         }
     }
 
@@ -282,5 +263,87 @@ mod tests {
         let a = analyze(&holds, &[write(0.25, 10, 1), write(0.35, 12, 2)], &[]);
         assert!(a.violations.is_empty(), "{:?}", a.violations);
         assert_eq!(a.stale_accepted, 1);
+    }
+
+    #[test]
+    fn a_semaphore_fills_its_slots_and_no_more() {
+        // Two holders at once in a semaphore of 2: fine. A third beside them: caught.
+        let two = [
+            slot(10, 0.0, 1.0, None),
+            slot(11, 0.5, 1.5, None),
+            slot(12, 1.6, 2.0, None),
+        ];
+        let a = analyze(&two, &[], &[]);
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+        assert_eq!(a.locks[0].1.peaks.get(&2), Some(&2));
+        let three = [
+            slot(10, 0.0, 1.0, None),
+            slot(11, 0.5, 1.5, None),
+            slot(12, 0.9, 2.0, None),
+        ];
+        assert_eq!(analyze(&three, &[], &[]).violations.len(), 1);
+    }
+
+    #[test]
+    fn a_semaphore_over_its_lowered_limit_is_caught() {
+        // maxHolders 2 -> 1 at 1.0 while 10 and 11 hold: they may stay (no violation). Token 12,
+        // granted at 2.0 beside 10 after 11 left, fits the old limit but not the one in force.
+        let holds = [
+            slot(10, 0.0, 3.0, None),
+            slot(11, 0.5, 1.5, None),
+            slot(12, 2.0, 2.5, None),
+        ];
+        let lowered = [change(Kind::PoolLowered, 1.0)];
+        let a = analyze(&holds, &[], &lowered);
+        assert_eq!(a.violations.len(), 1, "{:?}", a.violations);
+        assert!(
+            a.violations[0].contains("beyond maxHolders 1"),
+            "{:?}",
+            a.violations
+        );
+        // Without the lowering, or raised back before it: fine.
+        assert!(analyze(&holds, &[], &[]).violations.is_empty());
+        let raised = [lowered[0], change(Kind::PoolRaised, 1.8)];
+        assert!(analyze(&holds, &[], &raised).violations.is_empty());
+        // A grant stamped just after the lowering may have been decided before it.
+        let holds = [slot(10, 0.0, 3.0, None), slot(12, 1.1, 2.5, None)];
+        assert!(analyze(&holds, &[], &lowered).violations.is_empty());
+    }
+
+    #[test]
+    fn a_lost_slot_must_be_told_in_time_when_its_room_was_given_away() {
+        // 10 lost its lease; 12 was granted beside 10 and 11 at 1.0, so 10's slot was given
+        // away: its client must hear within 1 s of that grant.
+        let told = |at: f64| {
+            let holds = [
+                slot(10, 0.0, at, Some(at)),
+                slot(11, 0.5, 3.0, None),
+                slot(12, 1.0, 3.0, None),
+            ];
+            analyze(&holds, &[], &[])
+        };
+        assert!(told(1.9).violations.is_empty(), "{:?}", told(1.9).violations);
+        assert_eq!(told(2.1).violations.len(), 1);
+        // With a free slot for 12, a late notice to 10 gave no one its room: not a violation.
+        let holds = [slot(10, 0.0, 2.5, Some(2.5)), slot(12, 1.0, 3.0, None)];
+        assert!(analyze(&holds, &[], &[]).violations.is_empty());
+    }
+
+    #[test]
+    fn tokens_are_ordered_by_when_the_sidecars_granted_them() {
+        // 11 was granted before 12 but its answer arrived after 12's: in order.
+        let mut late = slot(11, 0.30, 0.5, None);
+        late.acquired = 0.10;
+        let holds = [slot(10, 0.0, 0.05, None), late.clone(), slot(12, 0.2, 0.6, None)];
+        assert!(analyze(&holds, &[], &[]).violations.is_empty());
+        // A token that goes down: 11 granted after 12, in a semaphore as in a mutex.
+        late.acquired = 0.25;
+        let a = analyze(
+            &[slot(10, 0.0, 0.05, None), late, slot(12, 0.2, 0.6, None)],
+            &[],
+            &[],
+        );
+        assert_eq!(a.violations.len(), 1, "{:?}", a.violations);
+        assert!(a.violations[0].contains("token 11 granted"), "{:?}", a.violations);
     }
 }

@@ -1,14 +1,14 @@
 //! The fault loop: one fault at a time, the next only once a hold granted after the previous
 //! fault has written, so that the time each fault cost is measured on its own.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::time::sleep;
 
-use super::worker::{STALL, Slot};
-use super::{TTL, now};
-use crate::common::{EtcdServer, Sidecar, declare, wait_until};
+use super::rig::Rig;
+use super::worker::STALL;
+use super::{COUNTER, POOL, POOL_LOWERED, POOL_SLOTS, TTL, now};
+use crate::common::{Sidecar, declare, wait_until};
 
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,17 +38,25 @@ pub enum Kind {
     /// The lock's settings written again (same values, new mod revision): every queued waiter
     /// reads them again and every enqueue in flight retries.
     SettingsRewrite,
+    /// The semaphore's `maxHolders` lowered (2 to 1) while it is full and waiters queue: its
+    /// holders stay, and no one is granted until they are fewer than one.
+    PoolLowered,
+    /// The semaphore's `maxHolders` raised back (1 to 2) while waiters queue: the first waiter
+    /// is let in beside the holder, in queue order.
+    PoolRaised,
 }
 
 impl Kind {
     /// Every kind, in the order the loop injects them.
-    pub const CYCLE: [Kind; 10] = [
+    pub const CYCLE: [Kind; 12] = [
         Kind::LeaderKill,
         Kind::SidecarKill,
+        Kind::PoolLowered,
         Kind::FollowerStall,
         Kind::FollowerKill,
         Kind::SettingsRewrite,
         Kind::Pause,
+        Kind::PoolRaised,
         Kind::LeaderStall,
         Kind::ReleasePause,
         Kind::WorkerStall,
@@ -64,6 +72,15 @@ impl Kind {
         TTL + Duration::from_secs(1 + election)
     }
 
+    /// The semaphore's `maxHolders` it sets, if it sets it.
+    pub fn max_holders(self) -> Option<u32> {
+        match self {
+            Kind::PoolLowered => Some(POOL_LOWERED),
+            Kind::PoolRaised => Some(POOL_SLOTS),
+            _ => None,
+        }
+    }
+
     /// How the report names it.
     pub fn name(self) -> &'static str {
         match self {
@@ -77,6 +94,8 @@ impl Kind {
             Kind::ReleasePause => "pause past the TTL before release",
             Kind::WorkerStall => "holder stalled past its heartbeat",
             Kind::LockDeleted => "lock deleted and declared again",
+            Kind::PoolLowered => "semaphore maxHolders 2 -> 1, waiters queued",
+            Kind::PoolRaised => "semaphore maxHolders 1 -> 2, waiters queued",
         }
     }
 }
@@ -94,137 +113,121 @@ pub struct Fault {
     pub until: f64,
 }
 
-/// The processes under test.
-pub struct Rig {
-    /// The etcd members.
-    pub etcd: Vec<EtcdServer>,
-    /// Their client URLs, comma-separated, as the sidecars get them.
-    pub endpoints: String,
-    /// Sidecar `i` serves worker `i`.
-    pub sidecars: Vec<Sidecar>,
-    /// The workers' slots.
-    pub slots: Vec<Arc<Slot>>,
-}
-
 impl Rig {
-    /// The index of the etcd leader, if a member says it is.
-    async fn leader(&self) -> Option<usize> {
-        for (i, m) in self.etcd.iter().enumerate() {
-            if m.is_leader().await {
-                return Some(i);
-            }
-        }
-        None
-    }
-
-    /// The worker whose sidecar holds the lock now, if any.
-    async fn holder(&self) -> Option<usize> {
-        let (_, info) = self.sidecars[0].get("/v1/locks/counter").await;
-        let pod = info["holders"][0]["pod"].as_str()?;
-        self.slots.iter().position(|s| s.pod == pod)
-    }
-
-    /// Whether a hold granted after `t` has had its write accepted.
-    fn progressed_since(&self, t: f64) -> bool {
-        self.slots.iter().any(|s| {
-            s.holds
-                .lock()
-                .unwrap()
-                .iter()
-                .any(|h| h.granted > t && h.write.is_some_and(|w| w.status == 200))
-        })
-    }
-
     /// Injects one fault of `kind` (`round` picks among victims); `None` if there was no
     /// victim to be had.
     async fn inject(&mut self, kind: Kind, round: usize) -> Option<Fault> {
-        let n = self.slots.len();
-        match kind {
-            Kind::SidecarKill => {
-                let i = self.holder().await.unwrap_or(round % n);
-                let at = now();
-                self.sidecars[i].kill9();
-                let pod = self.slots[i].pod.clone();
-                self.sidecars[i] = Sidecar::start(&self.endpoints, &pod, &[]).await;
-                *self.slots[i].addr.lock().unwrap() = self.sidecars[i].addr.clone();
-                Some(Fault {
-                    kind,
-                    target: i,
-                    at,
-                    until: now(),
-                })
-            }
-            Kind::Pause | Kind::ReleasePause | Kind::WorkerStall => {
-                let i = round % n;
-                let slot = &self.slots[i];
-                let flag = if kind == Kind::ReleasePause {
-                    &slot.stall_release
-                } else {
-                    &slot.stall
-                };
-                flag.store(true, Ordering::Relaxed);
-                let stalling = wait_until(Duration::from_secs(10), || async {
-                    slot.stalling.load(Ordering::Relaxed)
-                })
-                .await;
-                if stalling.is_err() {
-                    flag.store(false, Ordering::Relaxed);
-                    return None;
-                }
-                let at = now();
-                if kind == Kind::WorkerStall {
-                    sleep(STALL).await; // only the worker stalls; its sidecar runs on
-                } else {
-                    self.sidecars[i].signal(libc::SIGSTOP);
-                    sleep(TTL + Duration::from_secs(1)).await;
-                    self.sidecars[i].signal(libc::SIGCONT);
-                }
-                Some(Fault {
-                    kind,
-                    target: i,
-                    at,
-                    until: now(),
-                })
-            }
+        let (target, at) = match kind {
+            Kind::SidecarKill => self.kill_sidecar(round).await,
+            Kind::Pause | Kind::ReleasePause | Kind::WorkerStall => self.stall(kind, round).await?,
             Kind::FollowerKill | Kind::LeaderKill | Kind::FollowerStall | Kind::LeaderStall => {
-                let leader = self.leader().await?;
-                let victim = if matches!(kind, Kind::LeaderKill | Kind::LeaderStall) {
-                    leader
-                } else {
-                    (leader + 1 + round % 2) % self.etcd.len()
-                };
-                let at = now();
-                if matches!(kind, Kind::FollowerStall | Kind::LeaderStall) {
-                    self.etcd[victim].signal(libc::SIGSTOP);
-                    sleep(TTL + Duration::from_secs(1)).await;
-                    self.etcd[victim].signal(libc::SIGCONT);
-                } else {
-                    self.etcd[victim].stop();
-                    sleep(Duration::from_secs(1)).await;
-                    self.etcd[victim].resume().await;
-                }
-                Some(Fault {
-                    kind,
-                    target: victim,
-                    at,
-                    until: now(),
-                })
+                self.hit_etcd(kind, round).await?
             }
             Kind::SettingsRewrite | Kind::LockDeleted => {
                 let at = now();
                 if kind == Kind::LockDeleted {
-                    declare(&self.endpoints, &["counter", "--delete"]);
+                    declare(&self.endpoints, &[COUNTER, "--delete"]);
                 }
                 let ttl = TTL.as_secs().to_string();
-                declare(&self.endpoints, &["counter", "--ttl-seconds", &ttl]);
-                Some(Fault {
-                    kind,
-                    target: 0,
-                    at,
-                    until: now(),
-                })
+                declare(&self.endpoints, &[COUNTER, "--ttl-seconds", &ttl]);
+                (0, at)
             }
+            Kind::PoolLowered | Kind::PoolRaised => self.set_pool_limit(kind).await,
+        };
+        Some(Fault {
+            kind,
+            target,
+            at,
+            until: now(),
+        })
+    }
+
+    /// kill -9 of the mutex holder's sidecar (or one picked by `round`), and a new sidecar for
+    /// its pod; returns the worker and when it was killed.
+    async fn kill_sidecar(&mut self, round: usize) -> (usize, f64) {
+        let i = self.holder().await.unwrap_or(round % self.counter_workers());
+        let at = now();
+        self.sidecars[i].kill9();
+        let pod = self.slots[i].pod.clone();
+        self.sidecars[i] = Sidecar::start(&self.endpoints, &pod, &[]).await;
+        *self.slots[i].addr.lock().unwrap() = self.sidecars[i].addr.clone();
+        (i, at)
+    }
+
+    /// Stalls a mutex worker picked by `round` (and for a pause its sidecar, for the TTL plus
+    /// 1 s); returns the worker and when it stalled, or `None` if it did not get to stall.
+    async fn stall(&mut self, kind: Kind, round: usize) -> Option<(usize, f64)> {
+        let i = round % self.counter_workers();
+        let slot = &self.slots[i];
+        let flag = if kind == Kind::ReleasePause {
+            &slot.stall_release
+        } else {
+            &slot.stall
+        };
+        flag.store(true, Ordering::Relaxed);
+        let stalling = wait_until(Duration::from_secs(10), || async {
+            slot.stalling.load(Ordering::Relaxed)
+        })
+        .await;
+        if stalling.is_err() {
+            flag.store(false, Ordering::Relaxed);
+            return None;
         }
+        let at = now();
+        if kind == Kind::WorkerStall {
+            sleep(STALL).await; // only the worker stalls; its sidecar runs on
+        } else {
+            self.sidecars[i].signal(libc::SIGSTOP);
+            sleep(TTL + Duration::from_secs(1)).await;
+            self.sidecars[i].signal(libc::SIGCONT);
+        }
+        Some((i, at))
+    }
+
+    /// Kills or stalls (SIGSTOP for the TTL plus 1 s) the etcd leader or a follower picked by
+    /// `round`; returns the member and when it was hit, or `None` if no member said it led.
+    async fn hit_etcd(&mut self, kind: Kind, round: usize) -> Option<(usize, f64)> {
+        let leader = self.leader().await?;
+        let victim = if matches!(kind, Kind::LeaderKill | Kind::LeaderStall) {
+            leader
+        } else {
+            (leader + 1 + round % 2) % self.etcd.len()
+        };
+        let at = now();
+        if matches!(kind, Kind::FollowerStall | Kind::LeaderStall) {
+            self.etcd[victim].signal(libc::SIGSTOP);
+            sleep(TTL + Duration::from_secs(1)).await;
+            self.etcd[victim].signal(libc::SIGCONT);
+        } else {
+            self.etcd[victim].stop();
+            sleep(Duration::from_secs(1)).await;
+            self.etcd[victim].resume().await;
+        }
+        Some((victim, at))
+    }
+
+    /// Sets the semaphore's `maxHolders` as `kind` says, once waiters queue behind its full
+    /// window (or after 2 s without); returns when the change began.
+    async fn set_pool_limit(&self, kind: Kind) -> (usize, f64) {
+        let limit = kind.max_holders().expect("a change of maxHolders");
+        let full = if kind == Kind::PoolLowered {
+            POOL_SLOTS
+        } else {
+            POOL_LOWERED
+        };
+        let _ = wait_until(Duration::from_secs(2), || async {
+            let (_, info) = self.sidecars[0].get(&format!("/v1/locks/{POOL}")).await;
+            let holders = info["holders"].as_array().map_or(0, Vec::len);
+            info["waiters"].as_u64() > Some(0) && holders >= full as usize
+        })
+        .await;
+        let (ttl, limit) = (TTL.as_secs().to_string(), limit.to_string());
+        let at = now();
+        declare(
+            &self.endpoints,
+            &[POOL, "--ttl-seconds", &ttl, "--max-holders", &limit],
+        );
+        (0, at)
     }
 }
 

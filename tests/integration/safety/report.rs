@@ -1,0 +1,96 @@
+//! The one-screen summary of a run.
+
+use std::time::Duration;
+
+use super::check::{Analysis, LOST_NOTICE};
+use super::faults::Kind;
+use super::{TTL, WORKERS};
+
+/// The one-screen summary of a run that took `elapsed` seconds from `start`.
+pub fn report(
+    a: &Analysis,
+    start: f64,
+    elapsed: f64,
+    state: &serde_json::Value,
+    drained: &Result<Duration, String>,
+) -> String {
+    let mut out = format!(
+        "safety: {elapsed:.0} s, TTL {} s, {n} workers on {n} sidecars, 3-member etcd\n  faults:",
+        TTL.as_secs(),
+        n = WORKERS.len()
+    );
+    for (i, k) in Kind::CYCLE.iter().enumerate() {
+        let n = a.recoveries.iter().filter(|(f, _)| f.kind == *k).count();
+        out += &format!("{} {n} x {}", if i == 0 { "" } else { "," }, k.name());
+    }
+    out += &holds(a);
+    out += &format!(
+        "\n  writes: {} accepted in token order, counter {} (store accepted {}); {} not made \
+         (lost before writing)\n  stale writes: {} rejected by fencing ({} of paused holders), \
+         {} accepted before the successor wrote",
+        a.accepted,
+        state["value"],
+        state["accepted"],
+        a.unwritten,
+        a.rejected,
+        a.rejected_paused,
+        a.stale_accepted,
+    );
+    out += &recoveries(a);
+    out += &format!(
+        "\n  longest stall between accepted writes {:.2} s ({:.1} s in); queue empty after the \
+         clients left: {}",
+        a.longest_stall.0,
+        a.longest_stall.1 - start,
+        drained
+            .as_ref()
+            .map_or_else(|e| format!("no ({e})"), |d| format!("yes, in {d:.1?}"))
+    );
+    out
+}
+
+/// The holds of each lock, the most held at once under each limit, and the lost notices.
+fn holds(a: &Analysis) -> String {
+    let mut out = String::new();
+    for (lock, s) in &a.locks {
+        let peaks: Vec<String> = (s.peaks.iter())
+            .map(|(limit, n)| format!("{n} while maxHolders {limit}"))
+            .collect();
+        out += &format!(
+            "\n  {lock}: {} holds granted, {} lost; most held at a grant: {}",
+            s.grants,
+            s.lost,
+            peaks.join(", ")
+        );
+    }
+    let max_lag = a.notice_lags.iter().copied().fold(0.0, f64::max);
+    out + &format!(
+        "\n  {} holds overlapped by a later grant beyond the limit after being lost, their \
+         clients told within {max_lag:.2} s of it (limit {LOST_NOTICE} s)\n  violations: {}",
+        a.notice_lags.len(),
+        a.violations.len()
+    )
+}
+
+/// For each fault kind, how long the lock it hit took to make progress again.
+fn recoveries(a: &Analysis) -> String {
+    let mut out =
+        "\n  fault -> first accepted write of a later grant (maxHolders changes: next grant):".to_string();
+    for k in Kind::CYCLE {
+        let mut times: Vec<f64> = (a.recoveries.iter())
+            .filter(|(f, _)| f.kind == k)
+            .map(|(_, t)| t.unwrap_or(f64::INFINITY))
+            .collect();
+        times.sort_by(f64::total_cmp);
+        let (Some(max), Some(median)) = (times.last(), times.get(times.len().saturating_sub(1) / 2)) else {
+            continue;
+        };
+        out += &format!(
+            "\n    {:<44} max {max:.2} s, median {median:.2} s over {} (limit {:.1} s)",
+            k.name(),
+            times.len(),
+            k.recovery_limit().as_secs_f64()
+        );
+    }
+    out
+}
