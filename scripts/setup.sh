@@ -103,9 +103,12 @@ build_go_cmd etcdctl go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdctl/v3
 # throwaway module requires it and replaces each staging module with its published v0.Y.Z.
 # The version ldflags are those of Kubernetes' own build (else a node reports v0.0.0-master).
 build_kube_cmds() {
-  local missing=() cmd
+  local missing=() cmd stamp
+  # The stamp names the version ldflags too: a binary built without them reports
+  # v0.0.0-master, which a chart's kubeVersion (>=1.29) refuses.
+  stamp="$KUBE_VERSION $(kube_version_ldflags | sha256sum | cut -c1-12)"
   for cmd in "$@"; do
-    if [ -x "$BIN/$cmd" ] && [ "$(cat "$BIN/.$cmd.version" 2>/dev/null)" = "$KUBE_VERSION" ]; then
+    if [ -x "$BIN/$cmd" ] && [ "$(cat "$BIN/.$cmd.version" 2>/dev/null)" = "$stamp" ]; then
       step "$cmd $KUBE_VERSION: cached in $BIN"
     else
       missing+=("$cmd")
@@ -131,7 +134,7 @@ build_kube_cmds() {
       step "building $cmd $KUBE_VERSION (a few minutes on 2 cores)"
       start=$(date +%s)
       go build -ldflags "$(kube_version_ldflags)" -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd" >&2
-      echo "$KUBE_VERSION" > "$BIN/.$cmd.version"
+      echo "$stamp" > "$BIN/.$cmd.version"
       step "$cmd built in $(( $(date +%s) - start )) s"
     done
   )

@@ -9,9 +9,10 @@ use std::time::Duration;
 /// Flags of `podlock probe`.
 #[derive(Debug, Clone, Args)]
 pub struct ProbeArgs {
-    /// The sidecar's API address (its own `PODLOCK_LISTEN`, which the probe inherits).
+    /// The address to ask, HOST:PORT: by default the sidecar's own `PODLOCK_LISTEN`, which
+    /// the probe inherits (the chart's `helm test` asks the operator's Service instead).
     #[arg(long, env = "PODLOCK_LISTEN", default_value = "127.0.0.1:4040")]
-    pub addr: SocketAddr,
+    pub addr: String,
     /// What to ask: `/healthz` means the API serves (etcd's health is `/readyz`).
     #[arg(long, default_value = "/healthz")]
     pub path: String,
@@ -19,7 +20,7 @@ pub struct ProbeArgs {
 
 /// Succeeds when the sidecar answers 2xx within a second; otherwise says what it got.
 pub async fn run(args: ProbeArgs) -> anyhow::Result<()> {
-    let url = format!("http://{}{}", loopback(args.addr), args.path);
+    let url = format!("http://{}{}", loopback(&args.addr), args.path);
     let response = reqwest::Client::new()
         .get(&url)
         .timeout(Duration::from_secs(1))
@@ -34,12 +35,29 @@ pub async fn run(args: ProbeArgs) -> anyhow::Result<()> {
     anyhow::bail!("{url} answered {status}: {body}")
 }
 
-/// `addr`, with a wildcard address replaced by loopback of the same family.
-fn loopback(addr: SocketAddr) -> SocketAddr {
-    let ip = match addr.ip() {
+/// `addr`, with a wildcard address (a listener's) replaced by loopback of the same family.
+fn loopback(addr: &str) -> String {
+    let Ok(socket) = addr.parse::<SocketAddr>() else {
+        return addr.to_string();
+    };
+    let ip = match socket.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
         ip => ip,
     };
-    SocketAddr::new(ip, addr.port())
+    SocketAddr::new(ip, socket.port()).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_listener_wildcard_is_asked_on_loopback() {
+        assert_eq!(super::loopback("0.0.0.0:4040"), "127.0.0.1:4040");
+        assert_eq!(super::loopback("[::]:4041"), "[::1]:4041");
+        assert_eq!(super::loopback("127.0.0.1:5050"), "127.0.0.1:5050");
+        assert_eq!(
+            super::loopback("podlock-metrics.podlock.svc:8080"),
+            "podlock-metrics.podlock.svc:8080"
+        );
+    }
 }

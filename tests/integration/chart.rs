@@ -18,8 +18,12 @@ fn helm(args: &[&str]) -> (bool, String, String) {
     (out.status.success(), text(out.stdout), text(out.stderr))
 }
 
+/// The cluster version charts are rendered for (the chart needs 1.29+ for native sidecars).
+const KUBE_VERSION: &str = "1.34.0";
+
 fn render(extra: &[&str]) -> String {
     let mut args = vec!["template", "podlock", CHART, "--namespace", "podlock"];
+    args.extend(["--kube-version", KUBE_VERSION]);
     args.extend_from_slice(extra);
     let (ok, out, err) = helm(&args);
     assert!(ok, "helm template {extra:?}: {err}");
@@ -40,8 +44,23 @@ fn bad_values_fail_naming_the_field() {
         ("etcd.endpoints[0]=etcd:2379", "/etcd/endpoints/0"),
         ("operator.logFormat=xml", "/operator/logFormat"),
         ("operatr.replicas=2", "operatr"),
+        ("image.digest=latest", "/image/digest"),
+        ("imagePullSecrets[0].nam=x", "/imagePullSecrets/0"),
+        (
+            "etcd.bundled.quotaBackendBytes=1024",
+            "/etcd/bundled/quotaBackendBytes",
+        ),
     ] {
-        let (ok, _, err) = helm(&["template", "podlock", CHART, "--set", set]);
+        let args = [
+            "template",
+            "podlock",
+            CHART,
+            "--kube-version",
+            KUBE_VERSION,
+            "--set",
+            set,
+        ];
+        let (ok, _, err) = helm(&args);
         assert!(!ok, "--set {set} was accepted");
         assert!(
             err.contains(field),
@@ -88,6 +107,61 @@ fn optional_parts_render() {
     let out = render(&["--set", "etcd.bundled.enabled=true"]);
     assert!(out.contains("kind: StatefulSet"));
     assert!(out.contains("http://podlock-etcd-0.podlock-etcd.podlock.svc:2379,http://podlock-etcd-1"));
+}
+
+#[test]
+fn a_cluster_without_native_sidecars_is_refused() {
+    let (ok, _, err) = helm(&["template", "podlock", CHART, "--kube-version", "1.28.9"]);
+    assert!(!ok && err.contains("kubeVersion"), "{err}");
+}
+
+#[test]
+fn helm_users_settings_render() {
+    let digest = format!("sha256:{}", "a".repeat(64));
+    let out = render(&[
+        "--set",
+        &format!("image.digest={digest}"),
+        "--set",
+        "imagePullSecrets[0].name=regcred",
+        "--set",
+        "priorityClassName=system-cluster-critical",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+        "--set",
+        "operator.replicas=1",
+    ]);
+    assert!(out.contains(&format!("image: ghcr.io/podlock/podlock@{digest}")));
+    assert!(
+        out.contains("imagePullSecrets:\n        - name: regcred"),
+        "{out}"
+    );
+    assert!(out.contains("priorityClassName: system-cluster-critical"));
+    assert!(out.contains("kind: PodMonitor") && out.contains("port: podlock-metrics"));
+    assert!(
+        !out.contains("kind: PodDisruptionBudget"),
+        "a PDB over one replica blocks every drain"
+    );
+    for label in ["helm.sh/chart: podlock-", "app.kubernetes.io/managed-by: Helm"] {
+        assert!(out.contains(label), "{label} missing");
+    }
+    // Two releases' selectors never select each other's pods.
+    let selector =
+        "matchLabels:\n      app.kubernetes.io/name: podlock\n      app.kubernetes.io/instance: podlock";
+    assert!(out.contains(selector), "{out}");
+}
+
+#[test]
+fn the_bundled_etcd_compacts_keeps_under_its_quota_and_spreads() {
+    let out = render(&["--set", "etcd.bundled.enabled=true"]);
+    for arg in [
+        "--auto-compaction-mode=periodic",
+        "--auto-compaction-retention=1h",
+        "--quota-backend-bytes=805306368",
+    ] {
+        assert!(out.contains(arg), "{arg} missing");
+    }
+    assert!(out.contains("name: podlock-etcd\n  namespace: podlock") && out.contains("maxUnavailable: 1"));
+    assert!(out.contains("podAntiAffinity"));
 }
 
 #[tokio::test]

@@ -39,6 +39,8 @@ fn install(node: &Node) {
         "helm install --wait: operator and etcd Ready in {:.1} s",
         started.elapsed().as_secs_f64()
     );
+    let (ok, out, err) = node.helm(&["test", "podlock", "-n", "podlock", "--timeout", "2m"]);
+    assert!(ok, "helm test: {out}{err}");
 }
 
 /// The webhook is registered through its Service (not a URL) and has a CA bundle.

@@ -1,7 +1,7 @@
 //! The injected sidecar container and what it changes in the pod's other containers.
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, EnvVar, EnvVarSource, ExecAction, ObjectFieldSelector, Probe,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, ObjectFieldSelector, Probe,
     ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
@@ -66,6 +66,12 @@ pub(super) fn sidecar(tpl: &SidecarTemplate, options: &Options) -> Container {
         args: Some(vec!["sidecar".into()]),
         restart_policy: Some("Always".into()),
         env: Some(sidecar_env(tpl, options)),
+        // Named, so that a PodMonitor (the chart's `metrics.podMonitor`) finds the metrics.
+        ports: Some(vec![ContainerPort {
+            name: Some("podlock-metrics".into()),
+            container_port: metrics_port(options).into(),
+            ..Default::default()
+        }]),
         // The app containers start once the API serves; the pod stays Ready while it does.
         // Neither depends on etcd: an etcd election must not take every pod out of its
         // Services (etcd's health is in the API's /readyz and in the metrics).
@@ -140,7 +146,7 @@ fn sidecar_env(tpl: &SidecarTemplate, options: &Options) -> Vec<EnvVar> {
         from(name, source)
     };
     // Metrics on every address of either family, for Prometheus; the API on loopback only.
-    let metrics = options.port.checked_add(1).unwrap_or(options.port - 1);
+    let metrics = metrics_port(options);
     let mut env = vec![
         field("PODLOCK_POD_NAME", "metadata.name"),
         field("PODLOCK_NAMESPACE", "metadata.namespace"),
@@ -172,4 +178,9 @@ fn sidecar_env(tpl: &SidecarTemplate, options: &Options) -> Vec<EnvVar> {
         env.push(from(var, source));
     }
     env
+}
+
+/// The metrics port: the one after the API's.
+fn metrics_port(options: &Options) -> u16 {
+    options.port.checked_add(1).unwrap_or(options.port - 1)
 }
