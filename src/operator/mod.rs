@@ -7,13 +7,13 @@ mod leader;
 pub mod liveness;
 mod named_pods;
 mod owner;
+mod readiness;
 mod reconcile;
 mod verdict;
 mod webhook;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::routing::get;
 use clap::Args;
 use futures::StreamExt;
@@ -49,6 +49,10 @@ pub struct OperatorArgs {
     /// Secret, the leader Lease), so that deleting it, as `helm uninstall` does, deletes them.
     #[arg(long, env = "PODLOCK_OWNER_CLUSTER_ROLE")]
     pub owner_cluster_role: Option<String>,
+    /// On SIGTERM, how long to go on serving the webhook while unready, so that requests the
+    /// API server already routed here are answered (endpoints move a moment after readiness).
+    #[arg(long, env = "PODLOCK_SHUTDOWN_DRAIN_SECONDS", default_value_t = 5)]
+    pub shutdown_drain_seconds: u64,
     #[command(flatten)]
     pub leader: leader::LeaderArgs,
     #[command(flatten)]
@@ -57,7 +61,7 @@ pub struct OperatorArgs {
     pub etcd: EtcdArgs,
 }
 
-/// Runs the operator until SIGTERM or Ctrl-C.
+/// Runs the operator until SIGTERM or Ctrl-C, then drains (see [`readiness`]).
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
@@ -67,7 +71,8 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let reasons = liveness::Reason::ALL.map(liveness::Reason::label);
     metrics.start_at_zero(&[&reasons[..], &[reconcile::LOCK_DELETED]].concat());
     let ctx = context(&client, &store, &metrics, &args);
-    let health = health_server(&args, store, metrics.clone()).await?;
+    let ready = Arc::new(readiness::Readiness::default());
+    let health = health_server(&args, store, metrics.clone(), ready.clone()).await?;
     let own_ns = (args.operator_namespace.clone()).unwrap_or_else(|| client.default_namespace().into());
     rustls::crypto::ring::default_provider().install_default().ok();
     let owner = owner::cluster_role(&client, args.owner_cluster_role.as_deref()).await?;
@@ -81,10 +86,12 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         owner.clone(),
     ));
     let sidecar = sidecar_template(&args, &ctx);
-    let webhook = webhook::serve(args.webhook.webhook_listen, &tls, sidecar);
+    let webhook = webhook::serve(args.webhook.webhook_listen, &tls, sidecar, ready.clone());
     let leader_gauge = metrics.leader.clone();
     let lead = || lead(ctx.clone(), args.watch_namespace.clone());
     let lease_ns = args.leader.leader_election_namespace.clone().unwrap_or(own_ns);
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(drain_on_signal(ready, stop.clone()));
     let leading = leader::run_when_leader(
         client,
         &args.leader,
@@ -92,20 +99,34 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         owner.as_ref(),
         |l| leader_gauge.set(l.into()),
         lead,
-        shutdown_signal(),
+        stop.cancelled(),
     );
+    let (mut health, mut webhook) = (std::pin::pin!(health), std::pin::pin!(webhook));
     // The servers live as long as the operator: one that fails ends the process, rather than
     // leave a replica Ready whose webhook no longer injects.
+    let drained = async {
+        leading.await?;
+        info!(drain = ?args.shutdown_drain_seconds, "stepped down; serving the webhook while unready, then exiting");
+        tokio::time::sleep(Duration::from_secs(args.shutdown_drain_seconds)).await;
+        anyhow::Ok(())
+    };
     tokio::select! {
-        led = leading => led?,
-        failed = health => anyhow::bail!("the health and metrics server failed: {failed:?}"),
-        served = webhook => match served {
+        done = drained => done?,
+        failed = &mut health => anyhow::bail!("the health and metrics server failed: {failed:?}"),
+        served = &mut webhook => match served {
             Err(e) => anyhow::bail!("the webhook server failed: {e:#}"),
             Ok(()) => anyhow::bail!("the webhook server stopped"),
         },
     }
     info!("operator stopped");
     Ok(())
+}
+
+/// On SIGTERM or Ctrl-C: unready at once, then `stop` (the leader steps down).
+async fn drain_on_signal(ready: Arc<readiness::Readiness>, stop: tokio_util::sync::CancellationToken) {
+    shutdown_signal().await;
+    ready.drain();
+    stop.cancel();
 }
 
 /// What the reconciler shares.
@@ -133,18 +154,19 @@ async fn health_server(
     args: &OperatorArgs,
     store: Store,
     metrics: OperatorMetrics,
+    ready: Arc<readiness::Readiness>,
 ) -> anyhow::Result<impl std::future::Future<Output = std::io::Result<()>> + use<>> {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     let http = Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readyz))
+        .route("/readyz", get(readiness::readyz))
         .route(
             "/metrics",
             get(|State(m): State<OperatorMetrics>| async move { m.render() }).with_state(metrics),
         )
-        .with_state(store);
+        .with_state((ready, store));
     info!(listen = %args.listen, "operator serving health and metrics");
     Ok(axum::serve(listener, http).into_future())
 }
@@ -197,13 +219,6 @@ async fn shutdown_signal() {
     tokio::select! {
         _ = term.recv() => info!("SIGTERM: stopping"),
         _ = tokio::signal::ctrl_c() => info!("interrupted: stopping"),
-    }
-}
-
-async fn readyz(State(store): State<Store>) -> (StatusCode, &'static str) {
-    match store.ready(Duration::from_secs(1)).await {
-        true => (StatusCode::OK, "ready"),
-        false => (StatusCode::SERVICE_UNAVAILABLE, "etcd did not answer within 1 s"),
     }
 }
 

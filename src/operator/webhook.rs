@@ -31,6 +31,7 @@ use tracing::{info, warn};
 
 use super::inject::{self, SidecarTemplate};
 use super::owner;
+use super::readiness::Readiness;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
 };
@@ -341,8 +342,13 @@ fn workload_rules() -> Vec<RuleWithOperations> {
 /// The label every namespace carries with its own name.
 const NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
 
-/// Serves `/mutate` over TLS until the process ends.
-pub async fn serve(listen: SocketAddr, tls: &Tls, template: SidecarTemplate) -> anyhow::Result<()> {
+/// Serves `/mutate` over TLS until the process ends; tells `readiness` once it listens.
+pub async fn serve(
+    listen: SocketAddr,
+    tls: &Tls,
+    template: SidecarTemplate,
+    readiness: Arc<Readiness>,
+) -> anyhow::Result<()> {
     let config = axum_server::tls_rustls::RustlsConfig::from_pem(
         tls.cert.clone().into_bytes(),
         tls.key.clone().into_bytes(),
@@ -351,8 +357,12 @@ pub async fn serve(listen: SocketAddr, tls: &Tls, template: SidecarTemplate) -> 
     let app = axum::Router::new()
         .route("/mutate", axum::routing::post(mutate))
         .with_state(Arc::new(template));
+    let listener = std::net::TcpListener::bind(listen)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {listen} for the webhook: {e}"))?;
+    listener.set_nonblocking(true)?;
+    readiness.webhook_listening();
     info!(%listen, "webhook serving");
-    axum_server::bind_rustls(listen, config)
+    axum_server::from_tcp_rustls(listener, config)?
         .serve(app.into_make_service())
         .await?;
     Ok(())

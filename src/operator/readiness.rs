@@ -1,0 +1,57 @@
+//! When an operator replica may receive traffic, and how it leaves: Ready once its webhook
+//! listens (the API server sends every annotated pod's creation to it through the Service),
+//! not Ready while it drains. On SIGTERM a replica goes unready at once but keeps serving the
+//! webhook for a drain window, so that admission requests already routed to it (endpoints
+//! move a moment after readiness changes) are still answered: a rollout of the operator then
+//! loses no injection. etcd's health does not gate readiness: the webhook needs no etcd, and
+//! an etcd election must not take every replica out of the webhook's Service.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::lock::Store;
+
+/// Whether the replica should receive traffic.
+#[derive(Debug, Default)]
+pub struct Readiness {
+    webhook_listening: AtomicBool,
+    draining: AtomicBool,
+}
+
+impl Readiness {
+    /// The webhook's listener is bound: requests to it are accepted from now on.
+    pub fn webhook_listening(&self) {
+        self.webhook_listening.store(true, Ordering::SeqCst);
+    }
+
+    /// The replica is shutting down: readiness fails, the servers go on for the drain window.
+    pub fn drain(&self) {
+        self.draining.store(true, Ordering::SeqCst);
+    }
+
+    /// Why the replica is not ready, if it is not.
+    fn not_ready(&self) -> Option<&'static str> {
+        if self.draining.load(Ordering::SeqCst) {
+            Some("draining: shutting down")
+        } else if !self.webhook_listening.load(Ordering::SeqCst) {
+            Some("the webhook does not listen yet")
+        } else {
+            None
+        }
+    }
+}
+
+/// `GET /readyz`: 200 once the webhook listens and until shutdown; says whether etcd answers.
+pub async fn readyz(State((readiness, store)): State<(Arc<Readiness>, Store)>) -> (StatusCode, String) {
+    if let Some(why) = readiness.not_ready() {
+        return (StatusCode::SERVICE_UNAVAILABLE, why.into());
+    }
+    let etcd = match store.ready(Duration::from_secs(1)).await {
+        true => "etcd answers",
+        false => "etcd did not answer within 1 s; the webhook serves regardless",
+    };
+    (StatusCode::OK, format!("ready ({etcd})"))
+}
