@@ -123,20 +123,7 @@ impl ControlPlane {
 
     /// Runs kubectl with `stdin` as its input.
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> (bool, String, String) {
-        use std::io::Write;
-        let mut child = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl");
-        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
-        (out.status.success(), text(out.stdout), text(out.stderr))
+        kubectl_as(&self.kubeconfig, args, stdin)
     }
 
     /// Creates a namespace for one test.
@@ -148,6 +135,25 @@ impl ControlPlane {
         );
         name.to_string()
     }
+}
+
+/// Runs kubectl with the identity of `kubeconfig` and `stdin` as its input; returns (success,
+/// stdout, stderr).
+pub fn kubectl_as(kubeconfig: &std::path::Path, args: &[&str], stdin: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+    (out.status.success(), text(out.stdout), text(out.stderr))
 }
 
 /// A `podlock operator` process; killed on drop.

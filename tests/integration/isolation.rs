@@ -10,7 +10,7 @@ use crate::common::kube::{ControlPlane, Operator, rfc3339, running_pod, set_stat
 use crate::common::{EtcdServer, Sidecar, wait_until};
 
 /// The etcd user and password the operator stored in namespace `ns`.
-async fn credentials(plane: &ControlPlane, ns: &str) -> (String, String) {
+pub async fn credentials(plane: &ControlPlane, ns: &str) -> (String, String) {
     let secrets: Api<Secret> = Api::namespaced(plane.client().await, ns);
     wait_until(Duration::from_secs(15), || async {
         secrets.get_opt("podlock-etcd").await.is_ok_and(|s| s.is_some())

@@ -1,25 +1,32 @@
 //! `manifests/rbac.yaml` (the chart's RBAC, rendered) is enough: the operator, run with a token of exactly that
 //! ServiceAccount, reconciles, mirrors status, revokes a dead pod's hold, elects a leader,
-//! makes its webhook certificate and registers its webhook, without one refusal.
+//! makes its webhook certificate, registers its webhook and (with etcd auth) gives the
+//! namespace its etcd credentials, without one refusal. And it is no
+//! more: that token reads no Secret but the webhook certificate's in its own namespace.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::common::kube::{Operator, with_crd};
-use crate::common::{Sidecar, wait_until};
+use crate::common::kube::{ControlPlane, Operator, kubectl_as, with_crd};
+use crate::common::{EtcdServer, Sidecar, wait_until};
+use crate::isolation::credentials;
 
-#[tokio::test]
-async fn the_operator_needs_no_more_than_manifests_rbac() {
-    let plane = with_crd();
-    let ns = plane.namespace("rbac");
-    let rbac =
-        include_str!("../../manifests/rbac.yaml").replace("namespace: podlock", &format!("namespace: {ns}"));
+/// Applies `manifests/rbac.yaml` with its ServiceAccount in `ns` (and its cluster-wide binding
+/// named after `ns`, so that tests do not take each other's), and returns a kubeconfig with a
+/// token of exactly that ServiceAccount (in the returned directory).
+fn service_account_kubeconfig(plane: &ControlPlane, ns: &str) -> (tempfile::TempDir, PathBuf) {
+    let rbac = include_str!("../../manifests/rbac.yaml")
+        .replace("namespace: podlock", &format!("namespace: {ns}"))
+        .replace(
+            "kind: ClusterRoleBinding\nmetadata:\n  name: podlock-operator",
+            &format!("kind: ClusterRoleBinding\nmetadata:\n  name: podlock-operator-{ns}"),
+        );
     let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &rbac);
     assert!(ok, "{err}");
-    let (ok, token, err) =
-        plane.kubectl(&["create", "token", "podlock-operator", "-n", &ns, "--duration=1h"]);
+    let (ok, token, err) = plane.kubectl(&["create", "token", "podlock-operator", "-n", ns, "--duration=1h"]);
     assert!(ok, "{err}");
     let admin = std::fs::read_to_string(&plane.kubeconfig).unwrap();
     let (_, admin_token) = admin.split_once("token: ").unwrap();
@@ -27,12 +34,30 @@ async fn the_operator_needs_no_more_than_manifests_rbac() {
     let dir = tempfile::tempdir().unwrap();
     let kubeconfig = dir.path().join("kubeconfig");
     std::fs::write(&kubeconfig, admin.replace(admin_token, token.trim())).unwrap();
+    (dir, kubeconfig)
+}
+
+#[tokio::test]
+async fn the_operator_needs_no_more_than_manifests_rbac() {
+    let plane = with_crd();
+    let ns = plane.namespace("rbac");
+    let (_dir, kubeconfig) = service_account_kubeconfig(plane, &ns);
+    // With etcd auth, so that it provisions the namespace's credentials Secret as well.
+    let etcd = EtcdServer::start().await;
+    etcd.enable_auth("root-secret").await;
 
     let op = Operator::start_as(
         &kubeconfig,
         &ns,
-        &plane.etcd.endpoint,
-        &["--webhook-configuration", "podlock"],
+        &etcd.endpoint,
+        &[
+            "--webhook-configuration",
+            "podlock",
+            "--etcd-user",
+            "root",
+            "--etcd-password",
+            "root-secret",
+        ],
     )
     .await;
     let lock = format!(
@@ -74,12 +99,18 @@ async fn the_operator_needs_no_more_than_manifests_rbac() {
     pods.patch_status("worker", &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
-    let s = Sidecar::start(
-        &plane.etcd.endpoint,
-        "worker",
-        &["--namespace", &ns, "--pod-uid", &uid],
-    )
-    .await;
+    let (user, password) = credentials(plane, &ns).await;
+    let args = [
+        "--namespace",
+        &ns,
+        "--pod-uid",
+        &uid,
+        "--etcd-user",
+        &user,
+        "--etcd-password",
+        &password,
+    ];
+    let s = Sidecar::start(&etcd.endpoint, "worker", &args).await;
     s.must_acquire("guarded", json!({})).await;
     wait_until(Duration::from_secs(5), || async { phase().await == "Held" })
         .await
@@ -109,4 +140,81 @@ async fn the_operator_needs_no_more_than_manifests_rbac() {
         !log.contains("forbidden") && !log.contains("Forbidden"),
         "refused:\n{log}"
     );
+}
+
+/// The escalation the operator's token must not have: reading a Secret it does not own, in any
+/// namespace, including the token of a ServiceAccount Secret it created itself under a name it
+/// may write.
+#[tokio::test]
+async fn the_operators_token_cannot_read_a_secret_it_does_not_own() {
+    let plane = with_crd();
+    let ns = plane.namespace("rbac-deny");
+    let victim = plane.namespace("rbac-victim");
+    let (_dir, kubeconfig) = service_account_kubeconfig(plane, &ns);
+    for (secret, namespace) in [
+        ("other", &victim),
+        ("other", &ns),
+        ("podlock-webhook-tls", &victim),
+    ] {
+        let (ok, _, err) = plane.kubectl(&[
+            "create",
+            "secret",
+            "generic",
+            secret,
+            "-n",
+            namespace,
+            "--from-literal=k=v",
+        ]);
+        assert!(ok || err.contains("AlreadyExists"), "{err}");
+    }
+    let as_operator = |args: &[&str], stdin: &str| kubectl_as(&kubeconfig, args, stdin);
+    for (secret, namespace) in [
+        ("other", &victim),
+        ("other", &ns),
+        ("podlock-webhook-tls", &victim),
+    ] {
+        let (ok, out, err) = as_operator(&["get", "secret", secret, "-n", namespace, "-o", "yaml"], "");
+        assert!(
+            !ok && err.contains("Forbidden"),
+            "the operator's token read Secret {namespace}/{secret}:\n{out}{err}"
+        );
+    }
+    for verb in ["list", "watch"] {
+        let (_, answer, _) = as_operator(&["auth", "can-i", verb, "secrets", "-A"], "");
+        assert_eq!(answer.trim(), "no", "{verb} secrets");
+    }
+
+    // It may create podlock-etcd anywhere; as a service-account-token Secret, the token
+    // controller would put a token of `default` (or any account) into it. It must not read it.
+    let token_secret = format!(
+        "apiVersion: v1\nkind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  name: podlock-etcd\n  namespace: {victim}\n  annotations: {{kubernetes.io/service-account.name: default}}\n"
+    );
+    let (ok, _, err) = as_operator(&["create", "-f", "-"], &token_secret);
+    assert!(ok || err.contains("AlreadyExists"), "{err}");
+    wait_until(Duration::from_secs(10), || async {
+        let jsonpath = "jsonpath={.data.token}";
+        let (_, token, _) = plane.kubectl(&["get", "secret", "podlock-etcd", "-n", &victim, "-o", jsonpath]);
+        !token.is_empty()
+    })
+    .await
+    .expect("the token controller fills the token in");
+    for read in [
+        &["get", "secret", "podlock-etcd", "-n", &victim, "-o", "yaml"][..],
+        &[
+            "label",
+            "secret",
+            "podlock-etcd",
+            "-n",
+            &victim,
+            "x=y",
+            "-o",
+            "yaml",
+        ][..],
+    ] {
+        let (ok, out, err) = as_operator(read, "");
+        assert!(
+            !ok && err.contains("Forbidden"),
+            "the operator's token got at a ServiceAccount token ({read:?}):\n{out}{err}"
+        );
+    }
 }
