@@ -58,6 +58,7 @@ pub struct OperatorArgs {
 
 /// Runs the operator until SIGTERM or Ctrl-C.
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    args.leader.timing()?; // refuse unsafe leader-election margins before doing anything
     let client = kube::Client::try_default()
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach the Kubernetes API (KUBECONFIG or in-cluster): {e}"))?;

@@ -126,6 +126,20 @@ impl ControlPlane {
         kubectl_as(&self.kubeconfig, args, stdin)
     }
 
+    /// A kubeconfig (in the returned directory) with a token of ServiceAccount `account` of
+    /// namespace `ns`, to run something with exactly that account's rights.
+    pub fn token_kubeconfig(&self, ns: &str, account: &str) -> (tempfile::TempDir, PathBuf) {
+        let (ok, token, err) = self.kubectl(&["create", "token", account, "-n", ns, "--duration=1h"]);
+        assert!(ok, "{err}");
+        let admin = std::fs::read_to_string(&self.kubeconfig).unwrap();
+        let (_, admin_token) = admin.split_once("token: ").unwrap();
+        let admin_token = admin_token.lines().next().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, admin.replace(admin_token, token.trim())).unwrap();
+        (dir, kubeconfig)
+    }
+
     /// Creates a namespace for one test.
     pub fn namespace(&self, name: &str) -> String {
         let (ok, _, err) = self.kubectl(&["create", "namespace", name]);
@@ -209,6 +223,10 @@ impl Operator {
                     "podlock-operator",
                     "--leader-lease-seconds",
                     "3",
+                    "--leader-renew-deadline-seconds",
+                    "2",
+                    "--leader-retry-period-seconds",
+                    "1",
                 ])
                 .env("KUBECONFIG", kubeconfig)
                 .env("PODLOCK_LOG", "info,kube=warn")

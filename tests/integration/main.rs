@@ -9,6 +9,7 @@ mod chart;
 mod examples;
 mod injection;
 mod isolation;
+mod leader;
 mod liveness;
 mod lock_cmd;
 mod openapi;

@@ -26,15 +26,7 @@ fn service_account_kubeconfig(plane: &ControlPlane, ns: &str) -> (tempfile::Temp
         );
     let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &rbac);
     assert!(ok, "{err}");
-    let (ok, token, err) = plane.kubectl(&["create", "token", "podlock-operator", "-n", ns, "--duration=1h"]);
-    assert!(ok, "{err}");
-    let admin = std::fs::read_to_string(&plane.kubeconfig).unwrap();
-    let (_, admin_token) = admin.split_once("token: ").unwrap();
-    let admin_token = admin_token.lines().next().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, admin.replace(admin_token, token.trim())).unwrap();
-    (dir, kubeconfig)
+    plane.token_kubeconfig(ns, "podlock-operator")
 }
 
 #[tokio::test]
