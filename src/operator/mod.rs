@@ -48,6 +48,10 @@ pub struct OperatorArgs {
     /// Secret, the leader Lease), so that deleting it, as `helm uninstall` does, deletes them.
     #[arg(long, env = "PODLOCK_OWNER_CLUSTER_ROLE")]
     pub owner_cluster_role: Option<String>,
+    /// With etcd auth: how often the leader makes each namespace's credentials Secret again if
+    /// it was deleted (one create per namespace; the operator may not read Secrets).
+    #[arg(long, env = "PODLOCK_CREDENTIALS_CHECK_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub credentials_check_seconds: u64,
     #[command(flatten)]
     pub leader: leader::LeaderArgs,
     #[command(flatten)]
@@ -80,10 +84,14 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         tls.ca.clone(),
         owner.clone(),
     ));
-    let sidecar = sidecar_template(&args, &ctx);
-    let webhook = webhook::serve(args.webhook.webhook_listen, &tls, sidecar);
+    let injector = webhook::Injector {
+        template: sidecar_template(&args, &ctx),
+        ctx: ctx.clone(),
+    };
+    let webhook = webhook::serve(args.webhook.webhook_listen, &tls, injector);
     let leader_gauge = metrics.leader.clone();
-    let lead = || lead(ctx.clone(), args.watch_namespace.clone());
+    let check = Duration::from_secs(args.credentials_check_seconds);
+    let lead = || lead(ctx.clone(), args.watch_namespace.clone(), check);
     let lease_ns = args.leader.leader_election_namespace.clone().unwrap_or(own_ns);
     let leading = leader::run_when_leader(
         client,
@@ -159,8 +167,9 @@ fn sidecar_template(args: &OperatorArgs, ctx: &Context) -> inject::SidecarTempla
     }
 }
 
-/// The leader's work: clean up orphans, then reconcile locks and watch pods until dropped.
-async fn lead(ctx: Arc<Context>, namespace: Option<String>) {
+/// The leader's work: clean up orphans, then reconcile locks, watch pods and re-make deleted
+/// credentials Secrets (every `credentials_check`) until dropped.
+async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: Duration) {
     let ns = namespace.as_deref();
     let locks: Api<DistributedLock> = match ns {
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
@@ -182,12 +191,13 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>) {
         .with_config(Config::default().debounce(Duration::from_millis(50)))
         .reconcile_on(feeds.changed)
         .reconcile_all_on(feeds.resync)
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     tokio::select! {
         _ = pump => {}
         _ = liveness => {}
         _ = controller => {}
+        _ = ctx.isolation.keep_secrets(&ctx.client, credentials_check) => {}
     }
 }
 

@@ -30,6 +30,7 @@ use tracing::{info, warn};
 
 use super::inject::{self, SidecarTemplate};
 use super::owner;
+use super::reconcile::Context;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
 };
@@ -303,8 +304,20 @@ fn rules() -> Vec<RuleWithOperations> {
 /// The label every namespace carries with its own name.
 const NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
 
+/// What `/mutate` needs.
+pub struct Injector {
+    /// The sidecar to inject.
+    pub template: SidecarTemplate,
+    /// The operator's context, for the namespace's etcd credentials.
+    pub ctx: Arc<Context>,
+}
+
+/// How long injection waits for a namespace's credentials: well within the webhook's 5 s
+/// timeout, past which the API server would create the pod without its sidecar.
+const CREDENTIALS_WAIT: Duration = Duration::from_secs(2);
+
 /// Serves `/mutate` over TLS until the process ends.
-pub async fn serve(listen: SocketAddr, tls: &Tls, template: SidecarTemplate) -> anyhow::Result<()> {
+pub async fn serve(listen: SocketAddr, tls: &Tls, injector: Injector) -> anyhow::Result<()> {
     let config = axum_server::tls_rustls::RustlsConfig::from_pem(
         tls.cert.clone().into_bytes(),
         tls.key.clone().into_bytes(),
@@ -312,7 +325,7 @@ pub async fn serve(listen: SocketAddr, tls: &Tls, template: SidecarTemplate) -> 
     .await?;
     let app = axum::Router::new()
         .route("/mutate", axum::routing::post(mutate))
-        .with_state(Arc::new(template));
+        .with_state(Arc::new(injector));
     info!(%listen, "webhook serving");
     axum_server::bind_rustls(listen, config)
         .serve(app.into_make_service())
@@ -321,7 +334,7 @@ pub async fn serve(listen: SocketAddr, tls: &Tls, template: SidecarTemplate) -> 
 }
 
 async fn mutate(
-    State(tpl): State<Arc<SidecarTemplate>>,
+    State(injector): State<Arc<Injector>>,
     Json(review): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
     let req: AdmissionRequest<DynamicObject> = match review.try_into() {
@@ -336,9 +349,10 @@ async fn mutate(
     };
     let value = serde_json::to_value(object).expect("objects serialize");
     let namespace = req.namespace.as_deref().unwrap_or_default();
-    let resp = match inject::patch(&tpl, &req.kind.kind, namespace, &value) {
+    let resp = match inject::patch(&injector.template, &req.kind.kind, namespace, &value) {
         Ok(None) => resp,
         Ok(Some(patch)) => {
+            ensure_credentials(&injector.ctx, namespace).await;
             info!(
                 kind = req.kind.kind,
                 namespace,
@@ -351,4 +365,22 @@ async fn mutate(
         Err(reason) => resp.deny(reason),
     };
     Json(resp.into_review())
+}
+
+/// With namespace isolation, makes sure the namespace has its etcd credentials Secret before
+/// the API server stores the object being injected: its pods' sidecars read that Secret when
+/// they start, through an optional reference, so a pod started before it exists would run
+/// without credentials. Injection goes ahead regardless (a lock service must not stop pods).
+async fn ensure_credentials(ctx: &Context, namespace: &str) {
+    let ensured = ctx.isolation.ensure_secret(&ctx.client, &ctx.store, namespace);
+    let failure = match tokio::time::timeout(CREDENTIALS_WAIT, ensured).await {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => format!("{e:#}"),
+        Err(_) => format!("no answer within {CREDENTIALS_WAIT:?}"),
+    };
+    warn!(
+        namespace,
+        error = failure,
+        "could not give the namespace its etcd credentials before injecting; its sidecars may start without them"
+    );
 }

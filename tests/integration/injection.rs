@@ -62,7 +62,8 @@ fn template_init_containers(plane: &ControlPlane, kind: &str, name: &str, ns: &s
         .to_string()
 }
 
-async fn webhook_ready(plane: &ControlPlane, ns: &str) {
+/// Waits until the webhook configuration of the operator of `ns` carries a caBundle.
+pub async fn webhook_ready(plane: &ControlPlane, ns: &str) {
     let name = format!("podlock-{ns}");
     wait_until(Duration::from_secs(15), || async {
         let (ok, out, _) = plane.kubectl(&[
