@@ -1,5 +1,6 @@
 //! The operator: reconciles `DistributedLock` objects with etcd and serves health and metrics.
 
+mod certs;
 mod etcd_watch;
 pub mod inject;
 pub mod isolation;
@@ -75,20 +76,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let own_ns = (args.operator_namespace.clone()).unwrap_or_else(|| client.default_namespace().into());
     rustls::crypto::ring::default_provider().install_default().ok();
     let owner = owner::cluster_role(&client, args.owner_cluster_role.as_deref()).await?;
-    let tls = webhook::tls(&client, &args.webhook, &own_ns, owner.as_ref()).await?;
-    tokio::spawn(webhook::keep_configuration(
-        client.clone(),
-        args.webhook.clone(),
-        own_ns.clone(),
-        args.watch_namespace.clone(),
-        tls.ca.clone(),
-        owner.clone(),
-    ));
-    let injector = webhook::Injector {
-        template: sidecar_template(&args, &ctx),
-        ctx: ctx.clone(),
-    };
-    let webhook = webhook::serve(args.webhook.webhook_listen, &tls, injector);
+    let webhook = webhook(&client, &args, &own_ns, owner.clone(), &ctx).await?;
     let leader_gauge = metrics.leader.clone();
     let check = Duration::from_secs(args.credentials_check_seconds);
     let lead = || lead(ctx.clone(), args.watch_namespace.clone(), check);
@@ -114,6 +102,39 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     }
     info!("operator stopped");
     Ok(())
+}
+
+/// Loads the webhook's certificate, keeps it and the webhook configuration current, and
+/// returns the webhook's server.
+async fn webhook(
+    client: &kube::Client,
+    args: &OperatorArgs,
+    own_ns: &str,
+    owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    ctx: &Arc<Context>,
+) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>> + use<>> {
+    let source = certs::Source::new(client, &args.webhook, own_ns, owner.clone());
+    let tls = source.load().await?;
+    let (ca, bundle) = tokio::sync::watch::channel(tls.ca.clone());
+    tokio::spawn(webhook::keep_configuration(
+        client.clone(),
+        args.webhook.clone(),
+        own_ns.to_string(),
+        args.watch_namespace.clone(),
+        bundle,
+        owner,
+    ));
+    let (cert, key) = (tls.cert.clone().into_bytes(), tls.key.clone().into_bytes());
+    let server = axum_server::tls_rustls::RustlsConfig::from_pem(cert, key)
+        .await
+        .map_err(|e| anyhow::anyhow!("the webhook's certificate is unusable: {e}"))?;
+    let period = Duration::from_secs(args.webhook.tls_reload_seconds);
+    tokio::spawn(certs::keep_current(source, tls, server.clone(), ca, period));
+    let injector = webhook::Injector {
+        template: sidecar_template(args, ctx),
+        ctx: ctx.clone(),
+    };
+    Ok(webhook::serve(args.webhook.webhook_listen, server, injector))
 }
 
 /// What the reconciler shares.

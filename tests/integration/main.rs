@@ -5,6 +5,7 @@
 mod common;
 
 mod api;
+mod certs;
 mod chart;
 mod examples;
 mod injection;
