@@ -119,74 +119,74 @@ async fn renewed_certificate_files_are_served_and_trusted_without_a_restart() {
     assert!(injected(plane, &ns, "after").await, "{}", op.log());
 }
 
+/// Writes the certificate in `dir` (see [`make_certificate`]) into the Secret
+/// `podlock-webhook-tls` of `ns`, with kubectl `verb` (create or replace).
+fn put_secret(plane: &ControlPlane, ns: &str, dir: &Path, verb: &str) {
+    let f = |name: &str| dir.join(name).display().to_string();
+    let (tls, key) = (
+        format!("--cert={}", f("tls.crt")),
+        format!("--key={}", f("tls.key")),
+    );
+    let args = [
+        "create",
+        "secret",
+        "tls",
+        SECRET,
+        "-n",
+        ns,
+        &tls,
+        &key,
+        "--dry-run=client",
+        "-o",
+        "json",
+    ];
+    let mut secret: serde_json::Value = serde_json::from_str(&plane.kubectl(&args).1).unwrap();
+    let ca = std::fs::read_to_string(f("ca.crt")).unwrap();
+    secret["data"]["ca.crt"] = json!(base64(&ca));
+    let (ok, _, err) = plane.kubectl_stdin(&[verb, "-f", "-"], &secret.to_string());
+    assert!(ok, "{err}");
+}
+
+/// Field `key` of the Secret `podlock-webhook-tls` of `ns`, base64 as the API server shows it.
+fn secret_field(plane: &ControlPlane, ns: &str, key: &str) -> String {
+    let jsonpath = format!("jsonpath={{.data.{}}}", key.replace('.', "\\."));
+    plane
+        .kubectl(&["get", "secret", SECRET, "-n", ns, "-o", &jsonpath])
+        .1
+}
+
+const SECRET: &str = "podlock-webhook-tls";
+
 #[tokio::test]
 async fn a_self_made_certificate_for_other_names_or_near_its_end_is_made_again() {
     let plane = with_crd();
     let ns = plane.namespace("cert-self");
     // A certificate in the Secret made for another name: replaced when the operator starts.
-    let planted = tempfile::tempdir().unwrap();
+    let (planted, expiring) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     make_certificate(planted.path(), "DNS:wrong.example", 30);
-    let put = |dir: &Path, verb: &str| {
-        let f = |name: &str| dir.join(name).display().to_string();
-        let tls = format!("--cert={}", f("tls.crt"));
-        let key = format!("--key={}", f("tls.key"));
-        let secret = plane
-            .kubectl(&[
-                "create",
-                "secret",
-                "tls",
-                "podlock-webhook-tls",
-                "-n",
-                &ns,
-                &tls,
-                &key,
-                "--dry-run=client",
-                "-o",
-                "json",
-            ])
-            .1;
-        let mut secret: serde_json::Value = serde_json::from_str(&secret).unwrap();
-        let ca = std::fs::read_to_string(f("ca.crt")).unwrap();
-        secret["data"]["ca.crt"] = json!(base64(&ca));
-        let (ok, _, err) = plane.kubectl_stdin(&[verb, "-f", "-"], &secret.to_string());
-        assert!(ok, "{err}");
-    };
-    put(planted.path(), "create");
+    put_secret(plane, &ns, planted.path(), "create");
     let op = Operator::start_with(plane, &ns, &plane.etcd.endpoint, &["--tls-reload-seconds", "1"]).await;
     webhook_ready(plane, &ns).await;
     assert!(injected(plane, &ns, "after-start").await, "{}", op.log());
 
     // Now one for the right name, but a day from its end: made again while running.
-    let expiring = tempfile::tempdir().unwrap();
     make_certificate(expiring.path(), "IP:127.0.0.1", 1);
-    put(expiring.path(), "replace");
-    let planted_cert = std::fs::read_to_string(expiring.path().join("tls.crt")).unwrap();
-    let secret_cert = || {
-        let jsonpath = "jsonpath={.data.tls\\.crt}";
-        plane
-            .kubectl(&["get", "secret", "podlock-webhook-tls", "-n", &ns, "-o", jsonpath])
-            .1
-    };
-    wait_until(Duration::from_secs(10), || async {
-        secret_cert() != base64(&planted_cert)
-    })
-    .await
-    .unwrap_or_else(|e| panic!("the expiring certificate was not made again ({e}):\n{}", op.log()));
-    let ca_path = planted.path().join("served-ca.crt");
+    put_secret(plane, &ns, expiring.path(), "replace");
+    let expiring_cert = std::fs::read_to_string(expiring.path().join("tls.crt")).unwrap();
+    let ca_path = expiring.path().join("served-ca.crt");
     wait_until(Duration::from_secs(10), || async {
         let (bundle, url) = registered(plane, &ns);
-        let jsonpath = "jsonpath={.data.ca\\.crt}";
-        let ca = plane
-            .kubectl(&["get", "secret", "podlock-webhook-tls", "-n", &ns, "-o", jsonpath])
-            .1;
+        let ca = secret_field(plane, &ns, "ca.crt");
         let pem = serde_json::from_value::<ByteString>(json!(ca)).unwrap().0;
         std::fs::write(&ca_path, pem).unwrap();
-        bundle == ca && serves_certificate_of(&url, &ca_path)
+        secret_field(plane, &ns, "tls.crt") != base64(&expiring_cert)
+            && bundle == ca
+            && serves_certificate_of(&url, &ca_path)
     })
     .await
     .unwrap_or_else(|e| {
         panic!(
-            "the new certificate is not served with its CA in caBundle ({e}):\n{}",
+            "no new certificate served with its CA in caBundle ({e}):\n{}",
             op.log()
         )
     });

@@ -112,26 +112,7 @@ async fn the_operator_needs_no_more_than_manifests_rbac() {
         .await
         .unwrap_or_else(|e| panic!("hold not revoked ({e}):\n{}", op.log()));
 
-    let (ok, ca, _) = plane.kubectl(&[
-        "get",
-        "mutatingwebhookconfiguration",
-        "podlock",
-        "-o",
-        "jsonpath={.webhooks[0].clientConfig.caBundle}",
-    ]);
-    assert!(ok && !ca.is_empty(), "webhook not registered:\n{}", op.log());
-    assert!(
-        plane
-            .kubectl(&["get", "secret", "podlock-webhook-tls", "-n", &ns])
-            .0
-    );
-    assert!(plane.kubectl(&["get", "lease", "podlock-operator", "-n", &ns]).0);
-    assert!(op.leads().await);
-    let log = op.log();
-    assert!(
-        !log.contains("forbidden") && !log.contains("Forbidden"),
-        "refused:\n{log}"
-    );
+    made_what_it_owns(plane, &ns, &op).await;
 }
 
 /// The escalation the operator's token must not have: reading a Secret it does not own, in any
@@ -176,8 +157,18 @@ async fn the_operators_token_cannot_read_a_secret_it_does_not_own() {
         assert_eq!(answer.trim(), "no", "{verb} secrets");
     }
 
-    // It may create podlock-etcd anywhere; as a service-account-token Secret, the token
-    // controller would put a token of `default` (or any account) into it. It must not read it.
+    cannot_read_back_a_service_account_token(plane, &kubeconfig, &victim).await;
+}
+
+/// The operator's token may create `podlock-etcd` in any namespace, so also as a
+/// service-account-token Secret, into which the token controller puts a token of `default` (or
+/// any account of `victim`): it must not be able to read that back.
+async fn cannot_read_back_a_service_account_token(
+    plane: &ControlPlane,
+    kubeconfig: &std::path::Path,
+    victim: &str,
+) {
+    let as_operator = |args: &[&str], stdin: &str| kubectl_as(kubeconfig, args, stdin);
     let token_secret = format!(
         "apiVersion: v1\nkind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  name: podlock-etcd\n  namespace: {victim}\n  annotations: {{kubernetes.io/service-account.name: default}}\n"
     );
@@ -185,19 +176,19 @@ async fn the_operators_token_cannot_read_a_secret_it_does_not_own() {
     assert!(ok || err.contains("AlreadyExists"), "{err}");
     wait_until(Duration::from_secs(10), || async {
         let jsonpath = "jsonpath={.data.token}";
-        let (_, token, _) = plane.kubectl(&["get", "secret", "podlock-etcd", "-n", &victim, "-o", jsonpath]);
+        let (_, token, _) = plane.kubectl(&["get", "secret", "podlock-etcd", "-n", victim, "-o", jsonpath]);
         !token.is_empty()
     })
     .await
     .expect("the token controller fills the token in");
     for read in [
-        &["get", "secret", "podlock-etcd", "-n", &victim, "-o", "yaml"][..],
+        &["get", "secret", "podlock-etcd", "-n", victim, "-o", "yaml"][..],
         &[
             "label",
             "secret",
             "podlock-etcd",
             "-n",
-            &victim,
+            victim,
             "x=y",
             "-o",
             "yaml",
@@ -209,4 +200,30 @@ async fn the_operators_token_cannot_read_a_secret_it_does_not_own() {
             "the operator's token got at a ServiceAccount token ({read:?}):\n{out}{err}"
         );
     }
+}
+
+/// The operator registered its webhook, made its certificate's Secret, its Lease and its
+/// namespace's credentials, leads, and was never refused.
+async fn made_what_it_owns(plane: &ControlPlane, ns: &str, op: &Operator) {
+    let (ok, ca, _) = plane.kubectl(&[
+        "get",
+        "mutatingwebhookconfiguration",
+        "podlock",
+        "-o",
+        "jsonpath={.webhooks[0].clientConfig.caBundle}",
+    ]);
+    assert!(ok && !ca.is_empty(), "webhook not registered:\n{}", op.log());
+    assert!(
+        plane
+            .kubectl(&["get", "secret", "podlock-webhook-tls", "-n", ns])
+            .0
+    );
+    assert!(plane.kubectl(&["get", "lease", "podlock-operator", "-n", ns]).0);
+    assert!(op.leads().await);
+    let log = op.log();
+    assert!(
+        !log.contains("forbidden") && !log.contains("Forbidden"),
+        "refused:\n{log}"
+    );
+    assert!(plane.kubectl(&["get", "secret", "podlock-etcd", "-n", ns]).0);
 }
