@@ -163,10 +163,8 @@ async fn self_made(
             return Ok(tls);
         }
     }
-    let previous = found
-        .as_ref()
-        .and_then(|s| field(s, "ca.crt").zip(field(s, "ca.key")));
-    let (tls, ca_key) = make(hosts, previous)?;
+    let old = |key: &str| found.as_ref().and_then(|s| field(s, key));
+    let (tls, ca_key) = make(hosts, old("ca.crt"), old("ca.key"))?;
     let mut secret = to_secret(&tls, &ca_key, owner);
     let written = match found {
         None => secrets.create(&PostParams::default(), &secret).await,
@@ -274,26 +272,30 @@ fn hosts(args: &WebhookArgs, namespace: &str) -> Vec<String> {
     ]
 }
 
-/// A serving certificate for `hosts`, signed by the `previous` CA (its bundle, current CA
-/// first, and key) while that lasts, else by a new CA trusted next to the previous one. Returns
-/// the material and the CA's key.
-fn make(hosts: &[String], previous: Option<(String, String)>) -> anyhow::Result<(Tls, String)> {
-    let current = previous.as_ref().and_then(|(bundle, key)| {
-        let first = bundle
-            .split_inclusive("-----END CERTIFICATE-----")
-            .next()?
-            .trim()
-            .to_string();
-        let key = KeyPair::from_pem(key).ok()?;
-        let issuer = Issuer::from_ca_cert_pem(&first, key).ok()?;
-        lasts(&first, CA_RENEW_DAYS).then(|| (issuer, bundle.clone(), first))
-    });
-    let (issuer, bundle, ca_key) = match current {
-        Some((issuer, bundle, _)) => {
-            let key = previous.map(|(_, key)| key).unwrap_or_default();
-            (issuer, bundle, key)
-        }
-        None => new_ca(previous.map(|(bundle, _)| bundle), CA_DAYS)?,
+/// The first certificate of a PEM bundle.
+fn first_cert(bundle: &str) -> Option<String> {
+    let first = bundle.split_inclusive("-----END CERTIFICATE-----").next()?;
+    first
+        .contains("-----BEGIN CERTIFICATE-----")
+        .then(|| first.trim().to_string())
+}
+
+/// A serving certificate for `hosts`, signed by the CA of `bundle` (current CA first) and
+/// `ca_key` while that CA lasts, else by a new CA trusted next to it. Returns the material and
+/// the CA's key.
+fn make(hosts: &[String], bundle: Option<String>, ca_key: Option<String>) -> anyhow::Result<(Tls, String)> {
+    let reusable = |bundle: &str, key: &str| {
+        let first = first_cert(bundle)?;
+        let issuer = Issuer::from_ca_cert_pem(&first, KeyPair::from_pem(key).ok()?).ok()?;
+        lasts(&first, CA_RENEW_DAYS).then_some(issuer)
+    };
+    let current = match (&bundle, &ca_key) {
+        (Some(bundle), Some(key)) => reusable(bundle, key),
+        _ => None,
+    };
+    let (issuer, bundle, ca_key) = match (current, bundle, ca_key) {
+        (Some(issuer), Some(bundle), Some(key)) => (issuer, bundle, key),
+        (_, bundle, _) => new_ca(bundle, CA_DAYS)?,
     };
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(hosts.to_vec())?;
@@ -321,14 +323,10 @@ fn new_ca(old: Option<String>, days: i64) -> anyhow::Result<(Issuer<'static, Key
         .push(DnType::CommonName, "podlock webhook CA");
     (params.not_before, params.not_after) = validity(days);
     let pem = params.self_signed(&ca_key)?.pem();
-    let old_first = old.and_then(|b| {
-        let first = b
-            .split_inclusive("-----END CERTIFICATE-----")
-            .next()?
-            .trim()
-            .to_string();
-        lasts(&first, 0).then_some(first)
-    });
+    let old_first = old
+        .as_deref()
+        .and_then(first_cert)
+        .filter(|first| lasts(first, 0));
     let bundle = match old_first {
         Some(old) => format!("{}\n{old}\n", pem.trim()),
         None => pem,
@@ -353,15 +351,15 @@ mod tests {
 
     #[test]
     fn a_new_certificate_is_fresh_for_its_names_only() {
-        let (tls, _) = make(&hosts(), None).unwrap();
+        let (tls, _) = make(&hosts(), None, None).unwrap();
         assert!(fresh(&tls.cert, &hosts()));
         assert!(!fresh(&tls.cert, &["other.podlock.svc".to_string()]));
     }
 
     #[test]
     fn a_renewed_certificate_keeps_the_ca_while_it_lasts() {
-        let (first, ca_key) = make(&hosts(), None).unwrap();
-        let (second, key_again) = make(&hosts(), Some((first.ca.clone().unwrap(), ca_key.clone()))).unwrap();
+        let (first, ca_key) = make(&hosts(), None, None).unwrap();
+        let (second, key_again) = make(&hosts(), first.ca.clone(), Some(ca_key.clone())).unwrap();
         assert_eq!((second.ca, key_again), (first.ca, ca_key));
         assert_ne!(second.cert, first.cert);
     }
@@ -369,11 +367,19 @@ mod tests {
     #[test]
     fn a_ca_near_its_end_is_replaced_and_trusted_next_to_the_new_one() {
         let (_, old_bundle, old_key) = new_ca(None, CA_RENEW_DAYS - 1).unwrap();
-        let (renewed, new_key) = make(&hosts(), Some((old_bundle.clone(), old_key.clone()))).unwrap();
+        let (renewed, new_key) = make(&hosts(), Some(old_bundle.clone()), Some(old_key.clone())).unwrap();
         let bundle = renewed.ca.unwrap();
         assert_ne!(new_key, old_key);
         assert!(!bundle.starts_with(old_bundle.trim()), "the new CA comes first");
         assert!(bundle.contains(old_bundle.trim()), "the old CA stays trusted");
         assert!(lasts(&bundle, CA_DAYS - 2), "{bundle}");
+    }
+
+    #[test]
+    fn a_ca_without_its_key_is_replaced_and_trusted_next_to_the_new_one() {
+        let (_, old_bundle, _) = new_ca(None, CA_DAYS).unwrap();
+        let (renewed, _) = make(&hosts(), Some(old_bundle.clone()), None).unwrap();
+        let bundle = renewed.ca.unwrap();
+        assert!(!bundle.starts_with(old_bundle.trim()) && bundle.contains(old_bundle.trim()));
     }
 }
