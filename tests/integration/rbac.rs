@@ -15,25 +15,63 @@ use crate::common::{EtcdServer, Sidecar, wait_until};
 use crate::isolation::credentials;
 
 /// Applies `manifests/rbac.yaml` with its ServiceAccount in `ns` (and its cluster-wide binding
-/// named after `ns`, so that tests do not take each other's), and returns a kubeconfig with a
+/// and Secret policy named after `ns`, so that tests do not take each other's), and returns a kubeconfig with a
 /// token of exactly that ServiceAccount (in the returned directory).
-fn service_account_kubeconfig(plane: &ControlPlane, ns: &str) -> (tempfile::TempDir, PathBuf) {
+async fn service_account_kubeconfig(plane: &ControlPlane, ns: &str) -> (tempfile::TempDir, PathBuf) {
     let rbac = include_str!("../../manifests/rbac.yaml")
         .replace("namespace: podlock", &format!("namespace: {ns}"))
         .replace(
             "kind: ClusterRoleBinding\nmetadata:\n  name: podlock-operator",
             &format!("kind: ClusterRoleBinding\nmetadata:\n  name: podlock-operator-{ns}"),
-        );
+        )
+        .replace(
+            "name: podlock-operator-secrets",
+            &format!("name: podlock-operator-secrets-{ns}"),
+        )
+        .replace(
+            "policyName: podlock-operator-secrets",
+            &format!("policyName: podlock-operator-secrets-{ns}"),
+        )
+        .replace(":podlock:podlock-operator", &format!(":{ns}:podlock-operator"))
+        .replace("namespace == \"podlock\"", &format!("namespace == \"{ns}\""));
     let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &rbac);
     assert!(ok, "{err}");
-    plane.token_kubeconfig(ns, "podlock-operator")
+    let (dir, kubeconfig) = plane.token_kubeconfig(ns, "podlock-operator");
+    // The policy takes effect a moment after it is created: wait, so that it judges every
+    // Secret the operator makes.
+    wait_until(Duration::from_secs(10), || async {
+        refused(&kubeconfig, &other_secret(ns), "")
+    })
+    .await
+    .expect("the policy refuses the operator a Secret of another name");
+    (dir, kubeconfig)
+}
+
+/// Whether the operator (with `kubeconfig`) is refused `args` by the chart's Secret policy.
+fn refused(kubeconfig: &std::path::Path, args: &[&str], stdin: &str) -> bool {
+    let (ok, _, err) = kubectl_as(kubeconfig, args, stdin);
+    !ok && err.contains("podlock's operator may create only")
+}
+
+/// A server-side dry run creating Secret `other` in `namespace`.
+fn other_secret(namespace: &str) -> [&str; 8] {
+    [
+        "create",
+        "secret",
+        "generic",
+        "other",
+        "-n",
+        namespace,
+        "--from-literal=k=v",
+        "--dry-run=server",
+    ]
 }
 
 #[tokio::test]
 async fn the_operator_needs_no_more_than_manifests_rbac() {
     let plane = with_crd();
     let ns = plane.namespace("rbac");
-    let (_dir, kubeconfig) = service_account_kubeconfig(plane, &ns);
+    let (_dir, kubeconfig) = service_account_kubeconfig(plane, &ns).await;
     // With etcd auth, so that it provisions the namespace's credentials Secret as well.
     let etcd = EtcdServer::start().await;
     etcd.enable_auth("root-secret").await;
@@ -123,7 +161,7 @@ async fn the_operators_token_cannot_read_a_secret_it_does_not_own() {
     let plane = with_crd();
     let ns = plane.namespace("rbac-deny");
     let victim = plane.namespace("rbac-victim");
-    let (_dir, kubeconfig) = service_account_kubeconfig(plane, &ns);
+    let (_dir, kubeconfig) = service_account_kubeconfig(plane, &ns).await;
     for (secret, namespace) in [
         ("other", &victim),
         ("other", &ns),
@@ -157,10 +195,44 @@ async fn the_operators_token_cannot_read_a_secret_it_does_not_own() {
         assert_eq!(answer.trim(), "no", "{verb} secrets");
     }
 
+    may_create_only_its_own_secrets(&kubeconfig, &victim).await;
     cannot_read_back_a_service_account_token(plane, &kubeconfig, &victim).await;
 }
 
-/// The operator's token may create `podlock-etcd` in any namespace, so also as a
+/// A service-account-token Secret named `podlock-etcd` in `namespace`.
+fn token_secret(namespace: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  name: podlock-etcd\n  namespace: {namespace}\n  annotations: {{kubernetes.io/service-account.name: default}}\n"
+    )
+}
+
+/// RBAC lets the operator create any Secret anywhere; the chart's ValidatingAdmissionPolicy
+/// lets it create only its own, never a service-account-token one (server-side dry runs).
+async fn may_create_only_its_own_secrets(kubeconfig: &std::path::Path, victim: &str) {
+    assert!(
+        refused(kubeconfig, &other_secret(victim), ""),
+        "Secret other in {victim}"
+    );
+    let create = ["create", "--dry-run=server", "-f", "-"];
+    assert!(
+        refused(kubeconfig, &create, &token_secret(victim)),
+        "a service-account-token podlock-etcd"
+    );
+    let own = [
+        "create",
+        "secret",
+        "generic",
+        "podlock-etcd",
+        "-n",
+        victim,
+        "--from-literal=k=v",
+        "--dry-run=server",
+    ];
+    let (ok, _, err) = kubectl_as(kubeconfig, &own, "");
+    assert!(ok, "its own Secret: {err}");
+}
+
+/// RBAC lets the operator's token create `podlock-etcd` in any namespace, so also as a
 /// service-account-token Secret, into which the token controller puts a token of `default` (or
 /// any account of `victim`): it must not be able to read that back.
 async fn cannot_read_back_a_service_account_token(
@@ -169,10 +241,9 @@ async fn cannot_read_back_a_service_account_token(
     victim: &str,
 ) {
     let as_operator = |args: &[&str], stdin: &str| kubectl_as(kubeconfig, args, stdin);
-    let token_secret = format!(
-        "apiVersion: v1\nkind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  name: podlock-etcd\n  namespace: {victim}\n  annotations: {{kubernetes.io/service-account.name: default}}\n"
-    );
-    let (ok, _, err) = as_operator(&["create", "-f", "-"], &token_secret);
+    // Made by an admin here: the policy would refuse the operator (see above), but RBAC must
+    // hold on its own, e.g. on a cluster too old for the policy.
+    let (ok, _, err) = plane.kubectl_stdin(&["create", "-f", "-"], &token_secret(victim));
     assert!(ok || err.contains("AlreadyExists"), "{err}");
     wait_until(Duration::from_secs(10), || async {
         let jsonpath = "jsonpath={.data.token}";
