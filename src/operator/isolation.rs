@@ -69,7 +69,8 @@ impl Isolation {
         store.ensure_role(namespace, &user).await?;
         let password = store.namespace_password(namespace, &random_password()?).await?;
         store.set_user(&user, &password, &user).await?;
-        if create_secret(client, namespace, &password).await? {
+        let created = create_secret(client, namespace, &password).await;
+        if created.map_err(|e| cannot_create(namespace, e))? {
             info!(namespace, user, "provisioned etcd credentials for the namespace");
         }
         let mut provisioned = self.provisioned.lock().unwrap();
@@ -86,7 +87,9 @@ impl Isolation {
         namespace: &str,
     ) -> anyhow::Result<()> {
         match self.password(namespace) {
-            Some(password) => recreate(client, namespace, &password).await,
+            Some(password) => recreate(client, namespace, &password)
+                .await
+                .map_err(|e| cannot_create(namespace, e)),
             None => self.ensure(client, store, namespace).await,
         }
     }
@@ -102,8 +105,16 @@ impl Isolation {
             tokio::time::sleep(period).await;
             let known: Vec<(String, String)> = self.provisioned.lock().unwrap().clone().into_iter().collect();
             for (namespace, password) in known {
-                if let Err(e) = recreate(client, &namespace, &password).await {
-                    warn!(namespace, error = %e, "could not check the namespace's etcd credentials Secret");
+                match recreate(client, &namespace, &password).await {
+                    Ok(()) => {}
+                    // The namespace is gone: forget it (a new one of that name is provisioned
+                    // afresh when it uses podlock).
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                        self.provisioned.lock().unwrap().remove(&namespace);
+                    }
+                    Err(e) => {
+                        warn!(namespace, error = %e, "could not check the namespace's etcd credentials Secret")
+                    }
                 }
             }
         }
@@ -119,8 +130,13 @@ fn user(namespace: &str) -> String {
     format!("podlock-ns-{namespace}")
 }
 
+/// The error of a failed create of `namespace`'s Secret.
+fn cannot_create(namespace: &str, e: kube::Error) -> anyhow::Error {
+    anyhow::anyhow!("cannot create Secret {SECRET} in namespace {namespace}: {e}")
+}
+
 /// Creates the Secret if it is missing, saying so.
-async fn recreate(client: &kube::Client, namespace: &str, password: &str) -> anyhow::Result<()> {
+async fn recreate(client: &kube::Client, namespace: &str, password: &str) -> kube::Result<()> {
     if create_secret(client, namespace, password).await? {
         warn!(
             namespace,
@@ -132,7 +148,7 @@ async fn recreate(client: &kube::Client, namespace: &str, password: &str) -> any
 }
 
 /// Creates `namespace`'s Secret; `false` when it exists already (409).
-async fn create_secret(client: &kube::Client, namespace: &str, password: &str) -> anyhow::Result<bool> {
+async fn create_secret(client: &kube::Client, namespace: &str, password: &str) -> kube::Result<bool> {
     let data = BTreeMap::from([
         ("username".to_string(), ByteString(user(namespace).into_bytes())),
         ("password".to_string(), ByteString(password.as_bytes().to_vec())),
@@ -153,9 +169,7 @@ async fn create_secret(client: &kube::Client, namespace: &str, password: &str) -
     match secrets.create(&PostParams::default(), &secret).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-        Err(e) => Err(anyhow::anyhow!(
-            "cannot create Secret {SECRET} in namespace {namespace}: {e}"
-        )),
+        Err(e) => Err(e),
     }
 }
 
