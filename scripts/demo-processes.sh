@@ -37,7 +37,7 @@ k create namespace demo >/dev/null
 hook=$(free_port); op_metrics=127.0.0.1:$(free_port)
 "$PODLOCK" operator --etcd-endpoints "$ETCD_ENDPOINT" --listen "$op_metrics" \
   --webhook-listen "127.0.0.1:$hook" --webhook-url "https://127.0.0.1:$hook/mutate" \
-  --leader-lease-seconds 3 >"$work/operator.log" 2>&1 &
+  --leader-lease-seconds 3 --leader-renew-deadline-seconds 2 --leader-retry-period-seconds 1 >"$work/operator.log" 2>&1 &
 until k get mutatingwebhookconfiguration podlock -o jsonpath='{.webhooks[0].clientConfig.caBundle}' 2>/dev/null | grep -q .; do sleep 0.2; done
 
 store_port=$(free_port)

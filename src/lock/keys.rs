@@ -94,6 +94,12 @@ pub fn config_prefix(namespace: Option<&str>) -> String {
     }
 }
 
+/// Where the operator records a namespace's etcd password: outside the config and queue
+/// prefixes, so no namespace's role can read it.
+pub fn credentials_key(namespace: &str) -> String {
+    format!("{ROOT}/credentials/{namespace}")
+}
+
 /// The prefix of every lock's queue in a namespace (all namespaces when `None`).
 pub fn queue_root(namespace: Option<&str>) -> String {
     match namespace {

@@ -137,6 +137,33 @@ impl Store {
         Ok(())
     }
 
+    /// The etcd password of `namespace`'s user: the one recorded in etcd, else `candidate`,
+    /// recorded now. One transaction, so concurrent callers (replicas, the webhook and the
+    /// reconciler) all get the same password. Kept under a key no namespace role can read,
+    /// so that a deleted Secret can be recreated with the password running pods already use.
+    pub async fn namespace_password(&self, namespace: &str, candidate: &str) -> Result<String, LockError> {
+        use etcd_client::{Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+        let key = keys::credentials_key(namespace);
+        let absent = Compare::create_revision(key.as_str(), CompareOp::Equal, 0);
+        let txn = Txn::new()
+            .when([absent])
+            .and_then([TxnOp::put(key.as_str(), candidate, None)])
+            .or_else([TxnOp::get(key.as_str(), None)]);
+        let resp = self.0.txn(txn).await?;
+        let recorded = match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Get(got)) => got.kvs().first().map(|kv| kv.value().to_vec()),
+            _ => None,
+        };
+        match recorded {
+            Some(value) => String::from_utf8(value).map_err(|_| {
+                LockError::Invalid(format!(
+                    "the etcd password recorded at {key} is not UTF-8; delete that key to make a new one"
+                ))
+            }),
+            None => Ok(candidate.to_string()),
+        }
+    }
+
     /// Whether etcd has user `user`.
     pub async fn user_exists(&self, user: &str) -> bool {
         self.0.client().clone().user_get(user).await.is_ok()

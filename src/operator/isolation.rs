@@ -5,12 +5,26 @@
 //!
 //! The operator manages users and roles, so it must connect as etcd's `root` (or a user with
 //! the root role). Without `--etcd-user` there is no isolation: it says so once, in the log.
+//!
+//! The operator only ever *creates* these Secrets, and never reads, lists or patches a Secret
+//! outside its own namespace: its RBAC can then grant `create` alone cluster-wide. Were it
+//! allowed to read a Secret by name in every namespace as well, its token could create a
+//! `kubernetes.io/service-account-token` Secret of that name for any ServiceAccount and read
+//! the token back (an escalation to cluster-admin). So the password's record is in etcd (a key
+//! no namespace's role can read) and "is the Secret there?" is a create that answers 409.
+//!
+//! When a namespace gets its credentials: when the first DistributedLock of the namespace is
+//! reconciled, and when the webhook injects a pod there (before the API server stores the pod,
+//! so its sidecar never starts without them). A deleted Secret is made again, with the same
+//! password, by the leader's periodic check ([`Isolation::keep_secrets`]) and at the next
+//! injection in that namespace.
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams};
-use std::collections::{BTreeMap, HashSet};
+use kube::api::{Api, ObjectMeta, PostParams};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
+use std::time::Duration;
 use tracing::{info, warn};
 
 use crate::lock::Store;
@@ -18,10 +32,11 @@ use crate::lock::Store;
 /// The Secret with a namespace's etcd credentials (`username`, `password`).
 pub const SECRET: &str = "podlock-etcd";
 
-/// Provisions etcd credentials per namespace, once per namespace and process.
+/// Provisions etcd credentials per namespace.
 pub struct Isolation {
     enabled: bool,
-    done: Mutex<HashSet<String>>,
+    /// Namespaces provisioned by this process, with their etcd password.
+    provisioned: Mutex<HashMap<String, String>>,
 }
 
 impl Isolation {
@@ -35,7 +50,7 @@ impl Isolation {
         }
         Isolation {
             enabled,
-            done: Mutex::default(),
+            provisioned: Mutex::default(),
         }
     }
 
@@ -44,40 +59,117 @@ impl Isolation {
         self.enabled
     }
 
-    /// Makes sure `namespace` has its role, user and Secret.
+    /// Makes sure `namespace` has its role, user and Secret; after the first success in this
+    /// process, does nothing (the reconciler calls it for every change of a lock).
     pub async fn ensure(&self, client: &kube::Client, store: &Store, namespace: &str) -> anyhow::Result<()> {
-        if !self.enabled || self.done.lock().unwrap().contains(namespace) {
+        if !self.enabled || self.password(namespace).is_some() {
             return Ok(());
         }
-        let name = format!("podlock-ns-{namespace}");
-        store.ensure_role(namespace, &name).await?;
-        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-        let have_secret = secrets.get_opt(SECRET).await?.is_some();
-        if !(have_secret && store.user_exists(&name).await) {
-            let password = random_password()?;
-            store.set_user(&name, &password, &name).await?;
-            let data = BTreeMap::from([
-                ("username".to_string(), ByteString(name.clone().into_bytes())),
-                ("password".to_string(), ByteString(password.into_bytes())),
-            ]);
-            let secret = Secret {
-                metadata: ObjectMeta {
-                    name: Some(SECRET.into()),
-                    ..Default::default()
-                },
-                data: Some(data),
-                ..Default::default()
-            };
-            let apply = PatchParams::apply("podlock-operator").force();
-            secrets.patch(SECRET, &apply, &Patch::Apply(&secret)).await?;
-            info!(
-                namespace,
-                user = name,
-                "provisioned etcd credentials for the namespace"
-            );
+        let user = user(namespace);
+        store.ensure_role(namespace, &user).await?;
+        let password = store.namespace_password(namespace, &random_password()?).await?;
+        store.set_user(&user, &password, &user).await?;
+        let created = create_secret(client, namespace, &password).await;
+        if created.map_err(|e| cannot_create(namespace, e))? {
+            info!(namespace, user, "provisioned etcd credentials for the namespace");
         }
-        self.done.lock().unwrap().insert(namespace.to_string());
+        let mut provisioned = self.provisioned.lock().unwrap();
+        provisioned.insert(namespace.to_string(), password);
         Ok(())
+    }
+
+    /// Like [`Isolation::ensure`], and makes the Secret again if it was deleted since: for
+    /// the webhook, just before a pod that needs it is created.
+    pub async fn ensure_secret(
+        &self,
+        client: &kube::Client,
+        store: &Store,
+        namespace: &str,
+    ) -> anyhow::Result<()> {
+        match self.password(namespace) {
+            Some(password) => recreate(client, namespace, &password)
+                .await
+                .map_err(|e| cannot_create(namespace, e)),
+            None => self.ensure(client, store, namespace).await,
+        }
+    }
+
+    /// Every `period`, makes the Secret of every namespace provisioned by this process again
+    /// if it was deleted. One create per namespace and period (the operator may not read
+    /// Secrets; see the module's documentation).
+    pub async fn keep_secrets(&self, client: &kube::Client, period: Duration) {
+        if !self.enabled {
+            return std::future::pending().await;
+        }
+        loop {
+            tokio::time::sleep(period).await;
+            let known: Vec<(String, String)> = self.provisioned.lock().unwrap().clone().into_iter().collect();
+            for (namespace, password) in known {
+                match recreate(client, &namespace, &password).await {
+                    Ok(()) => {}
+                    // The namespace is gone: forget it (a new one of that name is provisioned
+                    // afresh when it uses podlock).
+                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                        self.provisioned.lock().unwrap().remove(&namespace);
+                    }
+                    Err(e) => {
+                        warn!(namespace, error = %e, "could not check the namespace's etcd credentials Secret")
+                    }
+                }
+            }
+        }
+    }
+
+    fn password(&self, namespace: &str) -> Option<String> {
+        self.provisioned.lock().unwrap().get(namespace).cloned()
+    }
+}
+
+/// The etcd user (and role) of `namespace`.
+fn user(namespace: &str) -> String {
+    format!("podlock-ns-{namespace}")
+}
+
+/// The error of a failed create of `namespace`'s Secret.
+fn cannot_create(namespace: &str, e: kube::Error) -> anyhow::Error {
+    anyhow::anyhow!("cannot create Secret {SECRET} in namespace {namespace}: {e}")
+}
+
+/// Creates the Secret if it is missing, saying so.
+async fn recreate(client: &kube::Client, namespace: &str, password: &str) -> kube::Result<()> {
+    if create_secret(client, namespace, password).await? {
+        warn!(
+            namespace,
+            secret = SECRET,
+            "the etcd credentials Secret was deleted: made it again"
+        );
+    }
+    Ok(())
+}
+
+/// Creates `namespace`'s Secret; `false` when it exists already (409).
+async fn create_secret(client: &kube::Client, namespace: &str, password: &str) -> kube::Result<bool> {
+    let data = BTreeMap::from([
+        ("username".to_string(), ByteString(user(namespace).into_bytes())),
+        ("password".to_string(), ByteString(password.as_bytes().to_vec())),
+    ]);
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(SECRET.into()),
+            labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/managed-by".to_string(),
+                "podlock-operator".to_string(),
+            )])),
+            ..Default::default()
+        },
+        data: Some(data),
+        ..Default::default()
+    };
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+    match secrets.create(&PostParams::default(), &secret).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The operator: reconciles `DistributedLock` objects with etcd and serves health and metrics.
 
+mod certs;
 mod etcd_watch;
 pub mod inject;
 pub mod isolation;
@@ -53,6 +54,10 @@ pub struct OperatorArgs {
     /// API server already routed here are answered (endpoints move a moment after readiness).
     #[arg(long, env = "PODLOCK_SHUTDOWN_DRAIN_SECONDS", default_value_t = 5)]
     pub shutdown_drain_seconds: u64,
+    /// With etcd auth: how often the leader makes each namespace's credentials Secret again if
+    /// it was deleted (one create per namespace; the operator may not read Secrets).
+    #[arg(long, env = "PODLOCK_CREDENTIALS_CHECK_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub credentials_check_seconds: u64,
     #[command(flatten)]
     pub leader: leader::LeaderArgs,
     #[command(flatten)]
@@ -63,6 +68,7 @@ pub struct OperatorArgs {
 
 /// Runs the operator until SIGTERM or Ctrl-C, then drains (see [`readiness`]).
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
+    args.leader.timing()?; // refuse unsafe leader-election margins before doing anything
     let client = kube::Client::try_default()
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach the Kubernetes API (KUBECONFIG or in-cluster): {e}"))?;
@@ -76,19 +82,10 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let own_ns = (args.operator_namespace.clone()).unwrap_or_else(|| client.default_namespace().into());
     rustls::crypto::ring::default_provider().install_default().ok();
     let owner = owner::cluster_role(&client, args.owner_cluster_role.as_deref()).await?;
-    let tls = webhook::tls(&client, &args.webhook, &own_ns, owner.as_ref()).await?;
-    tokio::spawn(webhook::keep_configuration(
-        client.clone(),
-        args.webhook.clone(),
-        own_ns.clone(),
-        args.watch_namespace.clone(),
-        tls.ca.clone(),
-        owner.clone(),
-    ));
-    let sidecar = sidecar_template(&args, &ctx);
-    let webhook = webhook::serve(args.webhook.webhook_listen, &tls, sidecar, ready.clone());
+    let webhook = webhook(&client, &args, &own_ns, owner.clone(), &ctx, ready.clone()).await?;
     let leader_gauge = metrics.leader.clone();
-    let lead = || lead(ctx.clone(), args.watch_namespace.clone());
+    let check = Duration::from_secs(args.credentials_check_seconds);
+    let lead = || lead(ctx.clone(), args.watch_namespace.clone(), check);
     let lease_ns = args.leader.leader_election_namespace.clone().unwrap_or(own_ns);
     let stop = tokio_util::sync::CancellationToken::new();
     tokio::spawn(drain_on_signal(ready, stop.clone()));
@@ -127,6 +124,45 @@ async fn drain_on_signal(ready: Arc<readiness::Readiness>, stop: tokio_util::syn
     shutdown_signal().await;
     ready.drain();
     stop.cancel();
+}
+
+/// Loads the webhook's certificate, keeps it and the webhook configuration current, and
+/// returns the webhook's server.
+async fn webhook(
+    client: &kube::Client,
+    args: &OperatorArgs,
+    own_ns: &str,
+    owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    ctx: &Arc<Context>,
+    ready: Arc<readiness::Readiness>,
+) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>> + use<>> {
+    let source = certs::Source::new(client, &args.webhook, own_ns, owner.clone());
+    let tls = source.load().await?;
+    let (ca, bundle) = tokio::sync::watch::channel(tls.ca.clone());
+    tokio::spawn(webhook::keep_configuration(
+        client.clone(),
+        args.webhook.clone(),
+        own_ns.to_string(),
+        args.watch_namespace.clone(),
+        bundle,
+        owner,
+    ));
+    let (cert, key) = (tls.cert.clone().into_bytes(), tls.key.clone().into_bytes());
+    let server = axum_server::tls_rustls::RustlsConfig::from_pem(cert, key)
+        .await
+        .map_err(|e| anyhow::anyhow!("the webhook's certificate is unusable: {e}"))?;
+    let period = Duration::from_secs(args.webhook.tls_reload_seconds);
+    tokio::spawn(certs::keep_current(source, tls, server.clone(), ca, period));
+    let injector = webhook::Injector {
+        template: sidecar_template(args, ctx),
+        ctx: ctx.clone(),
+    };
+    Ok(webhook::serve(
+        args.webhook.webhook_listen,
+        server,
+        injector,
+        ready,
+    ))
 }
 
 /// What the reconciler shares.
@@ -181,8 +217,9 @@ fn sidecar_template(args: &OperatorArgs, ctx: &Context) -> inject::SidecarTempla
     }
 }
 
-/// The leader's work: clean up orphans, then reconcile locks and watch pods until dropped.
-async fn lead(ctx: Arc<Context>, namespace: Option<String>) {
+/// The leader's work: clean up orphans, then reconcile locks, watch pods and re-make deleted
+/// credentials Secrets (every `credentials_check`) until dropped.
+async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: Duration) {
     let ns = namespace.as_deref();
     let locks: Api<DistributedLock> = match ns {
         Some(ns) => Api::namespaced(ctx.client.clone(), ns),
@@ -204,12 +241,13 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>) {
         .with_config(Config::default().debounce(Duration::from_millis(50)))
         .reconcile_on(feeds.changed)
         .reconcile_all_on(feeds.resync)
-        .run(reconcile, error_policy, ctx)
+        .run(reconcile, error_policy, ctx.clone())
         .for_each(|_| futures::future::ready(()));
     tokio::select! {
         _ = pump => {}
         _ = liveness => {}
         _ = controller => {}
+        _ = ctx.isolation.keep_secrets(&ctx.client, credentials_check) => {}
     }
 }
 

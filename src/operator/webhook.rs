@@ -1,10 +1,7 @@
 //! The mutating admission webhook: serves `/mutate` over TLS on every replica and keeps the
 //! `MutatingWebhookConfiguration` named `podlock` pointing at it with a current `caBundle`.
 //!
-//! TLS: `--tls-cert-file`/`--tls-key-file` (e.g. from cert-manager) win; then `caBundle` comes
-//! from `--tls-ca-file`, or is left to whoever manages it. Without them, the operator makes a CA
-//! and a serving certificate once and keeps them in the Secret `podlock-webhook-tls` of its
-//! namespace, so that every replica serves the same certificate.
+//! TLS: see `certs` (supplied files or a self-made certificate, both reloaded when renewed).
 //!
 //! `failurePolicy: Ignore`: when the webhook is unreachable, pods are created without the
 //! sidecar rather than not at all. A lock service must not be able to stop a cluster from
@@ -13,13 +10,11 @@
 use axum::Json;
 use axum::extract::State;
 use clap::Args;
-use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
     WebhookClientConfig,
 };
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use std::collections::BTreeMap;
@@ -30,8 +25,8 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::inject::{self, SidecarTemplate};
-use super::owner;
 use super::readiness::Readiness;
+use super::reconcile::Context;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
 };
@@ -61,6 +56,10 @@ pub struct WebhookArgs {
     /// CA (PEM) that signed --tls-cert-file, written into the webhook's caBundle.
     #[arg(long, env = "PODLOCK_TLS_CA_FILE")]
     pub tls_ca_file: Option<PathBuf>,
+    /// How often the serving certificate is read again (files renewed in place, e.g. by
+    /// cert-manager, or the self-made one's Secret), in seconds.
+    #[arg(long, env = "PODLOCK_TLS_RELOAD_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub tls_reload_seconds: u64,
     /// Image of the injected sidecar.
     #[arg(long, env = "PODLOCK_SIDECAR_IMAGE", default_value = concat!("ghcr.io/podlock/podlock:", env!("CARGO_PKG_VERSION")))]
     pub sidecar_image: String,
@@ -69,154 +68,38 @@ pub struct WebhookArgs {
     pub sidecar_etcd_endpoints: Option<String>,
 }
 
-const SECRET: &str = "podlock-webhook-tls";
-
-/// PEM-encoded serving material.
-#[derive(Clone)]
-pub struct Tls {
-    /// Certificate chain.
-    pub cert: String,
-    /// Private key.
-    pub key: String,
-    /// The CA for caBundle, when known.
-    pub ca: Option<String>,
-}
-
-/// Loads the supplied certificate, or the self-made one (made on first start).
-pub async fn tls(
-    client: &kube::Client,
-    args: &WebhookArgs,
-    namespace: &str,
-    owner: Option<&OwnerReference>,
-) -> anyhow::Result<Tls> {
-    if let (Some(cert), Some(key)) = (&args.tls_cert_file, &args.tls_key_file) {
-        let ca = args
-            .tls_ca_file
-            .as_ref()
-            .map(std::fs::read_to_string)
-            .transpose()?;
-        return Ok(Tls {
-            cert: std::fs::read_to_string(cert)?,
-            key: std::fs::read_to_string(key)?,
-            ca,
-        });
-    }
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    if let Some(found) = secrets.get_opt(SECRET).await? {
-        if let Some(owner) = owner.filter(|_| found.metadata.owner_references.is_none()) {
-            owner::adopt(&secrets, SECRET, owner).await?;
-        }
-        return from_secret(&found);
-    }
-    let made = self_made(&hosts(args, namespace))?;
-    let data = BTreeMap::from([
-        ("tls.crt".to_string(), ByteString(made.cert.clone().into_bytes())),
-        ("tls.key".to_string(), ByteString(made.key.clone().into_bytes())),
-        (
-            "ca.crt".to_string(),
-            ByteString(made.ca.clone().unwrap_or_default().into_bytes()),
-        ),
-    ]);
-    let secret = Secret {
-        metadata: kube::api::ObjectMeta {
-            name: Some(SECRET.into()),
-            owner_references: owner.map(|o| vec![o.clone()]),
-            ..Default::default()
-        },
-        type_: Some("kubernetes.io/tls".into()),
-        data: Some(data),
-        ..Default::default()
-    };
-    match secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => {
-            info!(secret = SECRET, "made the webhook's CA and serving certificate");
-            Ok(made)
-        }
-        // Another replica was first: use its certificate.
-        Err(kube::Error::Api(e)) if e.code == 409 => from_secret(&secrets.get(SECRET).await?),
-        Err(e) => Err(e.into()),
-    }
-}
-
-fn from_secret(s: &Secret) -> anyhow::Result<Tls> {
-    let field = |k: &str| {
-        s.data
-            .as_ref()
-            .and_then(|d| d.get(k))
-            .map(|b| String::from_utf8_lossy(&b.0).into_owned())
-            .ok_or_else(|| anyhow::anyhow!("Secret {SECRET} lacks {k}"))
-    };
-    Ok(Tls {
-        cert: field("tls.crt")?,
-        key: field("tls.key")?,
-        ca: Some(field("ca.crt")?),
-    })
-}
-
-/// The names the serving certificate must carry.
-fn hosts(args: &WebhookArgs, namespace: &str) -> Vec<String> {
-    if let Some(url) = &args.webhook_url {
-        let host = url
-            .trim_start_matches("https://")
-            .split(['/', ':'])
-            .next()
-            .unwrap_or_default();
-        return vec![host.to_string()];
-    }
-    let svc = &args.webhook_service;
-    vec![
-        format!("{svc}.{namespace}.svc"),
-        format!("{svc}.{namespace}.svc.cluster.local"),
-    ]
-}
-
-/// A new CA and a serving certificate for `hosts`, valid for ten years.
-fn self_made(hosts: &[String]) -> anyhow::Result<Tls> {
-    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
-    let ca_key = KeyPair::generate()?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new())?;
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "podlock webhook CA");
-    ca_params.not_after = rcgen::date_time_ymd(2036, 1, 1);
-    let ca_cert = ca_params.self_signed(&ca_key)?;
-    let issuer = Issuer::new(ca_params, ca_key);
-    let key = KeyPair::generate()?;
-    let mut params = CertificateParams::new(hosts.to_vec())?;
-    params
-        .distinguished_name
-        .push(DnType::CommonName, hosts[0].clone());
-    params.not_after = rcgen::date_time_ymd(2036, 1, 1);
-    let cert = params.signed_by(&key, &issuer)?;
-    Ok(Tls {
-        cert: cert.pem(),
-        key: key.serialize_pem(),
-        ca: Some(ca_cert.pem()),
-    })
-}
-
-/// Creates or updates the MutatingWebhookConfiguration (server-side apply), every minute, so
-/// that a deleted or edited configuration comes back.
+/// Creates or updates the MutatingWebhookConfiguration (server-side apply) every minute, so
+/// that a deleted or edited configuration comes back, and at once when the CA in `ca` changes
+/// (a rotated certificate), so that `caBundle` follows it.
 pub async fn keep_configuration(
     client: kube::Client,
     args: WebhookArgs,
     namespace: String,
     watch_namespace: Option<String>,
-    ca: Option<String>,
+    mut ca: tokio::sync::watch::Receiver<Option<String>>,
     owner: Option<OwnerReference>,
 ) {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client);
-    let config = configuration(&args, &namespace, watch_namespace.as_deref(), ca, owner);
-    let (params, patch) = (
-        PatchParams::apply("podlock-operator").force(),
-        Patch::Apply(&config),
-    );
+    let params = PatchParams::apply("podlock-operator").force();
     loop {
-        if let Err(e) = api.patch(&args.webhook_configuration, &params, &patch).await {
+        let bundle = ca.borrow_and_update().clone();
+        let config = configuration(
+            &args,
+            &namespace,
+            watch_namespace.as_deref(),
+            bundle,
+            owner.clone(),
+        );
+        if let Err(e) = api
+            .patch(&args.webhook_configuration, &params, &Patch::Apply(&config))
+            .await
+        {
             warn!(error = %e, "could not apply the MutatingWebhookConfiguration; retrying");
         }
-        tokio::time::sleep(Duration::from_secs(60)).await;
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+            changed = ca.changed() => if changed.is_err() { return },
+        }
     }
 }
 
@@ -342,21 +225,29 @@ fn workload_rules() -> Vec<RuleWithOperations> {
 /// The label every namespace carries with its own name.
 const NAMESPACE_NAME: &str = "kubernetes.io/metadata.name";
 
-/// Serves `/mutate` over TLS until the process ends; tells `readiness` once it listens.
+/// What `/mutate` needs.
+pub struct Injector {
+    /// The sidecar to inject.
+    pub template: SidecarTemplate,
+    /// The operator's context, for the namespace's etcd credentials.
+    pub ctx: Arc<Context>,
+}
+
+/// How long injection waits for a namespace's credentials: well within the webhook's 5 s
+/// timeout, past which the API server would create the pod without its sidecar.
+const CREDENTIALS_WAIT: Duration = Duration::from_secs(2);
+
+/// Serves `/mutate` over TLS until the process ends, with the certificate in `config` (which
+/// [`super::certs::keep_current`] renews); tells `readiness` once it listens.
 pub async fn serve(
     listen: SocketAddr,
-    tls: &Tls,
-    template: SidecarTemplate,
+    config: axum_server::tls_rustls::RustlsConfig,
+    injector: Injector,
     readiness: Arc<Readiness>,
 ) -> anyhow::Result<()> {
-    let config = axum_server::tls_rustls::RustlsConfig::from_pem(
-        tls.cert.clone().into_bytes(),
-        tls.key.clone().into_bytes(),
-    )
-    .await?;
     let app = axum::Router::new()
         .route("/mutate", axum::routing::post(mutate))
-        .with_state(Arc::new(template));
+        .with_state(Arc::new(injector));
     let listener = std::net::TcpListener::bind(listen)
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen} for the webhook: {e}"))?;
     listener.set_nonblocking(true)?;
@@ -369,7 +260,7 @@ pub async fn serve(
 }
 
 async fn mutate(
-    State(tpl): State<Arc<SidecarTemplate>>,
+    State(injector): State<Arc<Injector>>,
     Json(review): Json<AdmissionReview<DynamicObject>>,
 ) -> Json<AdmissionReview<DynamicObject>> {
     let req: AdmissionRequest<DynamicObject> = match review.try_into() {
@@ -385,8 +276,13 @@ async fn mutate(
     let value = serde_json::to_value(object).expect("objects serialize");
     let namespace = req.namespace.as_deref().unwrap_or_default();
     let creating = req.operation == Operation::Create;
-    let resp = match inject::mutate(&tpl, &req.kind.kind, creating, namespace, &value) {
-        Ok(mutation) => answer(resp, &req, mutation),
+    let resp = match inject::mutate(&injector.template, &req.kind.kind, creating, namespace, &value) {
+        Ok(mutation) => {
+            if mutation.patch.is_some() {
+                ensure_credentials(&injector.ctx, namespace).await;
+            }
+            answer(resp, &req, mutation)
+        }
         Err(reason) => resp.deny(reason),
     };
     Json(resp.into_review())
@@ -418,4 +314,22 @@ fn describe(kind: &str) -> &'static str {
         "Pod" => "adding the podlock sidecar",
         _ => "copying the podlock annotations into the pod template",
     }
+}
+
+/// With namespace isolation, makes sure the namespace has its etcd credentials Secret before
+/// the API server stores the object being injected: its pods' sidecars read that Secret when
+/// they start, through an optional reference, so a pod started before it exists would run
+/// without credentials. Injection goes ahead regardless (a lock service must not stop pods).
+async fn ensure_credentials(ctx: &Context, namespace: &str) {
+    let ensured = ctx.isolation.ensure_secret(&ctx.client, &ctx.store, namespace);
+    let failure = match tokio::time::timeout(CREDENTIALS_WAIT, ensured).await {
+        Ok(Ok(())) => return,
+        Ok(Err(e)) => format!("{e:#}"),
+        Err(_) => format!("no answer within {CREDENTIALS_WAIT:?}"),
+    };
+    warn!(
+        namespace,
+        error = failure,
+        "could not give the namespace its etcd credentials before injecting; its sidecars may start without them"
+    );
 }

@@ -123,20 +123,21 @@ impl ControlPlane {
 
     /// Runs kubectl with `stdin` as its input.
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> (bool, String, String) {
-        use std::io::Write;
-        let mut child = Command::new("kubectl")
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("kubectl");
-        child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-        let out = child.wait_with_output().unwrap();
-        let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
-        (out.status.success(), text(out.stdout), text(out.stderr))
+        kubectl_as(&self.kubeconfig, args, stdin)
+    }
+
+    /// A kubeconfig (in the returned directory) with a token of ServiceAccount `account` of
+    /// namespace `ns`, to run something with exactly that account's rights.
+    pub fn token_kubeconfig(&self, ns: &str, account: &str) -> (tempfile::TempDir, PathBuf) {
+        let (ok, token, err) = self.kubectl(&["create", "token", account, "-n", ns, "--duration=1h"]);
+        assert!(ok, "{err}");
+        let admin = std::fs::read_to_string(&self.kubeconfig).unwrap();
+        let (_, admin_token) = admin.split_once("token: ").unwrap();
+        let admin_token = admin_token.lines().next().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let kubeconfig = dir.path().join("kubeconfig");
+        std::fs::write(&kubeconfig, admin.replace(admin_token, token.trim())).unwrap();
+        (dir, kubeconfig)
     }
 
     /// Creates a namespace for one test.
@@ -148,6 +149,25 @@ impl ControlPlane {
         );
         name.to_string()
     }
+}
+
+/// Runs kubectl with the identity of `kubeconfig` and `stdin` as its input; returns (success,
+/// stdout, stderr).
+pub fn kubectl_as(kubeconfig: &std::path::Path, args: &[&str], stdin: &str) -> (bool, String, String) {
+    use std::io::Write;
+    let mut child = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).into_owned();
+    (out.status.success(), text(out.stdout), text(out.stderr))
 }
 
 /// A `podlock operator` process; killed on drop.
@@ -203,6 +223,10 @@ impl Operator {
                     "podlock-operator",
                     "--leader-lease-seconds",
                     "3",
+                    "--leader-renew-deadline-seconds",
+                    "2",
+                    "--leader-retry-period-seconds",
+                    "1",
                 ])
                 .env("KUBECONFIG", kubeconfig)
                 .env("PODLOCK_LOG", "info,kube=warn")

@@ -41,6 +41,10 @@ fn bad_values_fail_naming_the_field() {
     for (set, field) in [
         ("operator.replicas=0", "/operator/replicas"),
         ("operator.leaderLeaseSeconds=1", "/operator/leaderLeaseSeconds"),
+        (
+            "operator.leaderRenewDeadlineSeconds=15",
+            "operator.leaderRenewDeadlineSeconds",
+        ),
         ("etcd.endpoints[0]=etcd:2379", "/etcd/endpoints/0"),
         ("operator.logFormat=xml", "/operator/logFormat"),
         ("operatr.replicas=2", "operatr"),

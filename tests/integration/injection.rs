@@ -63,7 +63,8 @@ fn template_init_containers(plane: &ControlPlane, kind: &str, name: &str, ns: &s
         .to_string()
 }
 
-async fn webhook_ready(plane: &ControlPlane, ns: &str) {
+/// Waits until the webhook configuration of the operator of `ns` carries a caBundle.
+pub async fn webhook_ready(plane: &ControlPlane, ns: &str) {
     let name = format!("podlock-{ns}");
     wait_until(Duration::from_secs(15), || async {
         let (ok, out, _) = plane.kubectl(&[
@@ -286,23 +287,7 @@ async fn a_supplied_certificate_wins_over_the_self_made_one() {
     let plane = with_crd();
     let ns = plane.namespace("own-cert");
     let dir = tempfile::tempdir().unwrap();
-    let sh = format!(
-        "cd {d} && openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -days 2 \
-         -subj /CN=test-ca -keyout ca.key -out ca.crt && \
-         openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -subj /CN=127.0.0.1 \
-         -keyout tls.key -out tls.csr && \
-         printf 'subjectAltName=IP:127.0.0.1' > ext && \
-         openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 2 -extfile ext -out tls.crt",
-        d = dir.path().display()
-    );
-    assert!(
-        std::process::Command::new("sh")
-            .args(["-c", &sh])
-            .output()
-            .unwrap()
-            .status
-            .success()
-    );
+    crate::certs::make_certificate(dir.path(), "IP:127.0.0.1", 2);
     let file = |f: &str| dir.path().join(f).display().to_string();
     let flags = [
         "--tls-cert-file",

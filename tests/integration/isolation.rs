@@ -10,7 +10,7 @@ use crate::common::kube::{ControlPlane, Operator, rfc3339, running_pod, set_stat
 use crate::common::{EtcdServer, Sidecar, wait_until};
 
 /// The etcd user and password the operator stored in namespace `ns`.
-async fn credentials(plane: &ControlPlane, ns: &str) -> (String, String) {
+pub async fn credentials(plane: &ControlPlane, ns: &str) -> (String, String) {
     let secrets: Api<Secret> = Api::namespaced(plane.client().await, ns);
     wait_until(Duration::from_secs(15), || async {
         secrets.get_opt("podlock-etcd").await.is_ok_and(|s| s.is_some())
@@ -203,4 +203,83 @@ async fn a_tenants_key_on_another_namespaces_lease_never_revokes_that_lease() {
     );
     let ttl = admin.lease_time_to_live(lease, None).await.unwrap().ttl();
     assert!(ttl > 0, "y's lease was revoked (ttl {ttl})");
+}
+
+/// An etcd with auth and an operator for `ns` with root credentials, re-making deleted
+/// credentials Secrets every second.
+async fn isolated(plane: &'static ControlPlane, ns: &str) -> (EtcdServer, Operator) {
+    let etcd = EtcdServer::start().await;
+    etcd.enable_auth("root-secret").await;
+    let flags = [
+        "--etcd-user",
+        "root",
+        "--etcd-password",
+        "root-secret",
+        "--credentials-check-seconds",
+        "1",
+    ];
+    let op = Operator::start_with(plane, ns, &etcd.endpoint, &flags).await;
+    (etcd, op)
+}
+
+#[tokio::test]
+async fn a_namespace_with_a_lock_has_its_credentials_before_any_pod_and_gets_them_back_when_deleted() {
+    let plane = with_crd();
+    let ns = plane.namespace("creds-back");
+    let (etcd, op) = isolated(plane, &ns).await;
+    let lock = format!(
+        "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{}}\n"
+    );
+    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
+    let first = credentials(plane, &ns).await;
+    let pods: Api<Pod> = Api::namespaced(plane.client().await, &ns);
+    assert!(pods.list(&Default::default()).await.unwrap().items.is_empty());
+
+    assert!(plane.kubectl(&["delete", "secret", "podlock-etcd", "-n", &ns]).0);
+    let secrets: Api<Secret> = Api::namespaced(plane.client().await, &ns);
+    wait_until(Duration::from_secs(10), || async {
+        secrets.get_opt("podlock-etcd").await.is_ok_and(|s| s.is_some())
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the deleted Secret did not come back ({e}):\n{}", op.log()));
+    let again = credentials(plane, &ns).await;
+    assert_eq!(
+        again, first,
+        "made again with other credentials than running pods have"
+    );
+    let (user, password) = again;
+    let args = [
+        "--namespace",
+        &ns,
+        "--etcd-user",
+        &user,
+        "--etcd-password",
+        &password,
+    ];
+    let pod = Sidecar::start(&etcd.endpoint, "pod", &args).await;
+    assert_eq!(pod.post("shared", "acquire", json!({})).await.0, 200);
+}
+
+#[tokio::test]
+async fn an_injected_pod_finds_its_namespaces_credentials_even_before_the_first_lock() {
+    let plane = with_crd();
+    let ns = plane.namespace("creds-first-pod");
+    let (_etcd, _op) = isolated(plane, &ns).await;
+    crate::injection::webhook_ready(plane, &ns).await;
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "first", "namespace": ns, "annotations": {"podlock.io/inject": "true"}},
+        "spec": {"containers": [{"name": "app", "image": "app"}]}});
+    let (ok, _, err) = plane.kubectl_stdin(&["create", "-f", "-"], &pod.to_string());
+    assert!(ok, "{err}");
+    let pods: Api<Pod> = Api::namespaced(plane.client().await, &ns);
+    let created = pods.get("first").await.unwrap();
+    let injected = created.spec.unwrap().init_containers.unwrap_or_default();
+    assert!(injected.iter().any(|c| c.name == "podlock"), "not injected");
+    // Read at once: the webhook made it before the API server stored the pod.
+    let secrets: Api<Secret> = Api::namespaced(plane.client().await, &ns);
+    assert!(
+        secrets.get_opt("podlock-etcd").await.unwrap().is_some(),
+        "the pod exists before its namespace's credentials:\n{}",
+        _op.log()
+    );
 }

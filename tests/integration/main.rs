@@ -5,10 +5,12 @@
 mod common;
 
 mod api;
+mod certs;
 mod chart;
 mod examples;
 mod injection;
 mod isolation;
+mod leader;
 mod liveness;
 mod lock_cmd;
 mod openapi;

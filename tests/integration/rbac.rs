@@ -1,38 +1,93 @@
 //! `manifests/rbac.yaml` (the chart's RBAC, rendered) is enough: the operator, run with a token of exactly that
 //! ServiceAccount, reconciles, mirrors status, revokes a dead pod's hold, elects a leader,
-//! makes its webhook certificate and registers its webhook, without one refusal.
+//! makes its webhook certificate, registers its webhook and (with etcd auth) gives the
+//! namespace its etcd credentials, without one refusal. And it is no
+//! more: that token reads no Secret but the webhook certificate's in its own namespace.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::json;
+use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::common::kube::{Operator, with_crd};
-use crate::common::{Sidecar, wait_until};
+use crate::common::kube::{ControlPlane, Operator, kubectl_as, with_crd};
+use crate::common::{EtcdServer, Sidecar, wait_until};
+use crate::isolation::credentials;
+
+/// Applies `manifests/rbac.yaml` with its ServiceAccount in `ns` (and its cluster-wide binding
+/// and Secret policy named after `ns`, so that tests do not take each other's), and returns a kubeconfig with a
+/// token of exactly that ServiceAccount (in the returned directory).
+async fn service_account_kubeconfig(plane: &ControlPlane, ns: &str) -> (tempfile::TempDir, PathBuf) {
+    let rbac = include_str!("../../manifests/rbac.yaml")
+        .replace("namespace: podlock", &format!("namespace: {ns}"))
+        .replace(
+            "kind: ClusterRoleBinding\nmetadata:\n  name: podlock-operator",
+            &format!("kind: ClusterRoleBinding\nmetadata:\n  name: podlock-operator-{ns}"),
+        )
+        .replace(
+            "name: podlock-operator-secrets",
+            &format!("name: podlock-operator-secrets-{ns}"),
+        )
+        .replace(
+            "policyName: podlock-operator-secrets",
+            &format!("policyName: podlock-operator-secrets-{ns}"),
+        )
+        .replace(":podlock:podlock-operator", &format!(":{ns}:podlock-operator"))
+        .replace("namespace == \"podlock\"", &format!("namespace == \"{ns}\""));
+    let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &rbac);
+    assert!(ok, "{err}");
+    let (dir, kubeconfig) = plane.token_kubeconfig(ns, "podlock-operator");
+    // The policy takes effect a moment after it is created: wait, so that it judges every
+    // Secret the operator makes.
+    wait_until(Duration::from_secs(10), || async {
+        refused(&kubeconfig, &other_secret(ns), "")
+    })
+    .await
+    .expect("the policy refuses the operator a Secret of another name");
+    (dir, kubeconfig)
+}
+
+/// Whether the operator (with `kubeconfig`) is refused `args` by the chart's Secret policy.
+fn refused(kubeconfig: &std::path::Path, args: &[&str], stdin: &str) -> bool {
+    let (ok, _, err) = kubectl_as(kubeconfig, args, stdin);
+    !ok && err.contains("podlock's operator may create only")
+}
+
+/// A server-side dry run creating Secret `other` in `namespace`.
+fn other_secret(namespace: &str) -> [&str; 8] {
+    [
+        "create",
+        "secret",
+        "generic",
+        "other",
+        "-n",
+        namespace,
+        "--from-literal=k=v",
+        "--dry-run=server",
+    ]
+}
 
 #[tokio::test]
 async fn the_operator_needs_no_more_than_manifests_rbac() {
     let plane = with_crd();
     let ns = plane.namespace("rbac");
-    let rbac =
-        include_str!("../../manifests/rbac.yaml").replace("namespace: podlock", &format!("namespace: {ns}"));
-    let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &rbac);
-    assert!(ok, "{err}");
-    let (ok, token, err) =
-        plane.kubectl(&["create", "token", "podlock-operator", "-n", &ns, "--duration=1h"]);
-    assert!(ok, "{err}");
-    let admin = std::fs::read_to_string(&plane.kubeconfig).unwrap();
-    let (_, admin_token) = admin.split_once("token: ").unwrap();
-    let admin_token = admin_token.lines().next().unwrap();
-    let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(&kubeconfig, admin.replace(admin_token, token.trim())).unwrap();
+    let (_dir, kubeconfig) = service_account_kubeconfig(plane, &ns).await;
+    // With etcd auth, so that it provisions the namespace's credentials Secret as well.
+    let etcd = EtcdServer::start().await;
+    etcd.enable_auth("root-secret").await;
 
     let op = Operator::start_as(
         &kubeconfig,
         &ns,
-        &plane.etcd.endpoint,
-        &["--webhook-configuration", "podlock"],
+        &etcd.endpoint,
+        &[
+            "--webhook-configuration",
+            "podlock",
+            "--etcd-user",
+            "root",
+            "--etcd-password",
+            "root-secret",
+        ],
     )
     .await;
     let lock = format!(
@@ -74,12 +129,18 @@ async fn the_operator_needs_no_more_than_manifests_rbac() {
     pods.patch_status("worker", &PatchParams::default(), &Patch::Merge(&status))
         .await
         .unwrap();
-    let s = Sidecar::start(
-        &plane.etcd.endpoint,
-        "worker",
-        &["--namespace", &ns, "--pod-uid", &uid],
-    )
-    .await;
+    let (user, password) = credentials(plane, &ns).await;
+    let args = [
+        "--namespace",
+        &ns,
+        "--pod-uid",
+        &uid,
+        "--etcd-user",
+        &user,
+        "--etcd-password",
+        &password,
+    ];
+    let s = Sidecar::start(&etcd.endpoint, "worker", &args).await;
     s.must_acquire("guarded", json!({})).await;
     wait_until(Duration::from_secs(5), || async { phase().await == "Held" })
         .await
@@ -89,6 +150,132 @@ async fn the_operator_needs_no_more_than_manifests_rbac() {
         .await
         .unwrap_or_else(|e| panic!("hold not revoked ({e}):\n{}", op.log()));
 
+    made_what_it_owns(plane, &ns, &op).await;
+}
+
+/// The escalation the operator's token must not have: reading a Secret it does not own, in any
+/// namespace, including the token of a ServiceAccount Secret it created itself under a name it
+/// may write.
+#[tokio::test]
+async fn the_operators_token_cannot_read_a_secret_it_does_not_own() {
+    let plane = with_crd();
+    let ns = plane.namespace("rbac-deny");
+    let victim = plane.namespace("rbac-victim");
+    let (_dir, kubeconfig) = service_account_kubeconfig(plane, &ns).await;
+    for (secret, namespace) in [
+        ("other", &victim),
+        ("other", &ns),
+        ("podlock-webhook-tls", &victim),
+    ] {
+        let (ok, _, err) = plane.kubectl(&[
+            "create",
+            "secret",
+            "generic",
+            secret,
+            "-n",
+            namespace,
+            "--from-literal=k=v",
+        ]);
+        assert!(ok || err.contains("AlreadyExists"), "{err}");
+    }
+    let as_operator = |args: &[&str], stdin: &str| kubectl_as(&kubeconfig, args, stdin);
+    for (secret, namespace) in [
+        ("other", &victim),
+        ("other", &ns),
+        ("podlock-webhook-tls", &victim),
+    ] {
+        let (ok, out, err) = as_operator(&["get", "secret", secret, "-n", namespace, "-o", "yaml"], "");
+        assert!(
+            !ok && err.contains("Forbidden"),
+            "the operator's token read Secret {namespace}/{secret}:\n{out}{err}"
+        );
+    }
+    for verb in ["list", "watch"] {
+        let (_, answer, _) = as_operator(&["auth", "can-i", verb, "secrets", "-A"], "");
+        assert_eq!(answer.trim(), "no", "{verb} secrets");
+    }
+
+    may_create_only_its_own_secrets(&kubeconfig, &victim).await;
+    cannot_read_back_a_service_account_token(plane, &kubeconfig, &victim).await;
+}
+
+/// A service-account-token Secret named `podlock-etcd` in `namespace`.
+fn token_secret(namespace: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Secret\ntype: kubernetes.io/service-account-token\nmetadata:\n  name: podlock-etcd\n  namespace: {namespace}\n  annotations: {{kubernetes.io/service-account.name: default}}\n"
+    )
+}
+
+/// RBAC lets the operator create any Secret anywhere; the chart's ValidatingAdmissionPolicy
+/// lets it create only its own, never a service-account-token one (server-side dry runs).
+async fn may_create_only_its_own_secrets(kubeconfig: &std::path::Path, victim: &str) {
+    assert!(
+        refused(kubeconfig, &other_secret(victim), ""),
+        "Secret other in {victim}"
+    );
+    let create = ["create", "--dry-run=server", "-f", "-"];
+    assert!(
+        refused(kubeconfig, &create, &token_secret(victim)),
+        "a service-account-token podlock-etcd"
+    );
+    let own = [
+        "create",
+        "secret",
+        "generic",
+        "podlock-etcd",
+        "-n",
+        victim,
+        "--from-literal=k=v",
+        "--dry-run=server",
+    ];
+    let (ok, _, err) = kubectl_as(kubeconfig, &own, "");
+    assert!(ok, "its own Secret: {err}");
+}
+
+/// RBAC lets the operator's token create `podlock-etcd` in any namespace, so also as a
+/// service-account-token Secret, into which the token controller puts a token of `default` (or
+/// any account of `victim`): it must not be able to read that back.
+async fn cannot_read_back_a_service_account_token(
+    plane: &ControlPlane,
+    kubeconfig: &std::path::Path,
+    victim: &str,
+) {
+    let as_operator = |args: &[&str], stdin: &str| kubectl_as(kubeconfig, args, stdin);
+    // Made by an admin here: the policy would refuse the operator (see above), but RBAC must
+    // hold on its own, e.g. on a cluster too old for the policy.
+    let (ok, _, err) = plane.kubectl_stdin(&["create", "-f", "-"], &token_secret(victim));
+    assert!(ok || err.contains("AlreadyExists"), "{err}");
+    wait_until(Duration::from_secs(10), || async {
+        let jsonpath = "jsonpath={.data.token}";
+        let (_, token, _) = plane.kubectl(&["get", "secret", "podlock-etcd", "-n", victim, "-o", jsonpath]);
+        !token.is_empty()
+    })
+    .await
+    .expect("the token controller fills the token in");
+    for read in [
+        &["get", "secret", "podlock-etcd", "-n", victim, "-o", "yaml"][..],
+        &[
+            "label",
+            "secret",
+            "podlock-etcd",
+            "-n",
+            victim,
+            "x=y",
+            "-o",
+            "yaml",
+        ][..],
+    ] {
+        let (ok, out, err) = as_operator(read, "");
+        assert!(
+            !ok && err.contains("Forbidden"),
+            "the operator's token got at a ServiceAccount token ({read:?}):\n{out}{err}"
+        );
+    }
+}
+
+/// The operator registered its webhook, made its certificate's Secret, its Lease and its
+/// namespace's credentials, leads, and was never refused.
+async fn made_what_it_owns(plane: &ControlPlane, ns: &str, op: &Operator) {
     let (ok, ca, _) = plane.kubectl(&[
         "get",
         "mutatingwebhookconfiguration",
@@ -99,14 +286,15 @@ async fn the_operator_needs_no_more_than_manifests_rbac() {
     assert!(ok && !ca.is_empty(), "webhook not registered:\n{}", op.log());
     assert!(
         plane
-            .kubectl(&["get", "secret", "podlock-webhook-tls", "-n", &ns])
+            .kubectl(&["get", "secret", "podlock-webhook-tls", "-n", ns])
             .0
     );
-    assert!(plane.kubectl(&["get", "lease", "podlock-operator", "-n", &ns]).0);
+    assert!(plane.kubectl(&["get", "lease", "podlock-operator", "-n", ns]).0);
     assert!(op.leads().await);
     let log = op.log();
     assert!(
         !log.contains("forbidden") && !log.contains("Forbidden"),
         "refused:\n{log}"
     );
+    assert!(plane.kubectl(&["get", "secret", "podlock-etcd", "-n", ns]).0);
 }
