@@ -259,6 +259,24 @@ impl Operator {
         std::fs::read_to_string(self.logs.path().join("operator.log")).unwrap_or_default()
     }
 
+    /// Sends `sig` to it.
+    pub fn signal(&self, sig: i32) {
+        unsafe { libc::kill(self.pid(), sig) };
+    }
+
+    /// Its exit status, if it exits within `limit`.
+    pub async fn exit_within(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let start = std::time::Instant::now();
+        while start.elapsed() < limit {
+            if let Some(status) = self.child.as_mut()?.try_wait().unwrap() {
+                self.child = None;
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
     /// Its process id.
     pub fn pid(&self) -> i32 {
         self.child.as_ref().unwrap().id() as i32

@@ -7,6 +7,7 @@ mod common;
 mod api;
 mod certs;
 mod chart;
+mod drain;
 mod examples;
 mod injection;
 mod isolation;
