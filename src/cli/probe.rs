@@ -16,13 +16,30 @@ pub struct ProbeArgs {
     /// What to ask: `/healthz` means the API serves (etcd's health is `/readyz`).
     #[arg(long, default_value = "/healthz")]
     pub path: String,
+    /// Keep asking, once a second, for up to this many seconds (0: ask once), e.g. while a
+    /// Service's endpoints or DNS catch up with pods that just became Ready.
+    #[arg(long, default_value_t = 0)]
+    pub within: u64,
 }
 
-/// Succeeds when the sidecar answers 2xx within a second; otherwise says what it got.
+/// Succeeds when the address answers 2xx (within a second), asking again for up to `--within`
+/// seconds; otherwise says what it got last.
 pub async fn run(args: ProbeArgs) -> anyhow::Result<()> {
     let url = format!("http://{}{}", loopback(&args.addr), args.path);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(args.within);
+    loop {
+        let asked = ask(&url).await;
+        if asked.is_ok() || tokio::time::Instant::now() >= deadline {
+            return asked;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// One request to `url`: Ok on a 2xx answer within a second.
+async fn ask(url: &str) -> anyhow::Result<()> {
     let response = reqwest::Client::new()
-        .get(&url)
+        .get(url)
         .timeout(Duration::from_secs(1))
         .send()
         .await

@@ -40,7 +40,11 @@ fn install(node: &Node) {
         started.elapsed().as_secs_f64()
     );
     let (ok, out, err) = node.helm(&["test", "podlock", "-n", "podlock", "--timeout", "2m"]);
-    assert!(ok, "helm test: {out}{err}");
+    if !ok {
+        let pod = "podlock-test-operator-ready";
+        let (_, log, _) = node.kubectl(&["logs", "-n", "podlock", pod]);
+        panic!("helm test: {out}{err}\n{pod} logged:\n{log}");
+    }
 }
 
 /// The webhook is registered through its Service (not a URL) and has a CA bundle.
