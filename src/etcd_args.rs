@@ -41,7 +41,8 @@ impl EtcdArgs {
     }
 
     /// One client per endpoint (none for a single endpoint), for what must go to a member of
-    /// its own choosing: a keepalive retried on the next member after one stalled.
+    /// its own choosing: a keepalive retried on the next member after one stalled, and new
+    /// watches and requests kept off a member found stalled.
     pub async fn connect_each(&self) -> anyhow::Result<Vec<Client>> {
         if self.etcd_endpoints.len() < 2 {
             return Ok(vec![]);

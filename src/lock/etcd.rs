@@ -1,21 +1,20 @@
 //! A thin wrapper over the etcd client that counts requests and watch events, so benchmarks
-//! can show that etcd work per release stays flat as a queue grows.
+//! can show that etcd work per release stays flat as a queue grows, and sends each request to a
+//! member that answers (see [`Members`]). Watches are in [`watch`](super::watch).
 
-use etcd_client::{
-    Client, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn, TxnResponse, WatchFilterType, WatchOptions,
-    WatchStream,
-};
+use etcd_client::{Client, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn, TxnResponse};
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::Duration;
-use tokio::time::{Instant, timeout, timeout_at};
+use tokio::time::{Instant, timeout_at};
 
 use super::LockError;
 use super::error::EtcdFailure;
+use super::members::Members;
 
 /// How long a read or transaction may go unanswered before it is sent once more, the earlier
 /// attempts still running. A write that reaches a follower just after the leader died is
@@ -34,12 +33,6 @@ const MAX_ATTEMPTS: usize = 3;
 /// The budget of one request, all attempts included (the client's request timeout).
 const BUDGET: Duration = Duration::from_secs(5);
 
-/// How long a watch may be silent before etcd is asked whether it still serves it, and how long
-/// that answer may take (see [`KeyWatch::next`]). A stalled member is thus left within about
-/// twice this, inside the 1 s the contract allows for a `lost` notice and a handoff. It costs one
-/// small message on the watch's stream per silent interval.
-const WATCH_SILENCE: Duration = Duration::from_millis(400);
-
 /// The pause before sending a failed request again (a refused connection fails at once).
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
@@ -52,18 +45,27 @@ pub struct Stats {
     pub watch_events: AtomicU64,
 }
 
-/// An etcd client with counters.
+/// An etcd client with counters, which sends each new request and watch to a member that
+/// answers (see [`Members`]).
 #[derive(Clone)]
 pub struct Etcd {
-    client: Client,
-    stats: Arc<Stats>,
+    pub(super) client: Client,
+    pub(super) members: Arc<Members>,
+    pub(super) stats: Arc<Stats>,
 }
 
 impl Etcd {
-    /// Wraps `client`.
+    /// Wraps `client`, balanced over its endpoints.
     pub fn new(client: Client) -> Self {
+        Etcd::with_members(client, vec![])
+    }
+
+    /// Wraps `client`, and `members` (one client per member, none for a single endpoint) for
+    /// new requests and watches.
+    pub fn with_members(client: Client, members: Vec<Client>) -> Self {
         Etcd {
             client,
+            members: Arc::new(Members::new(members)),
             stats: Arc::default(),
         }
     }
@@ -78,18 +80,31 @@ impl Etcd {
         &self.stats
     }
 
-    /// Runs `request` hedged (see [`hedged`]), counting every attempt.
+    /// Runs `request` hedged (see [`hedged`]), counting every attempt. Each attempt goes to a
+    /// member picked by [`Members`]; one sent again marks the member of the attempt before it
+    /// suspect (it failed, or did not answer within [`HEDGE`]), so the next request avoids it.
     async fn retrying<T, F: Future<Output = Result<T, etcd_client::Error>>>(
         &self,
-        request: impl Fn() -> F,
+        request: impl Fn(Client) -> F,
     ) -> Result<T, LockError> {
-        hedged(&self.stats.requests, request).await
+        let previous = Mutex::new(None);
+        hedged(&self.stats.requests, || {
+            let mut previous = previous.lock().unwrap();
+            if let Some(member) = *previous {
+                self.members
+                    .suspect(member, "a request failed or went unanswered");
+            }
+            let (member, client) = self.members.pick(&self.client);
+            *previous = Some(member);
+            request(client)
+        })
+        .await
     }
 
     /// Runs a transaction (sent again if need be: see [`HEDGE`]).
     pub async fn txn(&self, txn: Txn) -> Result<TxnResponse, LockError> {
-        self.retrying(|| {
-            let (mut kv, txn) = (self.client.kv_client(), txn.clone());
+        self.retrying(|client| {
+            let (mut kv, txn) = (client.kv_client(), txn.clone());
             async move { kv.txn(txn).await }
         })
         .await
@@ -102,8 +117,8 @@ impl Etcd {
         opts: Option<GetOptions>,
     ) -> Result<GetResponse, LockError> {
         let key = key.into();
-        self.retrying(|| {
-            let (mut kv, key, opts) = (self.client.kv_client(), key.clone(), opts.clone());
+        self.retrying(|client| {
+            let (mut kv, key, opts) = (client.kv_client(), key.clone(), opts.clone());
             async move { kv.get(key, opts).await }
         })
         .await
@@ -112,8 +127,8 @@ impl Etcd {
     /// The keys attached to lease `id`, or `None` if etcd no longer has the lease.
     pub async fn lease_keys(&self, id: i64) -> Result<Option<Vec<Vec<u8>>>, LockError> {
         let resp = self
-            .retrying(|| {
-                let (mut lease, opts) = (self.client.lease_client(), LeaseTimeToLiveOptions::new());
+            .retrying(|client| {
+                let (mut lease, opts) = (client.lease_client(), LeaseTimeToLiveOptions::new());
                 async move { lease.time_to_live(id, Some(opts.with_keys())).await }
             })
             .await?;
@@ -125,8 +140,8 @@ impl Etcd {
     /// after `ttl` with nothing attached.
     pub async fn lease_grant(&self, ttl: u32) -> Result<i64, LockError> {
         let resp = self
-            .retrying(|| {
-                let mut lease = self.client.lease_client();
+            .retrying(|client| {
+                let mut lease = client.lease_client();
                 async move { lease.grant(ttl.into(), None).await }
             })
             .await?;
@@ -135,71 +150,12 @@ impl Etcd {
 
     /// Revokes lease `id` (sent again if need be: a revoke takes effect once).
     pub async fn lease_revoke(&self, id: i64) -> Result<(), LockError> {
-        self.retrying(|| {
-            let mut lease = self.client.lease_client();
+        self.retrying(|client| {
+            let mut lease = client.lease_client();
             async move { lease.revoke(id).await }
         })
         .await
         .map(drop)
-    }
-
-    /// Watches each of `targets` on one stream, each from its own revision on (see
-    /// [`Target::from`]) or from the current revision.
-    ///
-    /// Returns once etcd confirmed every watch, with the revision the watches start after:
-    /// every change after it will be delivered. Watching from "now" rather than from a past
-    /// revision keeps the watch on etcd's synced path; a watch that starts in the past waits for
-    /// etcd's 100 ms catch-up loop, which is what makes etcd's own Mutex hand off slowly. Where
-    /// that delay does not matter, a start revision saves the read that would close the gap.
-    pub async fn watch_keys(&self, targets: &[Target]) -> Result<KeyWatch, LockError> {
-        let opts = |t: &Target| {
-            let filters = if t.puts {
-                vec![]
-            } else {
-                vec![WatchFilterType::NoPut]
-            };
-            let o = WatchOptions::new().with_filters(filters);
-            Some(match t.from {
-                Some(rev) => o.with_start_revision(rev),
-                None => o,
-            })
-        };
-        let (first, rest) = targets
-            .split_first()
-            .ok_or_else(|| LockError::Invalid("nothing to watch".into()))?;
-        // Opening the stream waits for the member's answer: bounded, as a stalled member never
-        // gives one (the watch's own silence check starts only once it is open).
-        let mut client = self.client.watch_client();
-        let open = client.watch(first.key.clone(), opts(first));
-        let mut stream = timeout(2 * WATCH_SILENCE, open).await.map_err(|_| {
-            LockError::Unavailable(format!(
-                "the etcd member did not open a watch within {:?} (stalled or cut off)",
-                2 * WATCH_SILENCE
-            ))
-        })??;
-        for t in rest {
-            stream.watch(t.key.clone(), opts(t)).await?;
-        }
-        let mut watch = KeyWatch {
-            stream,
-            stats: self.stats.clone(),
-            start_revision: 0,
-            fired: false,
-        };
-        let mut created = 0;
-        while created < targets.len() && !watch.fired {
-            let resp = watch.next().await?;
-            if resp.created() {
-                // etcd answers a stream's creates in the order they were sent.
-                let rev = match targets[created].from {
-                    Some(from) => from - 1,
-                    None => resp.header().map_or(0, |h| h.revision()),
-                };
-                created += 1;
-                watch.start_revision = watch.start_revision.max(rev);
-            }
-        }
-        Ok(watch)
     }
 }
 
@@ -245,97 +201,6 @@ async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
         }
     }
     Err(error)
-}
-
-/// A key to watch, for deletion only or for any change, from a revision or from now.
-#[derive(Debug, Clone)]
-pub struct Target {
-    key: Vec<u8>,
-    puts: bool,
-    from: Option<i64>,
-}
-
-impl Target {
-    /// Watch `key` for its deletion.
-    pub fn deletion(key: &[u8]) -> Self {
-        Target {
-            key: key.to_vec(),
-            puts: false,
-            from: None,
-        }
-    }
-
-    /// Watch `key` for any write or deletion.
-    pub fn any_change(key: &[u8]) -> Self {
-        Target {
-            key: key.to_vec(),
-            puts: true,
-            from: None,
-        }
-    }
-
-    /// Watch from revision `rev` on (`None`: from now). Changes after a read at `rev - 1` then
-    /// cannot be missed without reading again, at the cost of etcd's catch-up delay (up to
-    /// 100 ms) for this key.
-    pub fn from(self, rev: Option<i64>) -> Self {
-        Target { from: rev, ..self }
-    }
-}
-
-/// Watches made by [`Etcd::watch_keys`].
-pub struct KeyWatch {
-    stream: WatchStream,
-    stats: Arc<Stats>,
-    /// The largest revision at which a watch was created.
-    pub start_revision: i64,
-    fired: bool,
-}
-
-impl KeyWatch {
-    /// The next message on the stream. After [`WATCH_SILENCE`] without one, etcd is asked for a
-    /// progress notification (answered at once by a member that serves); without an answer
-    /// within another [`WATCH_SILENCE`] the member is taken for stalled and this fails, so the
-    /// caller reads again and watches anew instead of sleeping on a silent stream until HTTP/2
-    /// keepalive gives up (~5 s).
-    async fn next(&mut self) -> Result<etcd_client::WatchResponse, LockError> {
-        let mut asked = false;
-        let resp = loop {
-            match timeout(WATCH_SILENCE, self.stream.message()).await {
-                Ok(message) => break message?,
-                Err(_) if asked => {
-                    return Err(LockError::Unavailable(format!(
-                        "the etcd member serving a watch did not answer a progress request within \
-                         {WATCH_SILENCE:?} (stalled or cut off)"
-                    )));
-                }
-                Err(_) => {
-                    self.stream.request_progress().await?;
-                    asked = true;
-                }
-            }
-        };
-        let resp = resp.ok_or_else(|| LockError::Unavailable("etcd closed the watch stream".into()))?;
-        if resp.canceled() {
-            return Err(LockError::Unavailable(format!(
-                "etcd cancelled a watch: {}",
-                resp.cancel_reason()
-            )));
-        }
-        let n = resp.events().len() as u64;
-        if n > 0 {
-            self.stats.watch_events.fetch_add(n, Ordering::Relaxed);
-            self.fired = true;
-        }
-        Ok(resp)
-    }
-
-    /// Completes when any watched key changes (at once if one already did).
-    pub async fn changed(&mut self) -> Result<(), LockError> {
-        while !self.fired {
-            self.next().await?;
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]

@@ -13,10 +13,10 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::etcd::Target;
 use super::keys::{Entry, LockId};
 use super::queue::{self, Enqueued, Ticket};
 use super::session::Session;
+use super::watch::Target;
 use super::{Engine, EventKind, LockError};
 
 /// One granted hold of this sidecar.
@@ -170,6 +170,7 @@ async fn key_deleted(engine: &Engine, hold: &Hold) -> &'static str {
     // First from the confirmed revision; after a broken watch, from now, with a read.
     let mut from = Some(hold.confirmed + 1);
     loop {
+        let started = Instant::now();
         let key = [Target::deletion(ticket.key.as_bytes()).from(from.take())];
         match etcd.watch_keys(&key).await {
             Ok(mut w) => {
@@ -187,9 +188,14 @@ async fn key_deleted(engine: &Engine, hold: &Hold) -> &'static str {
             }
             Err(e) => warn!(error = %e, "could not watch the hold's key; retrying"),
         }
-        sleep(Duration::from_millis(250)).await;
+        sleep_until(started + WATCH_RETRY_GAP).await;
     }
 }
+
+/// The least time between the starts of two watches of a hold's key: a watch that served a
+/// while (a silent one is given up after 800 ms) is replaced at once, by then on another member
+/// (see `Members`); one that failed at once (etcd unreachable) is not retried in a tight loop.
+const WATCH_RETRY_GAP: Duration = Duration::from_millis(250);
 
 /// Completes when the heartbeat window passes without a heartbeat; never for a hold without one.
 async fn heartbeat_missed(hold: &Hold) {

@@ -11,6 +11,7 @@ mod etcd;
 mod events;
 mod hold;
 pub mod keys;
+mod members;
 mod model;
 mod queue;
 mod registry;
@@ -19,6 +20,7 @@ mod settings;
 mod store;
 mod sweep;
 mod wait;
+mod watch;
 
 pub use error::LockError;
 pub use etcd::Stats;
@@ -55,15 +57,16 @@ pub struct Engine(Arc<Inner>);
 
 impl Engine {
     /// An engine on `client` for `pod`; `standalone` serves undeclared locks with defaults.
-    /// `members` has one client per etcd member (see [`Sessions`]). Starts its orphan sweep (see
-    /// [`sweep`]) on the current Tokio runtime.
+    /// `members` has one client per etcd member: new watches and requests go to one that answers
+    /// (see [`members`]), a failed keepalive to the next (see [`Sessions`]). Starts its orphan
+    /// sweep (see [`sweep`]) on the current Tokio runtime.
     pub fn new(
         client: etcd_client::Client,
         members: Vec<etcd_client::Client>,
         pod: PodRef,
         standalone: bool,
     ) -> Self {
-        let etcd = Etcd::new(client);
+        let etcd = Etcd::with_members(client, members.clone());
         let engine = Engine(Arc::new(Inner {
             sessions: Sessions::new(etcd.clone(), members),
             etcd,

@@ -17,14 +17,16 @@
 //! place, so no change is missed and no watch waits in etcd's catch-up loop.
 
 use etcd_client::{GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
-use tokio::time::{Instant, timeout_at};
+use std::time::Duration;
+use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::warn;
 
 use super::LockError;
-use super::etcd::{Etcd, Target};
+use super::etcd::Etcd;
 use super::keys::LockId;
 use super::queue::{Ticket, granted};
 use super::settings::Declared;
+use super::watch::Target;
 
 /// Where a ticket stands.
 #[derive(Debug, PartialEq, Eq)]
@@ -63,6 +65,7 @@ pub async fn wait_turn(
             Position::Gone => return Ok(Turn::Gone),
             waiting => watch_targets(waiting, lock, ticket, declared.settings.max_holders, rev),
         };
+        let started = Instant::now();
         let mut watch = match timeout_at(deadline, etcd.watch_keys(&targets)).await {
             Err(_) => return Ok(Turn::TimedOut),
             Ok(Ok(watch)) => watch,
@@ -70,7 +73,7 @@ pub async fn wait_turn(
             // fails if etcd is really gone) and watch anew, likely on another member.
             Ok(Err(e)) => {
                 warn!(key = ticket.key, error = %e, "could not watch while waiting; re-reading");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                sleep_until(started + WATCH_RETRY_GAP).await;
                 (pos, rev) = position(etcd, lock, ticket, declared).await?;
                 continue;
             }
@@ -91,12 +94,17 @@ pub async fn wait_turn(
             // If etcd is really gone, the read below fails and the caller gets the error.
             Ok(Err(e)) => {
                 warn!(key = ticket.key, error = %e, "watch broke while waiting; re-reading");
-                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                sleep_until(started + WATCH_RETRY_GAP).await;
             }
         }
         (pos, rev) = position(etcd, lock, ticket, declared).await?;
     }
 }
+
+/// The least time between the starts of two watches of a waiter: a watch that served a while
+/// (a silent one is given up after 800 ms) is replaced at once, by then on another member (see
+/// `Members`); one that failed at once (etcd unreachable) is not retried in a tight loop.
+const WATCH_RETRY_GAP: Duration = Duration::from_millis(100);
 
 /// What a waiter at `pos`, read at revision `rev`, watches (see the module's doc). Its own key
 /// and the config key are watched from just after the read: a change to them may reach the

@@ -6,12 +6,9 @@
 //! Each sidecar under test reaches the two followers only, so that the new watch on one of
 //! them is its own, and the leader (quorum with the other follower) serves on.
 //!
-//! Both are ignored for now: they fail. Without the silence check they take 4 to 5 s; with it
-//! about 2 s (up to 4 s), because the etcd client spreads each new request and stream over the
-//! members at random (tonic's p2c balancer, every connection's load 0): the re-read or re-watch
-//! after a stall is found lands on the stalled member again half the time, and costs a hedge
-//! (500 ms) or the watch-open bound (800 ms) each time. Meeting 1 s needs requests steered away
-//! from a member found stalled. Run them with `-- --ignored`.
+//! The re-read or re-watch after a stall is found must not land on the stalled member again (the
+//! balanced etcd client would send it there half the time): the engine marks the member suspect
+//! and opens new watches and requests on another one (`src/lock/members.rs`).
 
 use serde_json::json;
 use std::sync::Arc;
@@ -83,7 +80,6 @@ impl Cluster {
 }
 
 #[tokio::test]
-#[ignore = "fails: a re-read or re-watch can land on the stalled member again (see the module doc)"]
 async fn a_waiter_whose_watch_is_on_a_stalled_member_is_granted_within_the_contract() {
     let c = Cluster::start("handoff").await;
     let holder = Sidecar::start(&c.etcd[c.leader].endpoint, "holder", &[]).await;
@@ -114,7 +110,6 @@ async fn a_waiter_whose_watch_is_on_a_stalled_member_is_granted_within_the_contr
 }
 
 #[tokio::test]
-#[ignore = "fails: a re-watch can land on the stalled member again (see the module doc)"]
 async fn a_holder_whose_watch_is_on_a_stalled_member_is_told_lost_within_the_contract() {
     let c = Cluster::start("lost").await;
     let s = Sidecar::start(&c.followers_endpoints(), "holder", &[]).await;

@@ -1,0 +1,179 @@
+//! Watches on etcd keys that notice a stalled member: see [`KeyWatch::next`]. Each new watch
+//! goes to a member that answers (see [`Members`]).
+
+use etcd_client::{WatchFilterType, WatchOptions, WatchStream};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::time::timeout;
+
+use super::LockError;
+use super::etcd::{Etcd, Stats};
+use super::members::Members;
+
+/// How long a watch may be silent before etcd is asked whether it still serves it, and how long
+/// that answer may take (see [`KeyWatch::next`]). A stalled member is thus left within about
+/// twice this, inside the 1 s the contract allows for a `lost` notice and a handoff. It costs one
+/// small message on the watch's stream per silent interval.
+const WATCH_SILENCE: Duration = Duration::from_millis(400);
+
+impl Etcd {
+    /// Watches each of `targets` on one stream, each from its own revision on (see
+    /// [`Target::from`]) or from the current revision.
+    ///
+    /// Returns once etcd confirmed every watch, with the revision the watches start after:
+    /// every change after it will be delivered. Watching from "now" rather than from a past
+    /// revision keeps the watch on etcd's synced path; a watch that starts in the past waits for
+    /// etcd's 100 ms catch-up loop, which is what makes etcd's own Mutex hand off slowly. Where
+    /// that delay does not matter, a start revision saves the read that would close the gap.
+    pub async fn watch_keys(&self, targets: &[Target]) -> Result<KeyWatch, LockError> {
+        let opts = |t: &Target| {
+            let filters = if t.puts {
+                vec![]
+            } else {
+                vec![WatchFilterType::NoPut]
+            };
+            let o = WatchOptions::new().with_filters(filters);
+            Some(match t.from {
+                Some(rev) => o.with_start_revision(rev),
+                None => o,
+            })
+        };
+        let (first, rest) = targets
+            .split_first()
+            .ok_or_else(|| LockError::Invalid("nothing to watch".into()))?;
+        // Opening the stream waits for the member's answer: bounded, as a stalled member never
+        // gives one (the watch's own silence check starts only once it is open).
+        let (member, client) = self.members.pick(&self.client);
+        let mut client = client.watch_client();
+        let open = client.watch(first.key.clone(), opts(first));
+        let Ok(opened) = timeout(2 * WATCH_SILENCE, open).await else {
+            self.members.suspect(member, "it did not open a watch");
+            return Err(LockError::Unavailable(format!(
+                "the etcd member did not open a watch within {:?} (stalled or cut off)",
+                2 * WATCH_SILENCE
+            )));
+        };
+        let mut stream = opened?;
+        for t in rest {
+            stream.watch(t.key.clone(), opts(t)).await?;
+        }
+        let mut watch = KeyWatch {
+            stream,
+            stats: self.stats.clone(),
+            members: self.members.clone(),
+            member,
+            start_revision: 0,
+            fired: false,
+        };
+        let mut created = 0;
+        while created < targets.len() && !watch.fired {
+            let resp = watch.next().await?;
+            if resp.created() {
+                // etcd answers a stream's creates in the order they were sent.
+                let rev = match targets[created].from {
+                    Some(from) => from - 1,
+                    None => resp.header().map_or(0, |h| h.revision()),
+                };
+                created += 1;
+                watch.start_revision = watch.start_revision.max(rev);
+            }
+        }
+        Ok(watch)
+    }
+}
+
+/// A key to watch, for deletion only or for any change, from a revision or from now.
+#[derive(Debug, Clone)]
+pub struct Target {
+    key: Vec<u8>,
+    puts: bool,
+    from: Option<i64>,
+}
+
+impl Target {
+    /// Watch `key` for its deletion.
+    pub fn deletion(key: &[u8]) -> Self {
+        Target {
+            key: key.to_vec(),
+            puts: false,
+            from: None,
+        }
+    }
+
+    /// Watch `key` for any write or deletion.
+    pub fn any_change(key: &[u8]) -> Self {
+        Target {
+            key: key.to_vec(),
+            puts: true,
+            from: None,
+        }
+    }
+
+    /// Watch from revision `rev` on (`None`: from now). Changes after a read at `rev - 1` then
+    /// cannot be missed without reading again, at the cost of etcd's catch-up delay (up to
+    /// 100 ms) for this key.
+    pub fn from(self, rev: Option<i64>) -> Self {
+        Target { from: rev, ..self }
+    }
+}
+
+/// Watches made by [`Etcd::watch_keys`].
+pub struct KeyWatch {
+    stream: WatchStream,
+    stats: Arc<Stats>,
+    /// Told when the member serving the stream (`member`) is found silent.
+    members: Arc<Members>,
+    member: Option<usize>,
+    /// The largest revision at which a watch was created.
+    pub start_revision: i64,
+    fired: bool,
+}
+
+impl KeyWatch {
+    /// The next message on the stream. After [`WATCH_SILENCE`] without one, etcd is asked for a
+    /// progress notification (answered at once by a member that serves); without an answer
+    /// within another [`WATCH_SILENCE`] the member is taken for stalled and this fails, so the
+    /// caller reads again and watches anew instead of sleeping on a silent stream until HTTP/2
+    /// keepalive gives up (~5 s).
+    async fn next(&mut self) -> Result<etcd_client::WatchResponse, LockError> {
+        let mut asked = false;
+        let resp = loop {
+            match timeout(WATCH_SILENCE, self.stream.message()).await {
+                Ok(message) => break message?,
+                Err(_) if asked => {
+                    self.members.suspect(self.member, "a watch on it went silent");
+                    return Err(LockError::Unavailable(format!(
+                        "the etcd member serving a watch did not answer a progress request within \
+                         {WATCH_SILENCE:?} (stalled or cut off)"
+                    )));
+                }
+                Err(_) => {
+                    self.stream.request_progress().await?;
+                    asked = true;
+                }
+            }
+        };
+        let resp = resp.ok_or_else(|| LockError::Unavailable("etcd closed the watch stream".into()))?;
+        if resp.canceled() {
+            return Err(LockError::Unavailable(format!(
+                "etcd cancelled a watch: {}",
+                resp.cancel_reason()
+            )));
+        }
+        let n = resp.events().len() as u64;
+        if n > 0 {
+            self.stats.watch_events.fetch_add(n, Ordering::Relaxed);
+            self.fired = true;
+        }
+        Ok(resp)
+    }
+
+    /// Completes when any watched key changes (at once if one already did).
+    pub async fn changed(&mut self) -> Result<(), LockError> {
+        while !self.fired {
+            self.next().await?;
+        }
+        Ok(())
+    }
+}
