@@ -5,7 +5,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::CHART;
-use crate::common::node::Node;
+use crate::common::node::{Node, retry};
 use crate::workload::{next_holder, rollout, settled, since};
 
 /// `helm upgrade` to another podlock image: the app's Deployment carries no sidecar of its own
@@ -30,6 +30,28 @@ pub fn helm_upgrade_reaches_new_pods(node: &Node) {
         "5m",
     ]);
     assert!(ok, "helm upgrade: {out}{err}");
+    // Old operator replicas answer admission requests for their drain window after SIGTERM
+    // (with the old sidecar): wait until they are gone, as a rollout that must reach every
+    // new pod would.
+    let upgraded = retry(Duration::from_secs(90), || {
+        let (_, images, _) = node.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "podlock",
+            "-l",
+            "app.kubernetes.io/component=podlock-operator",
+            "-o",
+            "jsonpath={.items[*].spec.containers[0].image}",
+        ]);
+        let new = format!("{repo}:{next}");
+        images
+            .split_whitespace()
+            .all(|i| i == new)
+            .then_some(())
+            .ok_or(images)
+    });
+    assert!(upgraded.is_ok(), "old operator pods linger: {upgraded:?}");
     let (_, init, _) = node.kubectl(&[
         "get",
         "deployment",

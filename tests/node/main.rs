@@ -43,7 +43,8 @@ fn install(node: &Node) {
     if !ok {
         let pod = "podlock-test-operator-ready";
         let (_, log, _) = node.kubectl(&["logs", "-n", "podlock", pod]);
-        panic!("helm test: {out}{err}\n{pod} logged:\n{log}");
+        let (_, status, _) = node.kubectl(&["get", "pod", "-n", "podlock", pod, "-o", "jsonpath={.status}"]);
+        panic!("helm test: {out}{err}\n{pod} logged:\n{log}\nits status: {status}");
     }
 }
 

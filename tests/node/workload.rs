@@ -114,7 +114,16 @@ pub fn rollout(node: &Node) {
         "app",
         "--timeout=180s",
     ]);
-    assert!(ok, "rollout: {out}{err}\n{}", logs(node));
+    if !ok {
+        let (_, pods, _) = node.kubectl(&["get", "pods", "-n", "app", "-o", "wide"]);
+        let (_, events, _) = node.kubectl(&["get", "events", "-n", "app", "--sort-by=.lastTimestamp"]);
+        let events: Vec<&str> = events.lines().rev().take(25).collect();
+        panic!(
+            "rollout: {out}{err}\n{pods}\nlast events:\n{}\n{}",
+            events.join("\n"),
+            logs(node)
+        );
+    }
 }
 
 /// The first holder of `work` as its status shows it.
