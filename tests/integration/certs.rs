@@ -14,6 +14,22 @@ use crate::common::kube::{ControlPlane, Operator, with_crd};
 use crate::common::wait_until;
 use crate::injection::webhook_ready;
 
+/// The operator's flags that serve the certificate files in `dir`.
+pub fn tls_flags(dir: &Path) -> Vec<String> {
+    let file = |f: &str| dir.join(f).display().to_string();
+    [
+        "--tls-cert-file",
+        "tls.crt",
+        "--tls-key-file",
+        "tls.key",
+        "--tls-ca-file",
+        "ca.crt",
+    ]
+    .chunks(2)
+    .flat_map(|flag| [flag[0].to_string(), file(flag[1])])
+    .collect()
+}
+
 /// Writes `ca.crt`, `ca.key`, `tls.crt` and `tls.key` into `dir`: a new CA, and a serving
 /// certificate it signed for `san` (e.g. `IP:127.0.0.1`), valid for `days`.
 pub fn make_certificate(dir: &Path, san: &str, days: u32) {
@@ -84,17 +100,9 @@ async fn renewed_certificate_files_are_served_and_trusted_without_a_restart() {
     let ns = plane.namespace("cert-files");
     let (live, next) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     make_certificate(live.path(), "IP:127.0.0.1", 2);
-    let file = |f: &str| live.path().join(f).display().to_string();
-    let flags = [
-        "--tls-cert-file",
-        &file("tls.crt"),
-        "--tls-key-file",
-        &file("tls.key"),
-        "--tls-ca-file",
-        &file("ca.crt"),
-        "--tls-reload-seconds",
-        "1",
-    ];
+    let mut flags = tls_flags(live.path());
+    flags.extend(["--tls-reload-seconds".into(), "1".into()]);
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let op = Operator::start_with(plane, &ns, &plane.etcd.endpoint, &flags).await;
     webhook_ready(plane, &ns).await;
     assert!(injected(plane, &ns, "before").await);

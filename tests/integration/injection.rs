@@ -288,15 +288,8 @@ async fn a_supplied_certificate_wins_over_the_self_made_one() {
     let ns = plane.namespace("own-cert");
     let dir = tempfile::tempdir().unwrap();
     crate::certs::make_certificate(dir.path(), "IP:127.0.0.1", 2);
-    let file = |f: &str| dir.path().join(f).display().to_string();
-    let flags = [
-        "--tls-cert-file",
-        &file("tls.crt"),
-        "--tls-key-file",
-        &file("tls.key"),
-        "--tls-ca-file",
-        &file("ca.crt"),
-    ];
+    let flags = crate::certs::tls_flags(dir.path());
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
     let _op = Operator::start_with(plane, &ns, &plane.etcd.endpoint, &flags).await;
     webhook_ready(plane, &ns).await;
     let (_, bundle, _) = plane.kubectl(&[
