@@ -2,7 +2,6 @@
 //! processes of the real `podlock` binary. Shared by the integration tests and the benchmark.
 #![allow(dead_code)] // each test binary uses a different part
 
-use serde_json::Value;
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -13,7 +12,10 @@ pub mod kube;
 pub mod lag;
 pub mod members;
 pub mod node;
+mod sidecar;
 pub mod store;
+
+pub use sidecar::Sidecar;
 
 /// Where `scripts/setup.sh` puts etcd and the Kubernetes binaries.
 pub fn bin_dir() -> PathBuf {
@@ -236,143 +238,6 @@ impl EtcdServer {
 impl Drop for EtcdServer {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// A `podlock sidecar` process; killed on drop.
-pub struct Sidecar {
-    child: Option<Child>,
-    _logs: tempfile::TempDir,
-    /// Base URL of its API.
-    pub addr: String,
-    /// Its pod name (the default holder id).
-    pub pod: String,
-}
-
-impl Sidecar {
-    /// Starts a sidecar for pod `pod` in namespace `default` with `extra` flags, waiting until
-    /// its lock API serves (it has reached etcd).
-    pub async fn start(etcd: &str, pod: &str, extra: &[&str]) -> Self {
-        let sidecar = Self::spawn(etcd, pod, extra).await;
-        wait_until(Duration::from_secs(10), || async {
-            sidecar.get("/v1/locks").await.0 == 200
-        })
-        .await
-        .unwrap_or_else(|e| panic!("the sidecar never reached etcd ({e}):\n{}", sidecar.log()));
-        sidecar
-    }
-
-    /// Starts a sidecar as [`Sidecar::start`] does, waiting only until it listens.
-    pub async fn spawn(etcd: &str, pod: &str, extra: &[&str]) -> Self {
-        let logs = tempfile::Builder::new()
-            .prefix("podlock-sidecar-")
-            .tempdir()
-            .unwrap();
-        let listen = format!("127.0.0.1:{}", free_port());
-        let child = spawn_dying_with_parent(
-            Command::new(podlock_bin())
-                .args([
-                    "sidecar",
-                    "--etcd-endpoints",
-                    etcd,
-                    "--listen",
-                    &listen,
-                    "--pod-name",
-                    pod,
-                ])
-                .args(extra)
-                .env("PODLOCK_LOG", "info")
-                .stdout(Stdio::null())
-                .stderr(log_file(logs.path(), "sidecar.log")),
-        );
-        let sidecar = Sidecar {
-            child: Some(child),
-            _logs: logs,
-            addr: format!("http://{listen}"),
-            pod: pod.into(),
-        };
-        wait_until(Duration::from_secs(10), || async {
-            matches!(reqwest::get(format!("{}/healthz", sidecar.addr)).await, Ok(r) if r.status().is_success())
-        })
-        .await
-        .unwrap_or_else(|e| panic!("the sidecar did not come up ({e}):\n{}", sidecar.log()));
-        sidecar
-    }
-
-    /// Its process id.
-    pub fn pid(&self) -> i32 {
-        self.child.as_ref().unwrap().id() as i32
-    }
-
-    /// Sends `sig` to it.
-    pub fn signal(&self, sig: i32) {
-        unsafe { libc::kill(self.pid(), sig) };
-    }
-
-    /// Kills it with SIGKILL.
-    pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Sends SIGTERM and waits for it to exit.
-    pub fn terminate(&mut self) -> std::process::ExitStatus {
-        self.signal(libc::SIGTERM);
-        self.child.take().unwrap().wait().unwrap()
-    }
-
-    /// The sidecar's log so far.
-    pub fn log(&self) -> String {
-        std::fs::read_to_string(self._logs.path().join("sidecar.log")).unwrap_or_default()
-    }
-
-    /// `POST {addr}/v1/locks/{lock}/{verb}` with a JSON body; returns status and body.
-    pub async fn post(&self, lock: &str, verb: &str, body: Value) -> (u16, Value) {
-        let resp = reqwest::Client::new()
-            .post(format!("{}/v1/locks/{lock}/{verb}", self.addr))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        (status, resp.json().await.unwrap_or(Value::Null))
-    }
-
-    /// `GET {addr}{path}`; returns status and body (JSON, else the text as a string).
-    pub async fn get(&self, path: &str) -> (u16, Value) {
-        let resp = reqwest::get(format!("{}{path}", self.addr)).await.unwrap();
-        let status = resp.status().as_u16();
-        let text = resp.text().await.unwrap();
-        (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
-    }
-
-    /// Acquires `lock` with `body` options; panics unless granted; returns the token.
-    pub async fn must_acquire(&self, lock: &str, body: Value) -> i64 {
-        let (status, grant) = self.post(lock, "acquire", body).await;
-        assert_eq!(status, 200, "acquire {lock} on {}: {grant}", self.pod);
-        grant["fencingToken"].as_i64().unwrap()
-    }
-
-    /// Sum of a counter or gauge family in its `/metrics`; panics if the family is missing (a
-    /// missing metric is a defect, not a zero).
-    pub async fn metric(&self, name: &str) -> f64 {
-        let (_, text) = self.get("/metrics").await;
-        let text = text.as_str().unwrap();
-        assert!(
-            text.lines()
-                .any(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{'])),
-            "{name} missing from {}'s metrics:\n{text}",
-            self.pod
-        );
-        sum_metric(text, name)
-    }
-}
-
-impl Drop for Sidecar {
-    fn drop(&mut self) {
-        self.kill9();
     }
 }
 

@@ -80,35 +80,9 @@ pub async fn webhook_ready(plane: &ControlPlane, ns: &str) {
     .expect("webhook configuration with a caBundle");
 }
 
-#[tokio::test]
-async fn annotating_a_deployment_rolls_out_pods_with_exactly_one_sidecar() {
-    let plane = with_crd();
-    let ns = plane.namespace("inject");
-    let _op = Operator::start(plane, &ns).await;
-    webhook_ready(plane, &ns).await;
-    let pods: Api<Pod> = Api::namespaced(plane.client().await, &ns);
-
-    // Without the annotation, nothing changes.
-    assert!(
-        plane
-            .kubectl_stdin(&["apply", "-f", "-"], &deployment(&ns, "web", json!({})))
-            .0
-    );
-    pods_of(&pods, "app=web", |p| sidecars(p) == 0, |_| true).await;
-
-    // `kubectl annotate deployment web podlock.io/inject=true` alone rolls out injected pods.
-    let (ok, _, err) = plane.kubectl(&[
-        "annotate",
-        "deployment",
-        "web",
-        "-n",
-        &ns,
-        "podlock.io/inject=true",
-    ]);
-    assert!(ok, "{err}");
-    // No kubelet: the old pod stays; the rollout's new pod carries the sidecar.
-    let injected = pods_of(&pods, "app=web", |p| sidecars(p) <= 1, |p| sidecars(p) == 1).await;
-    let pod = injected.iter().find(|p| sidecars(p) == 1).unwrap();
+/// The pod's `podlock` container is a native sidecar with the pod's identity, a probe inside
+/// it, resources and a restricted security context.
+fn assert_sidecar_as_injected(pod: &Pod) {
     let spec = pod.spec.as_ref().unwrap();
     let sc = spec
         .init_containers
@@ -152,6 +126,39 @@ async fn annotating_a_deployment_rolls_out_pods_with_exactly_one_sidecar() {
         sec.capabilities.as_ref().unwrap().drop.as_deref(),
         Some(&["ALL".to_string()][..])
     );
+}
+
+#[tokio::test]
+async fn annotating_a_deployment_rolls_out_pods_with_exactly_one_sidecar() {
+    let plane = with_crd();
+    let ns = plane.namespace("inject");
+    let _op = Operator::start(plane, &ns).await;
+    webhook_ready(plane, &ns).await;
+    let pods: Api<Pod> = Api::namespaced(plane.client().await, &ns);
+
+    // Without the annotation, nothing changes.
+    assert!(
+        plane
+            .kubectl_stdin(&["apply", "-f", "-"], &deployment(&ns, "web", json!({})))
+            .0
+    );
+    pods_of(&pods, "app=web", |p| sidecars(p) == 0, |_| true).await;
+
+    // `kubectl annotate deployment web podlock.io/inject=true` alone rolls out injected pods.
+    let (ok, _, err) = plane.kubectl(&[
+        "annotate",
+        "deployment",
+        "web",
+        "-n",
+        &ns,
+        "podlock.io/inject=true",
+    ]);
+    assert!(ok, "{err}");
+    // No kubelet: the old pod stays; the rollout's new pod carries the sidecar.
+    let injected = pods_of(&pods, "app=web", |p| sidecars(p) <= 1, |p| sidecars(p) == 1).await;
+    let pod = injected.iter().find(|p| sidecars(p) == 1).unwrap();
+    assert_sidecar_as_injected(pod);
+    let spec = pod.spec.as_ref().unwrap();
     let app = &spec.containers[0];
     let addr = app
         .env

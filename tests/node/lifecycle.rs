@@ -30,28 +30,7 @@ pub fn helm_upgrade_reaches_new_pods(node: &Node) {
         "5m",
     ]);
     assert!(ok, "helm upgrade: {out}{err}");
-    // Old operator replicas answer admission requests for their drain window after SIGTERM
-    // (with the old sidecar): wait until they are gone, as a rollout that must reach every
-    // new pod would.
-    let upgraded = retry(Duration::from_secs(90), || {
-        let (_, images, _) = node.kubectl(&[
-            "get",
-            "pods",
-            "-n",
-            "podlock",
-            "-l",
-            "app.kubernetes.io/component=podlock-operator",
-            "-o",
-            "jsonpath={.items[*].spec.containers[0].image}",
-        ]);
-        let new = format!("{repo}:{next}");
-        images
-            .split_whitespace()
-            .all(|i| i == new)
-            .then_some(())
-            .ok_or(images)
-    });
-    assert!(upgraded.is_ok(), "old operator pods linger: {upgraded:?}");
+    operators_all_run(node, &format!("{repo}:{next}"));
     let (_, init, _) = node.kubectl(&[
         "get",
         "deployment",
@@ -79,6 +58,30 @@ pub fn helm_upgrade_reaches_new_pods(node: &Node) {
         !live.is_empty() && live.iter().all(|l| l.contains(&new)),
         "pods without the upgraded sidecar:\n{images}"
     );
+}
+
+/// Waits until every operator pod runs `image`. Old replicas answer admission requests for
+/// their drain window after SIGTERM (with the old sidecar): a rollout that must reach every
+/// new pod waits until they are gone.
+fn operators_all_run(node: &Node, image: &str) {
+    let upgraded = retry(Duration::from_secs(90), || {
+        let (_, images, _) = node.kubectl(&[
+            "get",
+            "pods",
+            "-n",
+            "podlock",
+            "-l",
+            "app.kubernetes.io/component=podlock-operator",
+            "-o",
+            "jsonpath={.items[*].spec.containers[0].image}",
+        ]);
+        images
+            .split_whitespace()
+            .all(|i| i == image)
+            .then_some(())
+            .ok_or(images)
+    });
+    assert!(upgraded.is_ok(), "old operator pods linger: {upgraded:?}");
 }
 
 /// SIGKILL of the holder's sidecar (through containerd, as an OOM kill would): the kubelet
