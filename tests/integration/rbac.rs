@@ -18,7 +18,13 @@ use crate::isolation::credentials;
 /// and Secret policy named after `ns`, so that tests do not take each other's), and returns a kubeconfig with a
 /// token of exactly that ServiceAccount (in the returned directory).
 async fn service_account_kubeconfig(plane: &ControlPlane, ns: &str) -> (tempfile::TempDir, PathBuf) {
-    let rbac = include_str!("../../manifests/rbac.yaml")
+    rbac_kubeconfig(plane, ns, include_str!("../../manifests/rbac.yaml")).await
+}
+
+/// Like [`service_account_kubeconfig`], with the rendered RBAC `rbac` (release namespace
+/// `podlock`).
+async fn rbac_kubeconfig(plane: &ControlPlane, ns: &str, rbac: &str) -> (tempfile::TempDir, PathBuf) {
+    let rbac = rbac
         .replace("namespace: podlock", &format!("namespace: {ns}"))
         .replace(
             "kind: ClusterRoleBinding\nmetadata:\n  name: podlock-operator",
@@ -72,12 +78,61 @@ async fn the_operator_needs_no_more_than_manifests_rbac() {
     let plane = with_crd();
     let ns = plane.namespace("rbac");
     let (_dir, kubeconfig) = service_account_kubeconfig(plane, &ns).await;
+    does_its_work(plane, &ns, &kubeconfig).await;
+}
+
+/// With `operator.watchNamespace`, the chart grants what concerns locks and pods in a Role of
+/// that namespace only; the ClusterRole keeps what is cluster-scoped.
+#[tokio::test]
+async fn an_operator_limited_to_a_namespace_needs_only_a_role_there() {
+    let plane = with_crd();
+    let ns = plane.namespace("rbac-ns");
+    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/podlock");
+    let watch = format!("operator.watchNamespace={ns}");
+    let out = std::process::Command::new(crate::common::bin_dir().join("helm"))
+        .args([
+            "template",
+            "podlock",
+            chart,
+            "--kube-version",
+            "1.34.0",
+            "--namespace",
+            "podlock",
+        ])
+        .args(["--set", &watch, "--show-only", "templates/rbac.yaml"])
+        .output()
+        .unwrap();
+    // Its ClusterRole differs from the default one: under a name of its own, so that the
+    // other test's operator keeps the cluster-wide rules it runs with.
+    let rbac = String::from_utf8(out.stdout)
+        .unwrap()
+        .replace(
+            "kind: ClusterRole\nmetadata:\n  name: podlock-operator\n",
+            &format!("kind: ClusterRole\nmetadata:\n  name: podlock-operator-{ns}\n"),
+        )
+        .replace(
+            "kind: ClusterRole, name: podlock-operator}",
+            &format!("kind: ClusterRole, name: podlock-operator-{ns}}}"),
+        );
+    let cluster_role = rbac.split("kind: ClusterRoleBinding").next().unwrap();
+    assert!(
+        !cluster_role.contains("distributedlocks") && !cluster_role.contains("pods"),
+        "cluster-wide rules for a namespaced operator:\n{cluster_role}"
+    );
+    let (_dir, kubeconfig) = rbac_kubeconfig(plane, &ns, &rbac).await;
+    does_its_work(plane, &ns, &kubeconfig).await;
+}
+
+/// Runs the operator as the ServiceAccount of `kubeconfig`, for namespace `ns`: it reconciles,
+/// ends a dead pod's hold, gives the namespace its credentials and makes what it owns.
+async fn does_its_work(plane: &ControlPlane, ns: &str, kubeconfig: &std::path::Path) {
+    let ns = ns.to_string();
     // With etcd auth, so that it provisions the namespace's credentials Secret as well.
     let etcd = EtcdServer::start().await;
     etcd.enable_auth("root-secret").await;
 
     let op = Operator::start_as(
-        &kubeconfig,
+        kubeconfig,
         &ns,
         &etcd.endpoint,
         &[

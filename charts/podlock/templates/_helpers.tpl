@@ -50,3 +50,25 @@ priorityClassName: {{ . }}
 {{ join "," .Values.etcd.endpoints }}
 {{- end -}}
 {{- end }}
+
+{{/* The operator's rules about locks and pods: in its ClusterRole, or with
+     operator.watchNamespace in a Role of that namespace. */}}
+{{- define "podlock.lockRules" -}}
+# Reconcile DistributedLocks: watch them, manage the finalizer (a JSON patch), write status.
+- apiGroups: [podlock.io]
+  resources: [distributedlocks]
+  verbs: [list, watch, patch]
+- apiGroups: [podlock.io]
+  resources: [distributedlocks/status]
+  verbs: [patch]
+# Pod liveness: watch pods with podlock sidecars and read one by name. RBAC cannot narrow a
+# watch by label, so this is every pod; it is read-only.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch]
+# Kubernetes Events about locks (patch: the recorder counts repeats on its own Events, whose
+# names are generated, so they cannot be listed here).
+- apiGroups: [events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+{{- end }}
