@@ -126,6 +126,9 @@ pub struct OperatorMetrics {
     pub forced_releases: IntCounterVec,
     /// `podlock_operator_leader`: 1 while this replica leads.
     pub leader: IntGauge,
+    /// `podlock_webhook_admissions_total{kind,outcome}`: admission requests the webhook
+    /// answered; `outcome` is `changed`, `unchanged`, `warned` or `denied`.
+    pub admissions: IntCounterVec,
 }
 
 impl OperatorMetrics {
@@ -161,6 +164,14 @@ impl OperatorMetrics {
         )
         .unwrap();
         let leader = IntGauge::new("podlock_operator_leader", "1 while this replica leads").unwrap();
+        let admissions = IntCounterVec::new(
+            Opts::new(
+                "podlock_webhook_admissions_total",
+                "Admission requests the webhook answered, by kind and outcome",
+            ),
+            &["kind", "outcome"],
+        )
+        .unwrap();
         for c in [
             Box::new(leader.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(reconcile_total.clone()),
@@ -168,6 +179,7 @@ impl OperatorMetrics {
             Box::new(lock_holders.clone()),
             Box::new(lock_waiters.clone()),
             Box::new(forced_releases.clone()),
+            Box::new(admissions.clone()),
         ] {
             registry.register(c).unwrap();
         }
@@ -179,6 +191,7 @@ impl OperatorMetrics {
             lock_waiters,
             forced_releases,
             leader,
+            admissions,
         }
     }
 

@@ -281,9 +281,13 @@ async fn mutate(
             if mutation.patch.is_some() {
                 ensure_credentials(&injector.ctx, namespace).await;
             }
+            count(&injector.ctx, &req, outcome(&mutation));
             answer(resp, &req, mutation)
         }
-        Err(reason) => resp.deny(reason),
+        Err(reason) => {
+            count(&injector.ctx, &req, "denied");
+            resp.deny(reason)
+        }
     };
     Json(resp.into_review())
 }
@@ -306,6 +310,24 @@ fn answer(
     info!(kind, namespace, name, "injecting: {}", describe(kind));
     resp.with_patch(patch)
         .unwrap_or_else(|e| AdmissionResponse::invalid(e.to_string()))
+}
+
+/// `podlock_webhook_admissions_total`: with `matchConditions`, only objects that carry
+/// podlock's annotations are sent here, so this counts those alone.
+fn count(ctx: &Context, req: &AdmissionRequest<DynamicObject>, outcome: &str) {
+    let counter = &ctx.metrics.admissions;
+    counter
+        .with_label_values(&[req.kind.kind.as_str(), outcome])
+        .inc();
+}
+
+/// The outcome label of `mutation`.
+fn outcome(mutation: &inject::Mutation) -> &'static str {
+    match (&mutation.patch, &mutation.warning) {
+        (Some(_), _) => "changed",
+        (None, Some(_)) => "warned",
+        (None, None) => "unchanged",
+    }
 }
 
 /// What the webhook does to an object of `kind`.

@@ -323,3 +323,48 @@ async fn a_supplied_certificate_wins_over_the_self_made_one() {
     let pods: Api<Pod> = Api::namespaced(plane.client().await, &ns);
     assert_eq!(sidecars(&pods.get("p").await.unwrap()), 1);
 }
+
+#[tokio::test]
+async fn only_objects_with_podlock_annotations_are_sent_to_the_webhook() {
+    let plane = with_crd();
+    let ns = plane.namespace("inject-only");
+    let op = Operator::start(plane, &ns).await;
+    webhook_ready(plane, &ns).await;
+    let pod = |name: &str, annotations: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+               "spec": {"containers": [{"name": "app", "image": "app"}]}})
+        .to_string()
+    };
+    for name in ["a", "b", "c"] {
+        assert!(
+            plane
+                .kubectl_stdin(&["apply", "-f", "-"], &pod(name, json!({})))
+                .0
+        );
+    }
+    assert!(
+        plane
+            .kubectl_stdin(&["apply", "-f", "-"], &deployment(&ns, "plain", json!({})))
+            .0
+    );
+    assert!(
+        plane
+            .kubectl_stdin(
+                &["apply", "-f", "-"],
+                &pod("locked", json!({"podlock.io/inject": "true"}))
+            )
+            .0
+    );
+    let pods: Api<Pod> = Api::namespaced(plane.client().await, &ns);
+    pods_of(&pods, "app=plain", |_| true, |_| true).await;
+    let metrics = op.metrics().await;
+    let sent = crate::common::sum_metric(&metrics, "podlock_webhook_admissions_total");
+    // The annotated pod, and at most once more when the API server reinvokes the webhook
+    // (`IfNeeded`) after its own plugins changed the pod (the ServiceAccount plugin mounts a
+    // token into the new sidecar). Without matchConditions every pod above came here too.
+    assert!(
+        sent <= 2.0,
+        "the API server called the webhook for unannotated objects:\n{metrics}"
+    );
+    assert!(metrics.contains(r#"podlock_webhook_admissions_total{kind="Pod",outcome="changed"} 1"#));
+}
