@@ -29,19 +29,23 @@ use tracing::{info, warn};
 
 use crate::lock::Store;
 
-/// The Secret with a namespace's etcd credentials (`username`, `password`).
+/// The Secret with a namespace's etcd credentials (`username`, `password`, and with etcd TLS
+/// the CA that signed etcd's certificate, `ca.crt`).
 pub const SECRET: &str = "podlock-etcd";
 
 /// Provisions etcd credentials per namespace.
 pub struct Isolation {
     enabled: bool,
+    /// etcd's CA (PEM), given to every namespace's sidecars with their credentials.
+    ca: Option<Vec<u8>>,
     /// Namespaces provisioned by this process, with their etcd password.
     provisioned: Mutex<HashMap<String, String>>,
 }
 
 impl Isolation {
-    /// Isolation on (the operator connects to etcd as a user) or off (warned about once).
-    pub fn new(enabled: bool) -> Self {
+    /// Isolation on (the operator connects to etcd as a user) or off (warned about once);
+    /// `ca`: etcd's CA, with etcd TLS.
+    pub fn new(enabled: bool, ca: Option<Vec<u8>>) -> Self {
         if !enabled {
             warn!(
                 "etcd auth is not configured (no --etcd-user): pods of any namespace can take or break any \
@@ -50,6 +54,7 @@ impl Isolation {
         }
         Isolation {
             enabled,
+            ca,
             provisioned: Mutex::default(),
         }
     }
@@ -57,6 +62,11 @@ impl Isolation {
     /// Whether sidecars get per-namespace credentials.
     pub fn enabled(&self) -> bool {
         self.enabled
+    }
+
+    /// Whether the credentials Secrets carry etcd's CA (`ca.crt`).
+    pub fn has_ca(&self) -> bool {
+        self.enabled && self.ca.is_some()
     }
 
     /// Makes sure `namespace` has its role, user and Secret; after the first success in this
@@ -69,7 +79,7 @@ impl Isolation {
         store.ensure_role(namespace, &user).await?;
         let password = store.namespace_password(namespace, &random_password()?).await?;
         store.set_user(&user, &password, &user).await?;
-        let created = create_secret(client, namespace, &password).await;
+        let created = create_secret(client, namespace, &password, self.ca.as_deref()).await;
         if created.map_err(|e| cannot_create(namespace, e))? {
             info!(namespace, user, "provisioned etcd credentials for the namespace");
         }
@@ -87,7 +97,7 @@ impl Isolation {
         namespace: &str,
     ) -> anyhow::Result<()> {
         match self.password(namespace) {
-            Some(password) => recreate(client, namespace, &password)
+            Some(password) => recreate(client, namespace, &password, self.ca.as_deref())
                 .await
                 .map_err(|e| cannot_create(namespace, e)),
             None => self.ensure(client, store, namespace).await,
@@ -105,7 +115,7 @@ impl Isolation {
             tokio::time::sleep(period).await;
             let known: Vec<(String, String)> = self.provisioned.lock().unwrap().clone().into_iter().collect();
             for (namespace, password) in known {
-                match recreate(client, &namespace, &password).await {
+                match recreate(client, &namespace, &password, self.ca.as_deref()).await {
                     Ok(()) => {}
                     // The namespace is gone: forget it (a new one of that name is provisioned
                     // afresh when it uses podlock).
@@ -136,8 +146,13 @@ fn cannot_create(namespace: &str, e: kube::Error) -> anyhow::Error {
 }
 
 /// Creates the Secret if it is missing, saying so.
-async fn recreate(client: &kube::Client, namespace: &str, password: &str) -> kube::Result<()> {
-    if create_secret(client, namespace, password).await? {
+async fn recreate(
+    client: &kube::Client,
+    namespace: &str,
+    password: &str,
+    ca: Option<&[u8]>,
+) -> kube::Result<()> {
+    if create_secret(client, namespace, password, ca).await? {
         warn!(
             namespace,
             secret = SECRET,
@@ -148,11 +163,19 @@ async fn recreate(client: &kube::Client, namespace: &str, password: &str) -> kub
 }
 
 /// Creates `namespace`'s Secret; `false` when it exists already (409).
-async fn create_secret(client: &kube::Client, namespace: &str, password: &str) -> kube::Result<bool> {
-    let data = BTreeMap::from([
+async fn create_secret(
+    client: &kube::Client,
+    namespace: &str,
+    password: &str,
+    ca: Option<&[u8]>,
+) -> kube::Result<bool> {
+    let mut data = BTreeMap::from([
         ("username".to_string(), ByteString(user(namespace).into_bytes())),
         ("password".to_string(), ByteString(password.as_bytes().to_vec())),
     ]);
+    if let Some(ca) = ca {
+        data.insert("ca.crt".to_string(), ByteString(ca.to_vec()));
+    }
     let secret = Secret {
         metadata: ObjectMeta {
             name: Some(SECRET.into()),

@@ -76,7 +76,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let metrics = OperatorMetrics::new();
     let reasons = liveness::Reason::ALL.map(liveness::Reason::label);
     metrics.start_at_zero(&[&reasons[..], &[reconcile::LOCK_DELETED]].concat());
-    let ctx = context(&client, &store, &metrics, &args);
+    let ctx = context(&client, &store, &metrics, &args)?;
     let ready = Arc::new(readiness::Readiness::default());
     let health = health_server(&args, store, metrics.clone(), ready.clone()).await?;
     let own_ns = (args.operator_namespace.clone()).unwrap_or_else(|| client.default_namespace().into());
@@ -171,18 +171,25 @@ fn context(
     store: &Store,
     metrics: &OperatorMetrics,
     args: &OperatorArgs,
-) -> Arc<Context> {
+) -> anyhow::Result<Arc<Context>> {
+    let ca = match &args.etcd.etcd_ca_file {
+        Some(path) => Some(
+            std::fs::read(path)
+                .map_err(|e| anyhow::anyhow!("cannot read --etcd-ca-file {}: {e}", path.display()))?,
+        ),
+        None => None,
+    };
     let reporter = Reporter {
         controller: "podlock-operator".into(),
         instance: std::env::var("HOSTNAME").ok(),
     };
-    Arc::new(Context {
+    Ok(Arc::new(Context {
         client: client.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
         recorder: Recorder::new(client.clone(), reporter),
-        isolation: isolation::Isolation::new(args.etcd.etcd_user.is_some()),
-    })
+        isolation: isolation::Isolation::new(args.etcd.etcd_user.is_some(), ca),
+    }))
 }
 
 /// Binds `--listen` and returns the server of `/healthz`, `/readyz` and `/metrics` on it.
@@ -214,6 +221,7 @@ fn sidecar_template(args: &OperatorArgs, ctx: &Context) -> inject::SidecarTempla
         image: args.webhook.sidecar_image.clone(),
         etcd_endpoints: endpoints.unwrap_or_else(|| args.etcd.etcd_endpoints.join(",")),
         credentials_secret: ctx.isolation.enabled().then(|| isolation::SECRET.to_string()),
+        etcd_ca: ctx.isolation.has_ca(),
     }
 }
 

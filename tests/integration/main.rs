@@ -8,6 +8,7 @@ mod api;
 mod certs;
 mod chart;
 mod drain;
+mod etcd_tls;
 mod examples;
 mod injection;
 mod isolation;

@@ -2,7 +2,7 @@
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, ObjectFieldSelector, Probe,
-    ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext,
+    ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::{Value, json};
@@ -14,6 +14,22 @@ use super::{CONTAINER_ENV, SIDECAR_CONTAINER, SidecarTemplate};
 pub(super) struct Options {
     pub port: u16,
     pub heartbeat: Option<u32>,
+}
+
+/// Where the sidecar finds etcd's CA (from the namespace's credentials Secret).
+const CA_DIR: &str = "/etc/podlock/etcd";
+/// The pod volume with it.
+const CA_VOLUME: &str = "podlock-etcd-ca";
+
+/// The pod volume with etcd's CA from the namespace's credentials Secret, with etcd TLS.
+/// Optional, like the credentials: a pod started before its namespace has them still starts,
+/// and its sidecar says why it cannot reach etcd.
+pub(super) fn ca_volume(tpl: &SidecarTemplate) -> Option<Value> {
+    let secret = tpl.credentials_secret.as_ref().filter(|_| tpl.etcd_ca)?;
+    Some(
+        json!({"name": CA_VOLUME, "secret": {"secretName": secret, "optional": true,
+                "items": [{"key": "ca.crt", "path": "ca.crt"}]}}),
+    )
 }
 
 /// The image's own path to the binary (the Dockerfile's ENTRYPOINT), for the exec probes.
@@ -83,6 +99,14 @@ pub(super) fn sidecar(tpl: &SidecarTemplate, options: &Options) -> Container {
             ..Default::default()
         }),
         security_context: Some(restricted()),
+        volume_mounts: ca_volume(tpl).map(|_| {
+            vec![VolumeMount {
+                name: CA_VOLUME.into(),
+                mount_path: CA_DIR.into(),
+                read_only: Some(true),
+                ..Default::default()
+            }]
+        }),
         ..Default::default()
     }
 }
@@ -161,6 +185,9 @@ fn sidecar_env(tpl: &SidecarTemplate, options: &Options) -> Vec<EnvVar> {
     let Some(secret) = &tpl.credentials_secret else {
         return env;
     };
+    if tpl.etcd_ca {
+        env.push(value("PODLOCK_ETCD_CA_FILE", format!("{CA_DIR}/ca.crt")));
+    }
     for (var, key) in [
         ("PODLOCK_ETCD_USER", "username"),
         ("PODLOCK_ETCD_PASSWORD", "password"),

@@ -54,6 +54,8 @@ pub struct SidecarTemplate {
     pub etcd_endpoints: String,
     /// A Secret with the namespace's etcd credentials (`username`, `password`), if any.
     pub credentials_secret: Option<String>,
+    /// Whether that Secret also has etcd's CA (`ca.crt`, with etcd TLS) for the sidecar.
+    pub etcd_ca: bool,
 }
 
 /// The webhook's answer for one object: a patch, a warning for the user, both or neither.
@@ -105,6 +107,12 @@ fn inject(tpl: &SidecarTemplate, pod: &Value) -> Result<Mutation, String> {
     labels.insert(SIDECAR_LABEL.into(), json!("true"));
     let pod_spec = ensure_object(&mut mutated, "/spec");
     give_app_containers_their_env(pod_spec, options.port);
+    if let Some(volume) = container::ca_volume(tpl) {
+        let volumes = pod_spec.entry("volumes").or_insert(json!([]));
+        if let Some(volumes) = volumes.as_array_mut() {
+            volumes.push(volume);
+        }
+    }
     let sidecar = serde_json::to_value(sidecar(tpl, &options)).expect("a container serializes");
     let init = pod_spec.entry("initContainers").or_insert(json!([]));
     if let Some(init) = init.as_array_mut() {

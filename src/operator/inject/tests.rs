@@ -5,6 +5,7 @@ fn tpl() -> SidecarTemplate {
         image: "podlock:test".into(),
         etcd_endpoints: "http://etcd:2379".into(),
         credentials_secret: None,
+        etcd_ca: false,
     }
 }
 
@@ -181,4 +182,25 @@ fn leaves_alone_what_it_must() {
     let mut by_hand = pod(json!({INJECT: "true"}));
     by_hand["spec"]["containers"][1]["name"] = json!(SIDECAR_CONTAINER);
     assert!(apply(&by_hand, "Pod", true, "app").is_none());
+}
+
+#[test]
+fn with_etcd_tls_the_sidecar_gets_the_ca_from_its_namespaces_secret() {
+    let tpl = SidecarTemplate {
+        credentials_secret: Some("podlock-etcd".into()),
+        etcd_ca: true,
+        ..tpl()
+    };
+    let p = mutate(&tpl, "Pod", true, "app", &pod(json!({INJECT: "true"})))
+        .unwrap()
+        .patch
+        .unwrap();
+    let mut out = pod(json!({INJECT: "true"}));
+    json_patch::patch(&mut out, &p).unwrap();
+    assert_eq!(out["spec"]["volumes"][0]["secret"]["secretName"], "podlock-etcd");
+    assert_eq!(out["spec"]["volumes"][0]["secret"]["optional"], true);
+    let sc = &out["spec"]["initContainers"][0];
+    assert_eq!(sc["volumeMounts"][0]["mountPath"], "/etc/podlock/etcd");
+    let env = sc["env"].as_array().unwrap();
+    assert!(env.contains(&json!({"name": "PODLOCK_ETCD_CA_FILE", "value": "/etc/podlock/etcd/ca.crt"})));
 }
