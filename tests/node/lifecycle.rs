@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::CHART;
 use crate::common::node::{Node, retry};
-use crate::workload::{next_holder, rollout, settled, since};
+use crate::workload::{handed_on, rollout, settled};
 
 /// `helm upgrade` to another podlock image: the app's Deployment carries no sidecar of its own
 /// (only the copied annotation), so after a restart every new pod runs the new sidecar.
@@ -101,14 +101,11 @@ pub fn sidecar_kill_ends_the_hold(node: &Node) {
     let t0 = SystemTime::now();
     let (ok, _, err) = node.ctr(&["tasks", "kill", "-s", "SIGKILL", &id]);
     assert!(ok, "ctr tasks kill {id}: {err}");
-    let next = next_holder(node, &holder.pod);
-    let took = since(t0, &next);
-    eprintln!(
-        "sidecar of {} killed (SIGKILL, restarted by the kubelet): {} got the lock {} ms later (TTL 30 s)",
-        holder.pod,
-        next.pod,
-        took.as_millis()
+    let what = format!(
+        "sidecar of {} killed (SIGKILL, restarted by the kubelet, TTL 30 s)",
+        holder.pod
     );
+    let took = handed_on(node, &holder, t0, &what);
     // The kubelet reports the restart on its next relist (about 1 s); the operator then acts.
     assert!(
         took < Duration::from_secs(5),
@@ -145,14 +142,8 @@ pub fn an_app_ignoring_sigterm_keeps_its_hold_until_killed(node: &Node) {
         "--wait=false",
     ]);
     assert!(ok, "delete: {err}");
-    let next = next_holder(node, &holder.pod);
-    let took = since(t0, &next);
-    eprintln!(
-        "deleted {} (grace 3 s) whose app ignores SIGTERM: {} got the lock {} ms later",
-        holder.pod,
-        next.pod,
-        took.as_millis()
-    );
+    let what = format!("deleted {} (grace 3 s) whose app ignores SIGTERM", holder.pod);
+    let took = handed_on(node, &holder, t0, &what);
     assert!(
         took >= Duration::from_millis(2500),
         "the lock moved on while the old holder still ran ({took:?})"

@@ -135,7 +135,7 @@ pub struct Holder {
     waiters: u32,
 }
 
-pub fn status(node: &Node) -> Option<Holder> {
+fn status(node: &Node) -> Option<Holder> {
     let (_, out, _) = node.kubectl(&[
         "get", "dlock", "work", "-n", "app", "-o",
         "jsonpath={.status.holders[0].pod} {.status.holders[0].acquiredAt} {.status.holders[0].fencingToken} {.status.waiters}",
@@ -164,7 +164,7 @@ pub fn logs(node: &Node) -> String {
 }
 
 /// Waits until a pod other than `old` holds the lock; returns the new holder.
-pub fn next_holder(node: &Node, old: &str) -> Holder {
+fn next_holder(node: &Node, old: &str) -> Holder {
     let next = retry(Duration::from_secs(40), || {
         status(node)
             .filter(|h| h.pod != old)
@@ -183,7 +183,16 @@ pub fn next_holder(node: &Node, old: &str) -> Holder {
     next
 }
 
-pub fn since(t0: SystemTime, holder: &Holder) -> Duration {
+/// Waits until a pod other than `old`'s holds the lock; prints `what` with who got the lock
+/// and how long after `t0`, and returns that time.
+pub fn handed_on(node: &Node, old: &Holder, t0: SystemTime, what: &str) -> Duration {
+    let next = next_holder(node, &old.pod);
+    let took = since(t0, &next);
+    eprintln!("{what}: {} got the lock {} ms later", next.pod, took.as_millis());
+    took
+}
+
+fn since(t0: SystemTime, holder: &Holder) -> Duration {
     // acquiredAt has millisecond precision: a grant in the same millisecond as t0 reads as 0.
     holder
         .acquired_at
@@ -286,8 +295,11 @@ pub async fn app_crash_ends_the_hold(node: &Node) {
         "-USR1",
         "1",
     ]);
-    let next = next_holder(node, &holder.pod);
-    let took = since(t0, &next);
+    let what = format!(
+        "app container of {} crashed (exit 1, restarted by the kubelet)",
+        holder.pod
+    );
+    let took = handed_on(node, &holder, t0, &what);
     let restarted = retry(Duration::from_secs(30), || {
         let (_, out, _) = node.kubectl(&[
             "get", "pod", "-n", "app", &holder.pod, "-o",
@@ -300,12 +312,6 @@ pub async fn app_crash_ends_the_hold(node: &Node) {
     assert!(
         restarted.is_ok(),
         "the app container did not exit 1 and restart: {restarted:?}"
-    );
-    eprintln!(
-        "app container of {} crashed (exit 1, restarted by the kubelet): {} got the lock {} ms after the kill",
-        holder.pod,
-        next.pod,
-        took.as_millis()
     );
     // The kubelet reports a dead container on its next relist (about 1 s); the operator then acts.
     assert!(
