@@ -3,12 +3,15 @@
 //! `cargo bench --bench handoff` (add `-- --quick` for a short run) prints one markdown table:
 //! podlock through its sidecar (HTTP on loopback, one sidecar process per contender, like one pod
 //! each), etcd's own Go `concurrency.Mutex` and a Redis `SET NX PX` lock (bench/peers), client-go
-//! Lease leader election (failover rows) and `etcdctl lock` (shell rows); every peer cell also
-//! shows podlock's value divided by the peer's. See bench/README.md for what each row means.
+//! Lease leader election (failover rows) and `etcdctl lock` (shell rows), and the floor: what a
+//! handoff physically costs on this etcd (one write, one watch event; `floor.rs`). Every peer
+//! cell also shows podlock's value divided by the peer's (for the floor: the fraction of it
+//! podlock reaches). See bench/README.md for what each row means.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
 mod failover;
+mod floor;
 mod measure;
 mod peers;
 
@@ -20,18 +23,19 @@ use measure::{Podlock, cli_rate, contended, uncontended, usage};
 use peers::{Peers, Redis};
 
 /// Columns after "measurement".
-const PEERS: [&str; 5] = [
+const PEERS: [&str; 6] = [
     "podlock",
     "etcd Go Mutex",
     "Redis SET NX PX",
     "Lease election",
     "etcdctl lock",
+    "floor: 1 write + 1 watch event",
 ];
 
 /// One row: a value per column; `None` where a lock has no such measurement.
 struct Row {
     name: String,
-    cells: [Option<(f64, String)>; 5],
+    cells: [Option<(f64, String)>; 6],
 }
 
 impl Row {
@@ -183,7 +187,8 @@ async fn main() {
         let redis_before = usage(redis.pid()).1;
         let rd = peers.measure("redis-lock", &[&redis_flags[..], &contend].concat());
         let redis_cpu = usage(redis.pid()).1 - redis_before;
-        rows.extend(contended_rows(n, &r, &go, &rd));
+        let floor = (n > 1).then_some(floor::handoffs_per_s(endpoint, n, window).await);
+        rows.extend(contended_rows(n, &r, &go, &rd, floor));
         let per = |grants: f64| 1000.0 / grants.max(1.0);
         let (grants, go_grants, rd_grants) = (
             r.grants as f64,
@@ -303,6 +308,7 @@ fn contended_rows(
     r: &measure::Contended,
     go: &serde_json::Value,
     rd: &serde_json::Value,
+    floor: Option<f64>,
 ) -> Vec<Row> {
     let key = if n == 1 { "grants_per_s" } else { "handoffs_per_s" };
     let podlock = if n == 1 {
@@ -326,6 +332,9 @@ fn contended_rows(
         .set(1, g, format!("{g:.0}"))
         .set(2, d, format!("{d:.0}")),
     ];
+    if let Some(f) = floor {
+        rows[0].cells[5] = Some((f, format!("{f:.0}")));
+    }
     let (gw, dw) = (json_f64(go, "p99_wait_ms"), json_f64(rd, "p99_wait_ms"));
     let pw = r.p99_wait.as_secs_f64() * 1000.0;
     rows.push(
