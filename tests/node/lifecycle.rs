@@ -6,7 +6,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::CHART;
 use crate::common::node::{Node, retry};
-use crate::workload::{handed_on, rollout, settled};
+use crate::workload::{handed_on, rollout, settled, signal_app};
 
 /// `helm upgrade` to another podlock image: the app's Deployment carries no sidecar of its own
 /// (only the copied annotation), so after a restart every new pod runs the new sidecar.
@@ -118,18 +118,7 @@ pub fn sidecar_kill_ends_the_hold(node: &Node) {
 /// moves on as soon as it is dead. Handing it on at the deletion would make two running holders.
 pub fn an_app_ignoring_sigterm_keeps_its_hold_until_killed(node: &Node) {
     let holder = settled(node);
-    let (ok, _, err) = node.kubectl(&[
-        "exec",
-        "-n",
-        "app",
-        &holder.pod,
-        "-c",
-        "app",
-        "--",
-        "kill",
-        "-USR2",
-        "1",
-    ]);
+    let (ok, err) = signal_app(node, &holder.pod, "-USR2");
     assert!(ok, "exec: {err}");
     let t0 = SystemTime::now();
     let (ok, _, err) = node.kubectl(&[

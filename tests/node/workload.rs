@@ -278,23 +278,20 @@ pub async fn pod_deletion_hands_the_lock_on(node: &Node, client: &kube::Client) 
     );
 }
 
+/// Sends `signal` (e.g. `-USR1`) to the app container's PID 1 in `pod`; returns whether the
+/// exec succeeded.
+pub fn signal_app(node: &Node, pod: &str, signal: &str) -> (bool, String) {
+    let args = ["exec", "-n", "app", pod, "-c", "app", "--", "kill", signal, "1"];
+    let (ok, _, err) = node.kubectl(&args);
+    (ok, err)
+}
+
 /// Crashes the holder's app container (exit 1; the kubelet restarts it): its hold must end.
 pub async fn app_crash_ends_the_hold(node: &Node) {
     let holder = settled(node);
     let t0 = SystemTime::now();
     // The exec'd kill dies with the container it signals: its exit status tells nothing.
-    node.kubectl(&[
-        "exec",
-        "-n",
-        "app",
-        &holder.pod,
-        "-c",
-        "app",
-        "--",
-        "kill",
-        "-USR1",
-        "1",
-    ]);
+    signal_app(node, &holder.pod, "-USR1");
     let what = format!(
         "app container of {} crashed (exit 1, restarted by the kubelet)",
         holder.pod
