@@ -169,6 +169,7 @@ async fn main() {
         let before = (
             total("podlock_etcd_requests_total").await,
             total("podlock_watch_events_total").await,
+            total("podlock_etcd_watches_total").await,
         );
         let cpu_before: f64 = cs.iter().map(|c| usage(c.sidecar.pid()).1).sum();
         let etcd_before = usage(etcd.pid()).1;
@@ -177,6 +178,7 @@ async fn main() {
         let cpu: f64 = cs.iter().map(|c| usage(c.sidecar.pid()).1).sum::<f64>() - cpu_before;
         let requests = total("podlock_etcd_requests_total").await - before.0;
         let events = total("podlock_watch_events_total").await - before.1;
+        let watches = total("podlock_etcd_watches_total").await - before.2;
         rss = cs.iter().map(|c| usage(c.sidecar.pid()).0).fold(rss, f64::max);
         drop(cs); // stop these sidecars before the peers run
         let (count, secs) = (n.to_string(), window.as_secs_f64().to_string());
@@ -214,13 +216,14 @@ async fn main() {
             redis_cpu,
         ));
         let per_grant = format!(
-            "{:.2} / {:.2}",
+            "{:.2} / {:.2} / {:.2}",
             requests / grants.max(1.0),
+            watches / grants.max(1.0),
             events / grants.max(1.0)
         );
         rows.push(
             Row::new(format!(
-                "etcd requests / watch events per grant, {n} contender(s)"
+                "etcd requests / watches created / watch events per grant, {n} contender(s)"
             ))
             .set(0, requests / grants.max(1.0), per_grant),
         );

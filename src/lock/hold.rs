@@ -94,8 +94,11 @@ pub(crate) enum MarkWhen {
     /// Right after answering, off the handoff path: nobody waits on it now, but a raised
     /// `maxHolders` would, and `acquiredAt` should be true.
     Background,
-    /// Only if the hold outlives [`KEY_WATCH_DELAY`]: a mutex hold granted at once, whose
-    /// `acquiredAt` equals its `requestedAt`; short holds never pay for the write.
+    /// Only if the hold outlives [`KEY_WATCH_DELAY`]: a mutex hold, which no waiter needs
+    /// marked (none is granted beside it) unless `maxHolders` is raised meanwhile, and then
+    /// only waits this long for it. Short holds never pay for the write, so a busy mutex costs
+    /// two writes per grant (enqueue, release); until the mark, `acquiredAt` reads as
+    /// `requestedAt`.
     Later,
 }
 
@@ -105,8 +108,8 @@ impl MarkWhen {
     pub(crate) fn for_grant(at_enqueue: bool, max_holders: u32) -> Self {
         match (at_enqueue, max_holders > 1) {
             (false, true) => MarkWhen::Now,
-            (true, false) => MarkWhen::Later,
-            _ => MarkWhen::Background,
+            (true, true) => MarkWhen::Background,
+            (_, false) => MarkWhen::Later,
         }
     }
 }

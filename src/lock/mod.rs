@@ -13,6 +13,7 @@ mod hold;
 pub mod keys;
 mod members;
 mod model;
+mod position;
 mod queue;
 mod registry;
 mod session;

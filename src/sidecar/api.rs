@@ -149,14 +149,10 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
     m.held_locks.set(st.engine.held_count() as i64);
     set_counter(&m.keepalive_failures, st.engine.keepalive_failures());
     let stats = st.engine.stats();
-    set_counter(
-        &m.etcd_requests,
-        stats.requests.load(std::sync::atomic::Ordering::Relaxed),
-    );
-    set_counter(
-        &m.watch_events,
-        stats.watch_events.load(std::sync::atomic::Ordering::Relaxed),
-    );
+    let counted = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    set_counter(&m.etcd_requests, counted(&stats.requests));
+    set_counter(&m.watch_events, counted(&stats.watch_events));
+    set_counter(&m.etcd_watches, counted(&stats.watches));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m.render()).into_response()
 }
 

@@ -20,6 +20,7 @@ mod operator;
 mod pod_liveness;
 mod queue;
 mod rbac;
+mod requests;
 mod restarts;
 mod safety;
 mod settings_change;
