@@ -6,6 +6,7 @@
 //! nothing of HTTP or Kubernetes.
 
 mod acquire;
+mod ending;
 mod error;
 mod etcd;
 mod events;
