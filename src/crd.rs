@@ -6,8 +6,8 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::lock::HolderInfo;
 use crate::lock::keys::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
+use crate::lock::{HolderInfo, Mode};
 use schemars::{Schema, SchemaGenerator, json_schema};
 
 /// A lock (or, with `maxHolders` > 1, a counting semaphore) that pods take through their
@@ -30,6 +30,12 @@ use schemars::{Schema, SchemaGenerator, json_schema};
         type_ = "string",
         json_path = ".status.holders[0].pod",
         description = "First holder's pod"
+    ),
+    printcolumn(
+        name = "MODE",
+        type_ = "string",
+        json_path = ".status.holders[0].mode",
+        description = "How the first holder holds: exclusive, or shared with the other shared holders"
     ),
     printcolumn(
         name = "WAITERS",
@@ -146,6 +152,13 @@ pub struct Holder {
     pub fencing_token: i64,
     /// When the hold began (RFC 3339).
     pub acquired_at: String,
+    /// `exclusive`, or `shared` with the other shared holders (a reader-writer lock).
+    #[serde(default = "exclusive")]
+    pub mode: String,
+}
+
+fn exclusive() -> String {
+    Mode::Exclusive.as_str().into()
 }
 
 impl From<HolderInfo> for Holder {
@@ -155,6 +168,7 @@ impl From<HolderInfo> for Holder {
             pod: h.pod,
             fencing_token: h.fencing_token,
             acquired_at: h.acquired_at,
+            mode: h.mode.as_str().into(),
         }
     }
 }

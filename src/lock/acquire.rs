@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::hold::{self, Hold, MarkWhen};
-use super::keys::{self, Entry, LockId, Settings, rfc3339};
+use super::keys::{self, Entry, LockId, Mode, Settings, rfc3339};
 use super::model::{AcquireRequest, EventKind, Grant};
 use super::position::Position;
 use super::queue::{self, Enqueued, Ticket};
@@ -21,6 +21,10 @@ use super::{Engine, LockError};
 /// How many times an acquire puts its key again (settings changed, an earlier key of the same
 /// holder in the way, the session's lease revoked) before it gives up.
 const MAX_PLACEMENTS: usize = 5;
+
+/// How long a try-once acquire waits for a holder ahead of it to record its grant (see
+/// [`MarkWhen`]): a write already on its way.
+const RECORDING_GRACE: Duration = Duration::from_secs(1);
 
 /// An acquire's key in the queue.
 struct Placed {
@@ -73,13 +77,16 @@ impl Engine {
         let (seen, mark) = if placed.held() {
             (
                 placed.at,
-                MarkWhen::for_grant(true, declared.settings.max_holders),
+                MarkWhen::for_grant(true, declared.settings.max_holders, req.mode),
             )
         } else {
             let at = self
                 .await_turn(&req, &placed, &mut declared, &mut pending, deadline)
                 .await?;
-            (at, MarkWhen::for_grant(false, declared.settings.max_holders))
+            (
+                at,
+                MarkWhen::for_grant(false, declared.settings.max_holders, req.mode),
+            )
         };
         self.start_hold(req, pending, placed, declared.settings, seen, mark)
             .await
@@ -113,6 +120,7 @@ impl Engine {
     ) -> Result<Placed, LockError> {
         for _ in 0..MAX_PLACEMENTS {
             let s = declared.settings;
+            check_mode(req, s)?;
             let ttl = req.ttl_seconds.unwrap_or(s.ttl_seconds);
             let ttl = keys::TTL.check(ttl)?;
             let session = self.0.sessions.get(ttl).await?;
@@ -167,12 +175,16 @@ impl Engine {
         deadline: Instant,
     ) -> Result<i64, LockError> {
         let start = placed.position.clone().map(|p| (p, placed.at));
-        let turn = if req.wait.is_zero() && start.is_some() {
-            Turn::TimedOut // try-once, and the enqueue said it waits: no need to read again
-        } else {
-            let (etcd, ticket) = (&self.0.etcd, &placed.ticket);
-            wait::wait_turn(etcd, &req.lock, ticket, declared, deadline, start).await?
+        let deadline = match (&placed.position, req.wait.is_zero()) {
+            // Try-once with a free slot, behind a holder whose grant is still being recorded
+            // (granted a moment ago): that is bookkeeping, not a held lock.
+            (Some(Position::BehindUngranted(_)), true) => Instant::now() + RECORDING_GRACE,
+            // Try-once, and the enqueue said it waits: no need to read again.
+            (Some(_), true) => return Err(self.give_up(req, pending).await),
+            _ => deadline,
         };
+        let (etcd, ticket) = (&self.0.etcd, &placed.ticket);
+        let turn = wait::wait_turn(etcd, &req.lock, (ticket, req.mode), declared, deadline, start).await?;
         match turn {
             Turn::Granted(at) => Ok(at),
             Turn::Gone => Err(self.vanished(&req.lock, &placed.session).await),
@@ -267,6 +279,7 @@ impl Engine {
                 .heartbeat_timeout_seconds
                 .unwrap_or(s.heartbeat_timeout_seconds),
             container: req.container.clone(),
+            mode: req.mode,
         }
     }
 
@@ -282,6 +295,19 @@ impl Engine {
             ),
         }
     }
+}
+
+/// Shared holds need a reader-writer lock (`maxHolders` 1): in a semaphore every hold already
+/// shares, up to its slots.
+fn check_mode(req: &AcquireRequest, s: Settings) -> Result<(), LockError> {
+    if req.mode == Mode::Shared && s.max_holders > 1 {
+        return Err(LockError::Invalid(format!(
+            "mode shared needs a lock with maxHolders 1 (a reader-writer lock); {} is a semaphore \
+             of {}: acquire it without a mode",
+            req.lock, s.max_holders
+        )));
+    }
+    Ok(())
 }
 
 /// An acquire in progress: on drop (finished, failed or cancelled) it clears the `Waiting` slot

@@ -15,7 +15,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::keys::{Entry, LockId};
+use super::keys::{Entry, LockId, Mode};
 use super::queue::{self, Enqueued, Ticket};
 use super::session::Session;
 use super::watch::Target;
@@ -106,9 +106,11 @@ pub(crate) enum MarkWhen {
 
 impl MarkWhen {
     /// The policy for a grant made at once (`at_enqueue`) or after waiting, in a lock with
-    /// `max_holders` slots.
-    pub(crate) fn for_grant(at_enqueue: bool, max_holders: u32) -> Self {
-        match (at_enqueue, max_holders > 1) {
+    /// `max_holders` slots, of a hold in `mode`.
+    pub(crate) fn for_grant(at_enqueue: bool, max_holders: u32, mode: Mode) -> Self {
+        // Others may be granted beside it (a semaphore, or shared holds): they wait on its mark.
+        let beside = max_holders > 1 || mode == Mode::Shared;
+        match (at_enqueue, beside) {
             (false, true) => MarkWhen::Now,
             (true, true) => MarkWhen::Background,
             (_, false) => MarkWhen::Later,

@@ -258,6 +258,32 @@ pub struct PodRef {
     pub uid: String,
 }
 
+/// How a hold shares its lock (a lock with `maxHolders` 1: a reader-writer lock).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Alone: no other holder while it holds.
+    #[default]
+    Exclusive,
+    /// With the other shared holders ahead of it, but never beside an exclusive one.
+    Shared,
+}
+
+impl Mode {
+    /// Whether this is the default, exclusive mode.
+    pub fn is_exclusive(&self) -> bool {
+        *self == Mode::Exclusive
+    }
+
+    /// How the API and the status name it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+        }
+    }
+}
+
 /// The value of a queue key: who asked, for which pod, and when.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -280,6 +306,9 @@ pub struct Entry {
     /// then judges restarts of that container only.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub container: Option<String>,
+    /// How the hold shares the lock (absent: exclusive).
+    #[serde(default, skip_serializing_if = "Mode::is_exclusive")]
+    pub mode: Mode,
 }
 
 /// One holder of a lock, as reported by the API and mirrored into a DistributedLock's status.
@@ -294,6 +323,8 @@ pub struct HolderInfo {
     pub fencing_token: i64,
     /// When the hold began (RFC 3339).
     pub acquired_at: String,
+    /// How it shares the lock.
+    pub mode: Mode,
 }
 
 impl HolderInfo {
@@ -305,6 +336,7 @@ impl HolderInfo {
             acquired_at: entry.acquired_at.unwrap_or(entry.requested_at),
             holder_id: entry.holder_id,
             pod: entry.pod.name,
+            mode: entry.mode,
         })
     }
 }

@@ -26,7 +26,7 @@ mod watch;
 
 pub use error::LockError;
 pub use etcd::Stats;
-pub use keys::{Entry, HolderInfo, LockId, PodRef, Settings};
+pub use keys::{Entry, HolderInfo, LockId, Mode, PodRef, Settings};
 pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo};
 pub use queue::QueueState;
 pub use store::{Revoked, Store};

@@ -4,7 +4,7 @@ use serde::Serialize;
 use std::time::Duration;
 
 use super::hold::Hold;
-use super::keys::{HolderInfo, LockId, rfc3339};
+use super::keys::{HolderInfo, LockId, Mode, rfc3339};
 
 /// What an acquire asks for.
 #[derive(Debug, Clone)]
@@ -21,6 +21,8 @@ pub struct AcquireRequest {
     pub heartbeat_timeout_seconds: Option<u32>,
     /// The app container that asks, recorded in the entry for the operator.
     pub container: Option<String>,
+    /// Exclusive, or shared with other shared holders (a lock with `maxHolders` 1).
+    pub mode: Mode,
 }
 
 /// A granted hold, as the API reports it.

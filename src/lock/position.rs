@@ -7,7 +7,11 @@
 
 use etcd_client::KeyValue;
 
-use super::keys::Entry;
+use super::keys::{Entry, Mode};
+
+/// How many keys ahead of it a shared key reads at once: a page of shared holders. Behind a
+/// longer run of them it waits for the farthest of the page first.
+pub const SHARED_PAGE: u32 = 256;
 
 /// Where a ticket stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -22,6 +26,10 @@ pub enum Position {
     Waiter(Vec<u8>),
     /// Inside the window, behind a key that has not recorded its grant yet.
     BehindUngranted(Vec<u8>),
+    /// A shared key behind an exclusive one (the nearest ahead of it), holding or waiting: it
+    /// waits for that key to go, so that a waiting writer is never overtaken by later readers.
+    /// (Behind more shared keys than a page, it waits for the farthest of the page.)
+    BehindExclusive(Vec<u8>),
 }
 
 /// Whether a queue entry records that it was granted (its `acquiredAt` is written). A grant
@@ -32,13 +40,47 @@ pub(crate) fn granted(kv: &KeyValue) -> bool {
     serde_json::from_slice::<Entry>(kv.value()).map_or(true, |e| e.acquired_at.is_some())
 }
 
-/// The position of a key with `ahead` before it, nearest first (at most `max_holders` of them);
-/// `more` if further keys are ahead of those.
-pub fn of_keys(ahead: &[KeyValue], more: bool, max_holders: u32) -> Position {
-    let ahead: Vec<_> = (ahead.iter())
+/// The mode of a queue entry (a value that is not an entry counts as exclusive).
+fn mode(kv: &KeyValue) -> Mode {
+    serde_json::from_slice::<Entry>(kv.value()).map_or(Mode::Exclusive, |e| e.mode)
+}
+
+/// How many keys ahead of a key in `mode` its position needs, and whether their values.
+pub fn keys_needed(max_holders: u32, mode: Mode) -> (u32, bool) {
+    match (max_holders, mode) {
+        (1, Mode::Shared) => (SHARED_PAGE, true),
+        (1, Mode::Exclusive) => (1, false), // a mutex's exclusive grant needs no one's value
+        (max, _) => (max, true),
+    }
+}
+
+/// The position of a key in `mode` with `ahead` before it, nearest first (as many as
+/// [`keys_needed`] says); `more` if further keys are ahead of those.
+pub fn of_keys(ahead: &[KeyValue], more: bool, max_holders: u32, mode: Mode) -> Position {
+    let keyed: Vec<_> = (ahead.iter())
         .map(|kv| (kv.key().to_vec(), granted(kv)))
         .collect();
-    place(&ahead, more, max_holders)
+    if max_holders == 1 && mode == Mode::Shared {
+        let shared: Vec<_> = ahead.iter().map(|kv| self::mode(kv) == Mode::Shared).collect();
+        return place_shared(&keyed, &shared, more);
+    }
+    place(&keyed, more, max_holders)
+}
+
+/// The position of a shared key in a reader-writer lock: it holds once every key ahead of it
+/// is shared and granted (grants, and tokens, in queue order), else it waits for the nearest
+/// exclusive key ahead to go. `shared[i]` is the mode of `ahead[i]`.
+fn place_shared(ahead: &[(Vec<u8>, bool)], shared: &[bool], more: bool) -> Position {
+    if let Some(i) = shared.iter().position(|s| !s) {
+        return Position::BehindExclusive(ahead[i].0.clone());
+    }
+    match ahead.last() {
+        Some((farthest, _)) if more => Position::BehindExclusive(farthest.clone()),
+        _ => match ahead.iter().find(|(_, granted)| !granted) {
+            Some((key, _)) => Position::BehindUngranted(key.clone()),
+            None => Position::Holder,
+        },
+    }
 }
 
 /// The position of a key with `ahead` before it: (key, granted), nearest first, at most
@@ -84,6 +126,30 @@ mod tests {
         assert_eq!(place(&ahead, false, 3), Position::BehindUngranted(b"b".to_vec()));
         let ahead = keys(&[("b", true), ("a", true)]);
         assert_eq!(place(&ahead, false, 3), Position::Holder);
+    }
+
+    #[test]
+    fn shared_keys_share_but_never_overtake_an_exclusive_one() {
+        // Readers ahead, all granted: in. One not yet granted: after it.
+        let ahead = keys(&[("r2", true), ("r1", true)]);
+        assert_eq!(place_shared(&ahead, &[true, true], false), Position::Holder);
+        let ahead = keys(&[("r2", false), ("r1", true)]);
+        assert_eq!(
+            place_shared(&ahead, &[true, true], false),
+            Position::BehindUngranted(b"r2".to_vec())
+        );
+        // A writer ahead (waiting behind a reader, or holding): wait for it to go.
+        let ahead = keys(&[("w", false), ("r1", true)]);
+        assert_eq!(
+            place_shared(&ahead, &[false, true], false),
+            Position::BehindExclusive(b"w".to_vec())
+        );
+        // More readers ahead than a page: the farthest of the page first.
+        let ahead = keys(&[("r2", true), ("r1", true)]);
+        assert_eq!(
+            place_shared(&ahead, &[true, true], true),
+            Position::BehindExclusive(b"r1".to_vec())
+        );
     }
 
     #[test]

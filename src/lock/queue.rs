@@ -20,7 +20,7 @@ use etcd_client::{
 
 use super::LockError;
 use super::etcd::Etcd;
-use super::keys::{Entry, HolderInfo, LockId};
+use super::keys::{Entry, HolderInfo, LockId, Mode};
 use super::position::{self, Position};
 
 /// A contender's key in a queue.
@@ -68,30 +68,33 @@ pub async fn enqueue(
     max_holders: u32,
 ) -> Result<Enqueued, LockError> {
     let value = serde_json::to_vec(entry).expect("entry serializes");
-    let txn = enqueue_txn(lock, key, &value, lease, settings_rev, max_holders);
+    let (ahead, values) = position::keys_needed(max_holders, entry.mode);
+    let txn = enqueue_txn(lock, key, &value, lease, settings_rev, ahead, values);
     let resp = etcd.txn(txn).await?;
-    Ok(enqueued(resp, key, &value, lease, max_holders))
+    Ok(enqueued(resp, key, &value, lease, (max_holders, entry.mode)))
 }
 
 /// The enqueue transaction: if the settings are unchanged, put the key unless it exists and
-/// read the tail of the queue from it; else read the settings.
+/// read the tail of the queue from it (the key and `ahead` keys before it, with their
+/// `values` or not); else read the settings.
 fn enqueue_txn(
     lock: &LockId,
     key: &str,
     value: &[u8],
     lease: i64,
     settings_rev: i64,
-    max_holders: u32,
+    ahead: u32,
+    values: bool,
 ) -> Txn {
     let config = lock.config_key();
     // A key put by this transaction has the queue's highest create revision: newest first,
-    // the tail is that key and the `max_holders` keys right ahead of it.
+    // the tail is that key and the keys right ahead of it.
     let mut tail = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Descend)
-        .with_limit(i64::from(max_holders) + 1);
-    if max_holders == 1 {
-        tail = tail.with_keys_only(); // a mutex's grant needs no one's value
+        .with_limit(i64::from(ahead) + 1);
+    if !values {
+        tail = tail.with_keys_only();
     }
     let put = etcd_client::PutOptions::new().with_lease(lease);
     let place = Txn::new()
@@ -112,7 +115,13 @@ fn enqueue_txn(
 }
 
 /// What the enqueue transaction's answer says.
-fn enqueued(resp: TxnResponse, key: &str, value: &[u8], lease: i64, max_holders: u32) -> Enqueued {
+fn enqueued(
+    resp: TxnResponse,
+    key: &str,
+    value: &[u8],
+    lease: i64,
+    (max_holders, mode): (u32, Mode),
+) -> Enqueued {
     let at = resp.header().map_or(0, |h| h.revision());
     let mut ops = resp.op_responses().into_iter();
     if !resp.succeeded() {
@@ -139,7 +148,7 @@ fn enqueued(resp: TxnResponse, key: &str, value: &[u8], lease: i64, max_holders:
         lease,
     };
     if put {
-        let position = position::of_keys(ahead, get.more(), max_holders);
+        let position = position::of_keys(ahead, get.more(), max_holders, mode);
         return Enqueued::Placed {
             ticket,
             position: Some(position),
@@ -195,16 +204,20 @@ pub struct QueueState {
     pub waiters: usize,
 }
 
-/// Splits a queue range (sorted by create revision) into holders and waiters.
+/// Splits a queue range (sorted by create revision) into holders and waiters: the first
+/// `max_holders` keys, or in a reader-writer lock (`max_holders` 1) the leading run of shared
+/// keys when the first one is shared.
 pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32) -> QueueState {
-    let holders: Vec<HolderInfo> = kvs
-        .iter()
-        .take(max_holders as usize)
-        .filter_map(HolderInfo::from_kv)
-        .collect();
+    let entries: Vec<HolderInfo> = kvs.iter().filter_map(HolderInfo::from_kv).collect();
+    let held = match entries.first() {
+        Some(first) if max_holders == 1 && first.mode == Mode::Shared => {
+            entries.iter().take_while(|e| e.mode == Mode::Shared).count()
+        }
+        _ => max_holders as usize,
+    };
     QueueState {
-        waiters: kvs.len().saturating_sub(max_holders as usize),
-        holders,
+        waiters: kvs.len().saturating_sub(held),
+        holders: entries.into_iter().take(held).collect(),
     }
 }
 

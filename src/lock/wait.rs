@@ -26,7 +26,7 @@ use tracing::warn;
 
 use super::LockError;
 use super::etcd::Etcd;
-use super::keys::LockId;
+use super::keys::{LockId, Mode};
 use super::position::{self, Position};
 use super::queue::Ticket;
 use super::settings::Declared;
@@ -50,14 +50,15 @@ pub enum Turn {
 pub async fn wait_turn(
     etcd: &Etcd,
     lock: &LockId,
-    ticket: &Ticket,
+    (ticket, mode): (&Ticket, Mode),
     declared: &mut Declared,
     deadline: Instant,
     start: Option<(Position, i64)>,
 ) -> Result<Turn, LockError> {
+    let position = async |declared: &mut Declared| position(etcd, lock, (ticket, mode), declared).await;
     let (mut pos, mut rev) = match start {
         Some(start) => start,
-        None => position(etcd, lock, ticket, declared).await?,
+        None => position(declared).await?,
     };
     loop {
         match pos {
@@ -66,7 +67,7 @@ pub async fn wait_turn(
             _ => {}
         }
         let started = Instant::now();
-        let watched = watch_position(etcd, lock, ticket, declared, &pos, rev);
+        let watched = watch_position(etcd, lock, (ticket, mode), declared, &pos, rev);
         let mut watch = match timeout_at(deadline, watched).await {
             Err(_) => return Ok(Turn::TimedOut),
             Ok(Ok(Watched::Watching(watch))) => watch,
@@ -79,7 +80,7 @@ pub async fn wait_turn(
             Ok(Err(e)) => {
                 warn!(key = ticket.key, error = %e, "could not watch while waiting; re-reading");
                 sleep_until(started + WATCH_RETRY_GAP).await;
-                (pos, rev) = position(etcd, lock, ticket, declared).await?;
+                (pos, rev) = position(declared).await?;
                 continue;
             }
         };
@@ -93,7 +94,7 @@ pub async fn wait_turn(
                 sleep_until(started + WATCH_RETRY_GAP).await;
             }
         }
-        (pos, rev) = position(etcd, lock, ticket, declared).await?;
+        (pos, rev) = position(declared).await?;
     }
 }
 
@@ -114,8 +115,9 @@ enum Watched {
 /// of its watches on the keys that let it in (watched from "now").
 #[derive(Debug, PartialEq, Eq)]
 enum Gap {
-    /// Read the position again. For the first waiter and one behind an ungranted key: what they
-    /// watch is about to change, and a change missed in the gap must not cost a moment.
+    /// Read the position again. For the first waiter, one behind an ungranted key and a reader
+    /// behind a writer: what they watch is about to change, and a change missed in the gap must
+    /// not cost a moment.
     Read,
     /// Watch those keys a second time, from just after the read. A waiter further back watches
     /// a predecessor that is itself still waiting, which rarely moves within the few hundred
@@ -138,7 +140,7 @@ impl Gap {
 async fn watch_position(
     etcd: &Etcd,
     lock: &LockId,
-    ticket: &Ticket,
+    (ticket, mode): (&Ticket, Mode),
     declared: &mut Declared,
     pos: &Position,
     rev: i64,
@@ -160,7 +162,7 @@ async fn watch_position(
             }
         }
         Gap::Read => {
-            let (again, again_rev) = position(etcd, lock, ticket, declared).await?;
+            let (again, again_rev) = position(etcd, lock, (ticket, mode), declared).await?;
             if again != *pos {
                 return Ok(Watched::Moved(again, again_rev));
             }
@@ -178,6 +180,7 @@ fn lets_in(pos: &Position, max_holders: u32) -> Vec<Target> {
         Position::Waiter(pred) if max_holders > 1 => vec![Target::any_change(pred)],
         Position::Waiter(pred) => vec![Target::deletion(pred)],
         Position::BehindUngranted(key) => vec![Target::any_change(key)],
+        Position::BehindExclusive(key) => vec![Target::deletion(key)],
         Position::Holder | Position::Gone => unreachable!("nothing to wait for"),
     }
 }
@@ -187,18 +190,19 @@ fn lets_in(pos: &Position, max_holders: u32) -> Vec<Target> {
 async fn position(
     etcd: &Etcd,
     lock: &LockId,
-    ticket: &Ticket,
+    (ticket, mode): (&Ticket, Mode),
     declared: &mut Declared,
 ) -> Result<(Position, i64), LockError> {
     loop {
         let max = declared.settings.max_holders;
+        let (needed, values) = position::keys_needed(max, mode);
         let mut ahead = GetOptions::new()
             .with_prefix()
             .with_max_create_revision(ticket.revision - 1)
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(max.into());
-        if max == 1 {
-            ahead = ahead.with_keys_only(); // a mutex's grant needs no one's value
+            .with_limit(needed.into());
+        if !values {
+            ahead = ahead.with_keys_only();
         }
         let resp = etcd
             .txn(Txn::new().and_then([
@@ -222,7 +226,7 @@ async fn position(
             Some(now) if now.revision != declared.revision => *declared = now,
             None if declared.revision != 0 => return Ok((Position::Gone, rev)), // lock deleted
             _ => {
-                let at = position::of_keys(ahead.kvs(), ahead.more(), max);
+                let at = position::of_keys(ahead.kvs(), ahead.more(), max, mode);
                 return Ok((at, rev));
             }
         }

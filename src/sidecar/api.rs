@@ -93,6 +93,7 @@ async fn try_acquire(
         ttl_seconds: opts.ttl_seconds,
         heartbeat_timeout_seconds: heartbeat,
         container: opts.container,
+        mode: opts.mode.unwrap_or_default(),
         lock,
     };
     let span = info_span!("acquire", lock = %req.lock, holder = %req.holder_id);

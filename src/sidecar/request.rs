@@ -7,8 +7,8 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-use crate::lock::LockId;
 use crate::lock::keys::{HEARTBEAT, TTL, check_container};
+use crate::lock::{LockId, Mode};
 
 /// The longest an acquire may wait, in seconds.
 pub const MAX_WAIT_SECONDS: f64 = 3600.0;
@@ -32,6 +32,8 @@ pub struct AcquireOptions {
     pub container: Option<String>,
     /// `POST .../hold` only: seconds between the comment lines that keep the stream alive.
     pub keep_alive_seconds: Option<u32>,
+    /// `exclusive` (default) or `shared` (a reader-writer lock).
+    pub mode: Option<Mode>,
 }
 
 /// Options of release and heartbeat.
@@ -57,6 +59,7 @@ impl Merge for AcquireOptions {
             heartbeat_timeout_seconds: body.heartbeat_timeout_seconds.or(self.heartbeat_timeout_seconds),
             container: body.container.or(self.container),
             keep_alive_seconds: body.keep_alive_seconds.or(self.keep_alive_seconds),
+            mode: body.mode.or(self.mode),
         }
     }
 }

@@ -16,6 +16,7 @@ mod isolation;
 mod leader;
 mod liveness;
 mod lock_cmd;
+mod modes;
 mod openapi;
 mod operator;
 mod pod_liveness;

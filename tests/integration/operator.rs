@@ -114,11 +114,15 @@ async fn status_follows_etcd_within_a_second() {
     let header: Vec<&str> = list.lines().next().unwrap().split_whitespace().collect();
     assert_eq!(
         header,
-        ["NAME", "HOLDER", "WAITERS", "TOKEN", "TTL", "AGE"],
+        ["NAME", "HOLDER", "MODE", "WAITERS", "TOKEN", "TTL", "AGE"],
         "{list}"
     );
     let row: Vec<&str> = list.lines().nth(1).unwrap().split_whitespace().collect();
-    assert_eq!(&row[..5], ["work", "pod-a", "1", &t.to_string(), "20"], "{list}");
+    assert_eq!(
+        &row[..6],
+        ["work", "pod-a", "exclusive", "1", &t.to_string(), "20"],
+        "{list}"
+    );
 
     assert_eq!(a.post("work", "release", json!({})).await.0, 200);
     let tb = waiting.await.unwrap();

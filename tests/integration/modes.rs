@@ -1,0 +1,130 @@
+//! Shared and exclusive holds on one FIFO queue: a lock with `maxHolders` 1 is a reader-writer
+//! lock when acquires say `"mode": "shared"`.
+
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::common::{EtcdServer, Sidecar, declare};
+
+async fn one_sidecar(lock: &str) -> (EtcdServer, Arc<Sidecar>) {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &[lock]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    (etcd, Arc::new(s))
+}
+
+fn shared(holder: &str, wait: f64) -> serde_json::Value {
+    json!({"holderId": holder, "mode": "shared", "waitSeconds": wait})
+}
+
+/// Acquires in the background; the task returns the token and when it was granted.
+fn later(s: &Arc<Sidecar>, lock: &str, body: serde_json::Value) -> tokio::task::JoinHandle<(i64, Instant)> {
+    let (s, lock) = (s.clone(), lock.to_string());
+    tokio::spawn(async move { (s.must_acquire(&lock, body).await, Instant::now()) })
+}
+
+async fn release(s: &Sidecar, lock: &str, holder: &str) {
+    let (status, body) = s.post(lock, "release", json!({"holderId": holder})).await;
+    assert_eq!(status, 200, "release {holder}: {body}");
+}
+
+#[tokio::test]
+async fn shared_holders_share_and_an_exclusive_one_stands_alone() {
+    let (_etcd, s) = one_sidecar("rw").await;
+    let mut tokens = vec![];
+    for r in ["r1", "r2", "r3"] {
+        tokens.push(s.must_acquire("rw", shared(r, 0.0)).await); // try-once: no waiting
+    }
+    assert!(tokens.windows(2).all(|w| w[0] < w[1]), "{tokens:?}");
+    let (_, info) = s.get("/v1/locks/rw").await;
+    let holders = info["holders"].as_array().unwrap();
+    assert_eq!(holders.len(), 3, "{info}");
+    assert!(holders.iter().all(|h| h["mode"] == "shared"), "{info}");
+
+    // A writer queues; a reader that comes after it must not overtake it.
+    let writer = later(&s, "rw", json!({"holderId": "w", "waitSeconds": 10}));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, body) = s.post("rw", "acquire", shared("r4", 0.0)).await;
+    assert_eq!(status, 409, "a reader overtook a waiting writer: {body}");
+    let reader = later(&s, "rw", shared("r4", 10.0));
+    for r in ["r1", "r2", "r3"] {
+        release(&s, "rw", r).await;
+    }
+    let (w_token, w_at) = writer.await.unwrap();
+    assert!(w_token > tokens[2]);
+    let (_, info) = s.get("/v1/locks/rw").await;
+    assert_eq!(
+        info["holders"].as_array().unwrap().len(),
+        1,
+        "the writer stands alone: {info}"
+    );
+    assert_eq!(info["holders"][0]["mode"], "exclusive");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!reader.is_finished(), "a reader was granted beside the writer");
+    release(&s, "rw", "w").await;
+    let (r_token, r_at) = reader.await.unwrap();
+    assert!(r_token > w_token && r_at > w_at);
+}
+
+#[tokio::test]
+async fn a_stream_of_readers_does_not_starve_a_writer() {
+    let (_etcd, s) = one_sidecar("busy").await;
+    // Two readers take turns so that one always holds: without FIFO a writer would never get in.
+    let stop = Instant::now() + Duration::from_secs(3);
+    let readers: Vec<_> = (0..2)
+        .map(|i| {
+            let s = s.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(i * 40)).await;
+                let mut grants = vec![];
+                while Instant::now() < stop {
+                    let holder = format!("reader-{i}");
+                    let token = s.must_acquire("busy", shared(&holder, 10.0)).await;
+                    grants.push((token, Instant::now()));
+                    tokio::time::sleep(Duration::from_millis(80)).await;
+                    release(&s, "busy", &holder).await;
+                }
+                grants
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked = Instant::now();
+    let w_token = s
+        .must_acquire("busy", json!({"holderId": "w", "waitSeconds": 5}))
+        .await;
+    let waited = asked.elapsed();
+    let w_at = Instant::now();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    release(&s, "busy", "w").await;
+    eprintln!("a writer among a stream of readers was granted after {waited:?}");
+    assert!(waited < Duration::from_secs(1), "the writer waited {waited:?}");
+    for r in readers {
+        for (token, at) in r.await.unwrap() {
+            // Tokens follow grants: readers granted before the writer have smaller ones, those
+            // after it larger ones.
+            assert_eq!(
+                token > w_token,
+                at > w_at,
+                "reader token {token}, writer {w_token}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_mode_that_cannot_apply_is_refused_naming_the_field() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["pool", "--max-holders", "3"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let (status, body) = s.post("pool", "acquire", shared("r", 0.0)).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("maxHolders 1"),
+        "{body}"
+    );
+    let (status, body) = s.post("pool", "acquire", json!({"mode": "read"})).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body["message"].as_str().unwrap().contains("mode"), "{body}");
+}
