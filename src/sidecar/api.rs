@@ -38,11 +38,14 @@ pub async fn acquire(
         Ok(_) => "acquired",
         Err(e) => e.code(),
     };
-    if result.is_ok() {
+    if let Ok(grant) = &result {
         st.metrics
             .acquire_wait
             .with_label_values(&[&name])
             .observe(started.elapsed().as_secs_f64());
+        if grant.handed_on {
+            st.metrics.handoffs.with_label_values(&[&name]).inc();
+        }
     }
     st.metrics
         .acquire_total
@@ -51,6 +54,7 @@ pub async fn acquire(
     // Every lock this sidecar was asked for reports its lost holds from the first scrape on,
     // 0 until one is lost, so that alerts on it see a series rather than nothing.
     st.metrics.locks_lost.with_label_values(&[&name]);
+    st.metrics.handoffs.with_label_values(&[&name]);
     result.map(Json)
 }
 
