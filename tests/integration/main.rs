@@ -7,6 +7,7 @@ mod common;
 mod api;
 mod certs;
 mod chart;
+mod dashboards;
 mod drain;
 mod etcd_tls;
 mod examples;
