@@ -46,7 +46,10 @@ impl SidecarMetrics {
             &["lock", "result"],
         )
         .unwrap();
-        let buckets = vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
+        // Fine enough between 1 s and 1 min for the dashboard's p50/p99 to mean something there.
+        let buckets = vec![
+            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+        ];
         let acquire_wait = HistogramVec::new(
             HistogramOpts::new(
                 "podlock_acquire_wait_seconds",
@@ -145,7 +148,9 @@ fn hold_metrics() -> (IntCounterVec, HistogramVec, GaugeVec) {
     )
     .unwrap();
     // From a short critical section to a leader's day-long hold.
-    let buckets = vec![0.01, 0.1, 1.0, 10.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0];
+    let buckets = vec![
+        0.01, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0,
+    ];
     let hold_seconds = HistogramVec::new(
         HistogramOpts::new("podlock_hold_seconds", "How long holds lasted, released or lost")
             .buckets(buckets),

@@ -113,6 +113,8 @@ fn optional_parts_render() {
         "webhook.certManager.enabled=true",
     ]);
     assert!(out.contains("kind: ServiceMonitor") && out.contains("kind: Certificate"));
+    // The operator's per-lock series keep their `namespace` (the lock's), to join the sidecars'.
+    assert!(out.contains("honorLabels: true"), "{out}");
     assert!(out.contains("/etc/podlock/webhook/ca.crt"));
     let out = render(&["--set", "etcd.bundled.enabled=true"]);
     assert!(out.contains("kind: StatefulSet"));
