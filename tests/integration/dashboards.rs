@@ -59,6 +59,11 @@ async fn every_query_names_metrics_the_binaries_export() {
     assert_eq!(a.post("work", "release", json!({})).await.0, 200);
     waiting.await.unwrap();
     assert_eq!(a.post("work", "acquire", json!({"waitSeconds": 0})).await.0, 409);
+    // What the new panels count: b's grant was a handoff, a's was not; a's hold ended, b's is open.
+    assert_eq!(b.metric("podlock_handoffs_total").await, 1.0);
+    assert_eq!(a.metric("podlock_handoffs_total").await, 0.0);
+    assert_eq!(a.metric("podlock_hold_seconds_count").await, 1.0);
+    assert!(b.metric("podlock_hold_age_seconds").await > 0.0);
 
     let mut scraped = op.metrics().await;
     for s in [&a, &*b] {
