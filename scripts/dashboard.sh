@@ -27,31 +27,16 @@ step "building podlock"
 cargo build --locked --bin podlock --quiet
 PODLOCK=$PWD/target/debug/podlock
 
-work=$(mktemp -d)
-pids=() # disowned processes (no "Killed" notices), ended at exit
-cleanup() {
-  kill $(jobs -p) "${pids[@]}" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/local-processes.sh
 background() { "$@" & pids+=($!); disown $!; }
 
-step "starting etcd, kube-apiserver and kube-controller-manager"
-bash scripts/control-plane.sh "$work/cp" &
-until [ -f "$work/cp/ready" ]; do sleep 0.2; done
-set -a; . "$work/cp/env"; set +a
-k() { kubectl --kubeconfig "$KUBECONFIG" "$@"; }
+start_control_plane
 
 step "starting the operator; locks demo/jobs (short holds) and demo/reports (longer ones)"
 k apply -f crds/ >/dev/null
 k create namespace demo >/dev/null
-hook=$(free_port) op_port=$(free_port)
-background "$PODLOCK" operator --etcd-endpoints "$ETCD_ENDPOINT" --listen "127.0.0.1:$op_port" \
-  --webhook-listen "127.0.0.1:$hook" --webhook-url "https://127.0.0.1:$hook/mutate" \
-  --leader-lease-seconds 3 --leader-renew-deadline-seconds 2 --leader-retry-period-seconds 1 \
-  >"$work/operator.log" 2>&1
+op_port=$(free_port)
+start_operator "127.0.0.1:$op_port"
 k apply -f - >/dev/null <<YAML
 apiVersion: podlock.io/v1alpha1
 kind: DistributedLock
@@ -65,7 +50,6 @@ spec: {ttlSeconds: 10}
 YAML
 
 step "starting four pods' sidecars (Pods in the API, processes here) and Prometheus"
-started=$(date -u -d '-1 min' +%Y-%m-%dT%H:%M:%SZ)
 declare -A addr sidecar
 targets=""
 for pod in worker-1 worker-2 worker-3 worker-4; do
@@ -75,17 +59,11 @@ kind: Pod
 metadata: {name: $pod, namespace: demo}
 spec: {containers: [{name: app, image: "example/worker:1"}]}
 YAML
-  uid=$(k get pod "$pod" -n demo -o jsonpath='{.metadata.uid}')
-  k patch pod "$pod" -n demo --subresource=status --type=merge -p "{\"status\":{\"phase\":\"Running\",\"containerStatuses\":[{\"name\":\"app\",\"image\":\"x\",\"imageID\":\"\",\"ready\":true,\"restartCount\":0,\"state\":{\"running\":{\"startedAt\":\"$started\"}}}]}}" >/dev/null
-  port=$(free_port)
-  addr[$pod]=http://127.0.0.1:$port
-  background "$PODLOCK" sidecar --etcd-endpoints "$ETCD_ENDPOINT" --listen "127.0.0.1:$port" \
-    --namespace demo --pod-name "$pod" --pod-uid "$uid" >"$work/$pod.log" 2>&1
-  sidecar[$pod]=${pids[-1]}
+  run_pod "$pod"
   # What the PodMonitor's target labels would be.
   targets+="  - job_name: $pod
     scrape_interval: 1s
-    static_configs: [{targets: ['127.0.0.1:$port'], labels: {namespace: demo, pod: $pod}}]
+    static_configs: [{targets: ['${addr[$pod]#http://}'], labels: {namespace: demo, pod: $pod}}]
 "
 done
 prom_port=$(free_port)
