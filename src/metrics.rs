@@ -26,6 +26,8 @@ pub struct SidecarMetrics {
     pub etcd_requests: IntCounter,
     /// `podlock_watch_events_total`: etcd watch events received.
     pub watch_events: IntCounter,
+    /// `podlock_etcd_watches_total`: etcd watches created (one per key watched).
+    pub etcd_watches: IntCounter,
     /// `podlock_handoffs_total{lock}`: grants that waited in the queue for an earlier holder.
     pub handoffs: IntCounterVec,
     /// `podlock_hold_seconds{lock}`: how long holds lasted, observed as each ends.
@@ -77,6 +79,11 @@ impl SidecarMetrics {
         .unwrap();
         let watch_events =
             IntCounter::new("podlock_watch_events_total", "etcd watch events received").unwrap();
+        let etcd_watches = IntCounter::new(
+            "podlock_etcd_watches_total",
+            "etcd watches created (one per key watched)",
+        )
+        .unwrap();
         let (handoffs, hold_seconds, hold_age) = hold_metrics();
         for c in [
             Box::new(acquire_total.clone()) as Box<dyn prometheus::core::Collector>,
@@ -86,6 +93,7 @@ impl SidecarMetrics {
             Box::new(keepalive_failures.clone()),
             Box::new(etcd_requests.clone()),
             Box::new(watch_events.clone()),
+            Box::new(etcd_watches.clone()),
             Box::new(handoffs.clone()),
             Box::new(hold_seconds.clone()),
             Box::new(hold_age.clone()),
@@ -101,6 +109,7 @@ impl SidecarMetrics {
             keepalive_failures,
             etcd_requests,
             watch_events,
+            etcd_watches,
             handoffs,
             hold_seconds,
             hold_age,
