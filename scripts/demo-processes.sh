@@ -14,31 +14,16 @@ step "building podlock (release)"
 cargo build --release --locked --bin podlock --quiet
 PODLOCK=$PWD/target/release/podlock
 
-work=$(mktemp -d)
-pids=() # disowned processes (no "Killed" notices), ended at exit
-cleanup() {
-  kill $(jobs -p) "${pids[@]}" 2>/dev/null || true
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+. scripts/local-processes.sh
 now() { date +%s.%N; }
 
-step "starting etcd, kube-apiserver and kube-controller-manager"
-bash scripts/control-plane.sh "$work/cp" &
-until [ -f "$work/cp/ready" ]; do sleep 0.2; done
-set -a; . "$work/cp/env"; set +a
-k() { kubectl --kubeconfig "$KUBECONFIG" "$@"; }
+start_control_plane
 
 step "installing the CRD and starting the operator"
 k apply -f crds/ >/dev/null
 k create namespace demo >/dev/null
-hook=$(free_port); op_metrics=127.0.0.1:$(free_port)
-"$PODLOCK" operator --etcd-endpoints "$ETCD_ENDPOINT" --listen "$op_metrics" \
-  --webhook-listen "127.0.0.1:$hook" --webhook-url "https://127.0.0.1:$hook/mutate" \
-  --leader-lease-seconds 3 --leader-renew-deadline-seconds 2 --leader-retry-period-seconds 1 >"$work/operator.log" 2>&1 &
-until k get mutatingwebhookconfiguration podlock -o jsonpath='{.webhooks[0].clientConfig.caBundle}' 2>/dev/null | grep -q .; do sleep 0.2; done
+op_metrics=127.0.0.1:$(free_port)
+start_operator "$op_metrics"
 
 store_port=$(free_port)
 python3 examples/fenced_store.py "$store_port" "$work/writes" &
@@ -64,19 +49,10 @@ YAML
 until [ "$(k get pods -n demo -l app=worker -o name | wc -l)" = 3 ]; do sleep 0.2; done
 k get pods -n demo -l app=worker -o jsonpath='{range .items[*]}{.metadata.name} init={.spec.initContainers[*].name} app-env={.spec.containers[0].env[0].name}{"\n"}{end}' | sed 's/^/  /'
 
-# Stand in for the kubelet: mark each pod Running, start its sidecar and its worker.
-started=$(date -u -d '-1 min' +%Y-%m-%dT%H:%M:%SZ)
+# Stand in for the kubelet: mark each pod Running, start its sidecar (and below, its worker).
 declare -A addr sidecar worker
 for pod in $(k get pods -n demo -l app=worker -o jsonpath='{.items[*].metadata.name}'); do
-  uid=$(k get pod "$pod" -n demo -o jsonpath='{.metadata.uid}')
-  k patch pod "$pod" -n demo --subresource=status --type=merge -p "{\"status\":{\"phase\":\"Running\",\"containerStatuses\":[{\"name\":\"app\",\"image\":\"x\",\"imageID\":\"\",\"ready\":true,\"restartCount\":0,\"state\":{\"running\":{\"startedAt\":\"$started\"}}}]}}" >/dev/null
-  port=$(free_port)
-  addr[$pod]=http://127.0.0.1:$port
-  "$PODLOCK" sidecar --etcd-endpoints "$ETCD_ENDPOINT" --listen "127.0.0.1:$port" \
-    --namespace demo --pod-name "$pod" --pod-uid "$uid" >"$work/$pod.log" 2>&1 &
-  sidecar[$pod]=$!
-  pids+=($!)
-  disown $!
+  run_pod "$pod"
 done
 for pod in "${!addr[@]}"; do until curl -sf "${addr[$pod]}/readyz" >/dev/null; do sleep 0.05; done; done
 

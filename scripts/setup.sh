@@ -7,7 +7,9 @@
 #   etcd, etcdctl     built from the Go module go.etcd.io/etcd (server/v3, etcdctl/v3)
 #   with --kubernetes: kube-apiserver and kube-controller-manager, built from the Go module
 #                     k8s.io/kubernetes (about 3 + 3 minutes of compile on 2 cores), and helm
-#                     from helm.sh/helm/v3 (about 2 minutes)
+#                     from helm.sh/helm/v3 (about 2 minutes), and promtool and prometheus from
+#                     github.com/prometheus/prometheus (the chart's alert rules are checked
+#                     with promtool; scripts/dashboard.sh runs prometheus; about 4 minutes)
 #   with --node:      all of --kubernetes, and for a real node (scripts/node.sh): kubelet,
 #                     kube-scheduler and kube-proxy from the same module (a minute or two once
 #                     the API server's build cache is warm), CoreDNS from github.com/coredns/coredns
@@ -23,6 +25,8 @@ ETCD_VERSION="${ETCD_VERSION:-v3.5.17}"
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.13.1}"
+# Prometheus 3.x; its Go module numbers releases v0.3xx.y.
+PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 WITH_KUBERNETES=false WITH_NODE=false
 case "${1:-}" in
   --kubernetes) WITH_KUBERNETES=true ;;
@@ -192,6 +196,8 @@ GO
 if $WITH_KUBERNETES; then
   build_kube_cmds kube-apiserver kube-controller-manager
   build_go_cmd helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+  build_go_cmd promtool github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION"
+  build_go_cmd prometheus github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/prometheus "$PROMETHEUS_VERSION"
 fi
 if $WITH_NODE; then
   apt_install containerd containerd "the node's container runtime, CRI built in"

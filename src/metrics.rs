@@ -1,8 +1,12 @@
 //! Prometheus metrics of the contract (prefix `podlock_`), in one registry per process.
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry,
+    TextEncoder,
 };
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 /// The sidecar's metrics.
 #[derive(Clone)]
@@ -24,6 +28,15 @@ pub struct SidecarMetrics {
     pub watch_events: IntCounter,
     /// `podlock_etcd_watches_total`: etcd watches created (one per key watched).
     pub etcd_watches: IntCounter,
+    /// `podlock_handoffs_total{lock}`: grants that waited in the queue for an earlier holder.
+    pub handoffs: IntCounterVec,
+    /// `podlock_hold_seconds{lock}`: how long holds lasted, observed as each ends.
+    pub hold_seconds: HistogramVec,
+    /// `podlock_hold_age_seconds{lock}`: how long this sidecar's oldest hold of the lock has
+    /// lasted so far (no series while it holds none).
+    pub hold_age: GaugeVec,
+    /// When each open hold began, by lock and fencing token (for `hold_age`, `hold_seconds`).
+    open_holds: Arc<Mutex<HashMap<(String, i64), Instant>>>,
 }
 
 impl SidecarMetrics {
@@ -35,7 +48,10 @@ impl SidecarMetrics {
             &["lock", "result"],
         )
         .unwrap();
-        let buckets = vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 30.0, 300.0];
+        // Fine enough between 1 s and 1 min for the dashboard's p50/p99 to mean something there.
+        let buckets = vec![
+            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+        ];
         let acquire_wait = HistogramVec::new(
             HistogramOpts::new(
                 "podlock_acquire_wait_seconds",
@@ -68,6 +84,7 @@ impl SidecarMetrics {
             "etcd watches created (one per key watched)",
         )
         .unwrap();
+        let (handoffs, hold_seconds, hold_age) = hold_metrics();
         for c in [
             Box::new(acquire_total.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(acquire_wait.clone()),
@@ -77,6 +94,9 @@ impl SidecarMetrics {
             Box::new(etcd_requests.clone()),
             Box::new(watch_events.clone()),
             Box::new(etcd_watches.clone()),
+            Box::new(handoffs.clone()),
+            Box::new(hold_seconds.clone()),
+            Box::new(hold_age.clone()),
         ] {
             registry.register(c).unwrap();
         }
@@ -90,13 +110,71 @@ impl SidecarMetrics {
             etcd_requests,
             watch_events,
             etcd_watches,
+            handoffs,
+            hold_seconds,
+            hold_age,
+            open_holds: Arc::default(),
         }
     }
 
-    /// The registry's metrics in Prometheus text format.
+    /// The registry's metrics in Prometheus text format, with the open holds' ages as of now.
     pub fn render(&self) -> String {
+        self.hold_age.reset();
+        let now = Instant::now();
+        for ((lock, _), began) in self.open_holds.lock().unwrap().iter() {
+            let gauge = self.hold_age.with_label_values(&[lock]);
+            gauge.set(gauge.get().max(now.duration_since(*began).as_secs_f64()));
+        }
         render(&self.registry)
     }
+
+    /// Notes that the hold of `lock` with fencing token `token` began now.
+    pub fn hold_began(&self, lock: &str, token: i64) {
+        let mut open = self.open_holds.lock().unwrap();
+        open.insert((lock.to_string(), token), Instant::now());
+        // Every lock this sidecar held shows its hold durations from then on, even while 0.
+        self.hold_seconds.with_label_values(&[lock]);
+    }
+
+    /// Notes that that hold ended (released or lost), and observes how long it lasted.
+    pub fn hold_ended(&self, lock: &str, token: i64) {
+        let began = self.open_holds.lock().unwrap().remove(&(lock.to_string(), token));
+        if let Some(began) = began {
+            let lasted = began.elapsed().as_secs_f64();
+            self.hold_seconds.with_label_values(&[lock]).observe(lasted);
+        }
+    }
+}
+
+/// The hold metrics: handoffs, hold durations and the open holds' ages, each by lock.
+fn hold_metrics() -> (IntCounterVec, HistogramVec, GaugeVec) {
+    let handoffs = IntCounterVec::new(
+        Opts::new(
+            "podlock_handoffs_total",
+            "Grants that waited in the queue for an earlier holder",
+        ),
+        &["lock"],
+    )
+    .unwrap();
+    // From a short critical section to a leader's day-long hold.
+    let buckets = vec![
+        0.01, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0, 14400.0, 86400.0,
+    ];
+    let hold_seconds = HistogramVec::new(
+        HistogramOpts::new("podlock_hold_seconds", "How long holds lasted, released or lost")
+            .buckets(buckets),
+        &["lock"],
+    )
+    .unwrap();
+    let hold_age = GaugeVec::new(
+        Opts::new(
+            "podlock_hold_age_seconds",
+            "How long this sidecar's oldest hold of the lock has lasted so far",
+        ),
+        &["lock"],
+    )
+    .unwrap();
+    (handoffs, hold_seconds, hold_age)
 }
 
 impl Default for SidecarMetrics {
@@ -224,5 +302,58 @@ impl OperatorMetrics {
 impl Default for OperatorMetrics {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line<'a>(text: &'a str, prefix: &str) -> Option<&'a str> {
+        text.lines().find(|l| l.starts_with(prefix))
+    }
+
+    #[test]
+    fn an_open_hold_has_an_age_and_an_ended_one_a_duration() {
+        let m = SidecarMetrics::new();
+        m.hold_began("a", 7);
+        m.hold_began("b", 8);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        m.hold_ended("b", 8);
+        let text = m.render();
+        let age = line(&text, "podlock_hold_age_seconds{lock=\"a\"}").expect("a's age");
+        let age: f64 = age.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(age >= 0.02, "age {age}");
+        assert!(
+            line(&text, "podlock_hold_age_seconds{lock=\"b\"}").is_none(),
+            "{text}"
+        );
+        assert!(
+            text.contains("podlock_hold_seconds_count{lock=\"b\"} 1"),
+            "{text}"
+        );
+        assert!(
+            text.contains("podlock_hold_seconds_count{lock=\"a\"} 0"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn the_age_of_a_lock_is_its_oldest_open_hold() {
+        let m = SidecarMetrics::new();
+        m.hold_began("s", 1);
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        m.hold_began("s", 2);
+        let text = m.render();
+        let age = line(&text, "podlock_hold_age_seconds{lock=\"s\"}").unwrap();
+        let age: f64 = age.rsplit(' ').next().unwrap().parse().unwrap();
+        assert!(age >= 0.05, "the newer hold's age was reported: {age}");
+    }
+
+    #[test]
+    fn an_end_without_a_beginning_is_not_observed() {
+        let m = SidecarMetrics::new();
+        m.hold_ended("x", 3);
+        assert!(!m.render().contains("podlock_hold_seconds_count{lock=\"x\"}"));
     }
 }

@@ -74,6 +74,7 @@ impl Engine {
         let deadline = Instant::now() + req.wait;
         let mut declared = self.declared(&req.lock, false).await?;
         let placed = self.place(&req, &mut declared, &mut pending).await?;
+        let handed_on = !placed.held();
         let (seen, mark) = if placed.held() {
             (
                 placed.at,
@@ -88,8 +89,11 @@ impl Engine {
                 MarkWhen::for_grant(false, declared.settings.max_holders, req.mode),
             )
         };
-        self.start_hold(req, pending, placed, declared.settings, seen, mark)
-            .await
+        let grant = self.start_hold(req, pending, placed, declared.settings, seen, mark);
+        Ok(Grant {
+            handed_on,
+            ..grant.await?
+        })
     }
 
     /// Answers an acquire by a holder that already holds: the same grant while its key is

@@ -45,6 +45,10 @@ pub struct Grant {
     pub heartbeat_timeout_seconds: u32,
     /// When the hold began (RFC 3339).
     pub acquired_at: String,
+    /// Granted after waiting in the queue for an earlier holder: a handoff (for metrics; not
+    /// part of the API).
+    #[serde(skip)]
+    pub handed_on: bool,
 }
 
 impl Grant {
@@ -58,6 +62,7 @@ impl Grant {
             ttl_seconds: hold.session.ttl,
             heartbeat_timeout_seconds: hold.heartbeat.as_secs() as u32,
             acquired_at: rfc3339(hold.acquired_at),
+            handed_on: false,
         }
     }
 }

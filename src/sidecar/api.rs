@@ -60,16 +60,20 @@ pub async fn acquire_counted(
         Ok(_) => "acquired",
         Err(e) => e.code(),
     };
-    if result.is_ok() {
+    if let Ok(grant) = &result {
         st.metrics
             .acquire_wait
             .with_label_values(&[name])
             .observe(started.elapsed().as_secs_f64());
+        if grant.handed_on {
+            st.metrics.handoffs.with_label_values(&[name]).inc();
+        }
     }
     st.metrics.acquire_total.with_label_values(&[name, outcome]).inc();
     // Every lock this sidecar was asked for reports its lost holds from the first scrape on,
     // 0 until one is lost, so that alerts on it see a series rather than nothing.
     st.metrics.locks_lost.with_label_values(&[name]);
+    st.metrics.handoffs.with_label_values(&[name]);
     result
 }
 

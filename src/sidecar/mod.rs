@@ -111,7 +111,7 @@ async fn start(args: &SidecarArgs) -> anyhow::Result<(Engine, AppState)> {
     };
     let engine = Engine::new(client, members, pod, args.standalone);
     let metrics = SidecarMetrics::new();
-    spawn_loss_counter(&engine, &metrics);
+    spawn_hold_metrics(&engine, &metrics);
     let state = AppState {
         engine: engine.clone(),
         metrics,
@@ -195,16 +195,22 @@ async fn serve(
 /// How long the server may take to close its connections once every hold has ended.
 const SHUTDOWN_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
-fn spawn_loss_counter(engine: &Engine, metrics: &SidecarMetrics) {
+/// Feeds the engine's hold events to the metrics: lost holds, and when holds begin and end.
+fn spawn_hold_metrics(engine: &Engine, metrics: &SidecarMetrics) {
     let mut events = engine.subscribe(None);
-    let lost = metrics.locks_lost.clone();
+    let metrics = metrics.clone();
     tokio::spawn(async move {
         while let Some(ev) = events.recv().await {
-            if ev.kind == EventKind::Lost {
-                lost.with_label_values(&[&ev.lock]).inc();
+            match ev.kind {
+                EventKind::Acquired => metrics.hold_began(&ev.lock, ev.fencing_token),
+                EventKind::Released => metrics.hold_ended(&ev.lock, ev.fencing_token),
+                EventKind::Lost => {
+                    metrics.locks_lost.with_label_values(&[&ev.lock]).inc();
+                    metrics.hold_ended(&ev.lock, ev.fencing_token);
+                }
             }
         }
-        warn!("the lost-holds counter fell behind the engine's events and stopped counting");
+        warn!("the hold metrics fell behind the engine's events and stopped counting");
     });
 }
 

@@ -22,7 +22,8 @@ fn helm(args: &[&str]) -> (bool, String, String) {
 /// The cluster version charts are rendered for (the chart needs 1.29+ for native sidecars).
 const KUBE_VERSION: &str = "1.34.0";
 
-fn render(extra: &[&str]) -> String {
+/// `helm template` of the chart as release `podlock` in namespace `podlock`, with `extra` arguments.
+pub(crate) fn render(extra: &[&str]) -> String {
     render_release("podlock", "podlock", extra)
 }
 
@@ -105,6 +106,11 @@ fn bad_values_fail_naming_the_field() {
             "etcd.bundled.quotaBackendBytes=1024",
             "/etcd/bundled/quotaBackendBytes",
         ),
+        ("dashboards.labelValue=a b", "/dashboards/labelValue"),
+        (
+            "prometheusRule.heldTooLong.factor=1",
+            "/prometheusRule/heldTooLong/factor",
+        ),
     ] {
         let args = [
             "template",
@@ -158,10 +164,59 @@ fn optional_parts_render() {
         "webhook.certManager.enabled=true",
     ]);
     assert!(out.contains("kind: ServiceMonitor") && out.contains("kind: Certificate"));
+    // The operator's per-lock series keep their `namespace` (the lock's), to join the sidecars'.
+    assert!(out.contains("honorLabels: true"), "{out}");
     assert!(out.contains("/etc/podlock/webhook/ca.crt"));
     let out = render(&["--set", "etcd.bundled.enabled=true"]);
     assert!(out.contains("kind: StatefulSet"));
     assert!(out.contains("http://podlock-etcd-0.podlock-etcd.podlock.svc:2379,http://podlock-etcd-1"));
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_render_only_when_enabled() {
+    let default = render(&[]);
+    assert!(!default.contains("grafana_dashboard") && !default.contains("kind: PrometheusRule"));
+    let out = render(&[
+        "--set",
+        "dashboards.enabled=true",
+        "--set",
+        "dashboards.label=my_dashboards",
+        "--set",
+        "dashboards.labelValue=yes",
+        "--set",
+        "dashboards.namespace=monitoring",
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "prometheusRule.labels.release=kps",
+    ]);
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&out)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let of_kind = |kind: &str| {
+        docs.iter().find(|d| {
+            d["kind"] == kind
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("podlock-dash") || kind == "PrometheusRule")
+        })
+    };
+    let cm = of_kind("ConfigMap").expect("the dashboard ConfigMap");
+    assert_eq!(cm["metadata"]["labels"]["my_dashboards"], "yes");
+    assert_eq!(cm["metadata"]["namespace"], "monitoring");
+    let json = cm["data"]["podlock.json"].as_str().unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(json).expect("the dashboard is valid JSON");
+    assert_eq!(
+        json,
+        include_str!("../../charts/podlock/dashboards/podlock.json").trim_end()
+    );
+    assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() >= 8));
+    let rule = of_kind("PrometheusRule").expect("the PrometheusRule");
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rule["metadata"]["labels"]["release"], "kps");
+    // The default label is the one kube-prometheus-stack's Grafana sidecar looks for.
+    let out = render(&["--set", "dashboards.enabled=true"]);
+    assert!(out.contains("grafana_dashboard: \"1\""), "{out}");
 }
 
 #[test]

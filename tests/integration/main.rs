@@ -8,6 +8,7 @@ mod api;
 mod certs;
 mod chart;
 mod connection;
+mod dashboards;
 mod drain;
 mod etcd_tls;
 mod examples;

@@ -1,0 +1,130 @@
+//! The chart's Grafana dashboard and PrometheusRule against the real binaries: every query
+//! parses and names only metrics a real sidecar and operator export (scraped after a small
+//! workload made every series exist), and the alert rules pass promtool.
+
+mod exprs;
+
+use serde::Deserialize;
+use serde_json::json;
+use std::time::Duration;
+
+use crate::chart::render;
+use crate::common::kube::{Operator, with_crd};
+use crate::common::{Sidecar, bin_dir, wait_until};
+use exprs::{dashboard_queries, exported, families, metric_names, rule_queries};
+
+/// The `spec.groups` of the PrometheusRule the chart renders with `prometheusRule.enabled`.
+fn rule_groups() -> serde_yaml::Value {
+    let out = render(&["--set", "prometheusRule.enabled=true"]);
+    serde_yaml::Deserializer::from_str(&out)
+        .map(|doc| serde_yaml::Value::deserialize(doc).unwrap())
+        .find(|doc| doc["kind"] == "PrometheusRule")
+        .expect("a PrometheusRule")["spec"]["groups"]
+        .clone()
+}
+
+/// Waits until the operator's metrics show `line`.
+async fn reports(op: &Operator, line: &str) {
+    let seen = wait_until(Duration::from_secs(10), || async {
+        op.metrics().await.contains(line)
+    })
+    .await;
+    seen.unwrap_or_else(|e| panic!("no {line} ({e}):\n{}", op.log()));
+}
+
+#[tokio::test]
+async fn every_query_names_metrics_the_binaries_export() {
+    let plane = with_crd();
+    let ns = plane.namespace("dashboards");
+    let op = Operator::start(plane, &ns).await;
+    let lock = format!(
+        "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: work, namespace: {ns}}}\nspec: {{}}\n"
+    );
+    let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &lock);
+    assert!(ok, "{err}");
+    // The operator reports a lock once it has declared it in etcd.
+    let series = |name: &str, n: u32| format!("{name}{{lock=\"work\",namespace=\"{ns}\"}} {n}");
+    reports(&op, &series("podlock_lock_holders", 0)).await;
+    let flags = ["--namespace", ns.as_str()];
+    let sidecar = |pod: &'static str| Sidecar::start(&plane.etcd.endpoint, pod, &flags);
+    let (a, b) = (
+        sidecar("pod-a").await,
+        std::sync::Arc::new(sidecar("pod-b").await),
+    );
+    // a holds; b waits, and is handed the lock when a releases; a's try-once is refused.
+    a.must_acquire("work", json!({})).await;
+    let waiter = b.clone();
+    let waiting = tokio::spawn(async move { waiter.must_acquire("work", json!({"waitSeconds": 20})).await });
+    reports(&op, &series("podlock_lock_waiters", 1)).await;
+    assert_eq!(a.post("work", "release", json!({})).await.0, 200);
+    waiting.await.unwrap();
+    assert_eq!(a.post("work", "acquire", json!({"waitSeconds": 0})).await.0, 409);
+    // What the new panels count: b's grant was a handoff, a's was not; a's hold ended, b's is open.
+    assert_eq!(b.metric("podlock_handoffs_total").await, 1.0);
+    assert_eq!(a.metric("podlock_handoffs_total").await, 0.0);
+    assert_eq!(a.metric("podlock_hold_seconds_count").await, 1.0);
+    assert!(b.metric("podlock_hold_age_seconds").await > 0.0);
+
+    let mut scraped = op.metrics().await;
+    for s in [&a, &*b] {
+        scraped.push_str(s.get("/metrics").await.1.as_str().unwrap());
+    }
+    let exported_families = families(&scraped);
+    let mut queries = dashboard_queries();
+    queries.extend(rule_queries(&rule_groups()));
+    let mut missing = vec![];
+    for (place, query) in &queries {
+        let names = metric_names(query).unwrap_or_else(|e| panic!("{place}: {e}: {query}"));
+        assert!(!names.is_empty(), "{place} selects no metric: {query}");
+        missing.extend(
+            names
+                .into_iter()
+                .filter(|n| !exported(&exported_families, n))
+                .map(|n| format!("{place}: {n}")),
+        );
+    }
+    assert!(
+        missing.is_empty(),
+        "not exported: {missing:#?}\nscraped:\n{scraped}"
+    );
+    eprintln!(
+        "{} queries checked against {} exported families",
+        queries.len(),
+        exported_families.len()
+    );
+}
+
+#[test]
+fn the_alert_rules_pass_promtool_and_each_has_a_runbook() {
+    let groups = rule_groups();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("podlock.rules.yaml");
+    let rules = serde_yaml::to_string(&serde_yaml::Mapping::from_iter([(
+        "groups".into(),
+        groups.clone(),
+    )]))
+    .unwrap();
+    std::fs::write(&file, rules).unwrap();
+    let out = std::process::Command::new(bin_dir().join("promtool"))
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool: run scripts/setup.sh --kubernetes");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "promtool check rules: {text}");
+    eprintln!("{}", text.trim());
+    let runbook = include_str!("../../docs/operations.md");
+    let rules = groups[0]["rules"].as_sequence().unwrap();
+    for rule in rules {
+        let alert = rule["alert"].as_str().unwrap();
+        assert!(rule["for"].is_string(), "{alert} has no `for`");
+        assert!(rule["labels"]["severity"].is_string(), "{alert} has no severity");
+        for key in ["summary", "description"] {
+            assert!(rule["annotations"][key].is_string(), "{alert} has no {key}");
+        }
+        assert!(
+            runbook.contains(&format!("### {alert}\n")),
+            "docs/operations.md has no runbook for {alert}"
+        );
+    }
+}
