@@ -6,10 +6,10 @@ use std::process::Command;
 use crate::common::bin_dir;
 use crate::common::kube::with_crd;
 
-const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/podlock");
+pub(crate) const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/podlock");
 
 /// Runs helm with `args`; returns (success, stdout, stderr).
-fn helm(args: &[&str]) -> (bool, String, String) {
+pub(crate) fn helm(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(bin_dir().join("helm"))
         .args(args)
         .output()
@@ -21,7 +21,7 @@ fn helm(args: &[&str]) -> (bool, String, String) {
 /// The cluster version charts are rendered for (the chart needs 1.29+ for native sidecars).
 const KUBE_VERSION: &str = "1.34.0";
 
-fn render(extra: &[&str]) -> String {
+pub(crate) fn render(extra: &[&str]) -> String {
     let mut args = vec!["template", "podlock", CHART, "--namespace", "podlock"];
     args.extend(["--kube-version", KUBE_VERSION]);
     args.extend_from_slice(extra);
@@ -110,7 +110,7 @@ fn optional_parts_render() {
     assert!(out.contains("/etc/podlock/webhook/ca.crt"));
     let out = render(&["--set", "etcd.bundled.enabled=true"]);
     assert!(out.contains("kind: StatefulSet"));
-    assert!(out.contains("http://podlock-etcd-0.podlock-etcd.podlock.svc:2379,http://podlock-etcd-1"));
+    assert!(out.contains("https://podlock-etcd-0.podlock-etcd.podlock.svc:2379,https://podlock-etcd-1"));
 }
 
 #[test]
@@ -174,9 +174,10 @@ async fn the_rendered_objects_are_accepted_by_a_real_api_server() {
     plane.namespace("podlock");
     for values in [
         &[][..],
+        &["--set", "etcd.bundled.enabled=true"][..],
         &[
             "--set",
-            "etcd.bundled.enabled=true",
+            "etcd.tlsSecret=etcd-tls",
             "--set",
             "etcd.authSecret=etcd-root",
         ][..],
@@ -190,6 +191,13 @@ async fn the_rendered_objects_are_accepted_by_a_real_api_server() {
             "poddisruptionbudget.policy/podlock-operator",
         ] {
             assert!(out.contains(kind), "{kind} missing: {out}");
+        }
+        let bundled = [
+            "networkpolicy.networking.k8s.io/podlock-etcd",
+            "secret/podlock-etcd-tls",
+        ];
+        if values.contains(&"etcd.bundled.enabled=true") {
+            assert!(bundled.iter().all(|k| out.contains(k)), "{out}");
         }
     }
 }
