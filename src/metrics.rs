@@ -22,6 +22,8 @@ pub struct SidecarMetrics {
     pub etcd_requests: IntCounter,
     /// `podlock_watch_events_total`: etcd watch events received.
     pub watch_events: IntCounter,
+    /// `podlock_etcd_watches_total`: etcd watches created (one per key watched).
+    pub etcd_watches: IntCounter,
 }
 
 impl SidecarMetrics {
@@ -61,6 +63,11 @@ impl SidecarMetrics {
         .unwrap();
         let watch_events =
             IntCounter::new("podlock_watch_events_total", "etcd watch events received").unwrap();
+        let etcd_watches = IntCounter::new(
+            "podlock_etcd_watches_total",
+            "etcd watches created (one per key watched)",
+        )
+        .unwrap();
         for c in [
             Box::new(acquire_total.clone()) as Box<dyn prometheus::core::Collector>,
             Box::new(acquire_wait.clone()),
@@ -69,6 +76,7 @@ impl SidecarMetrics {
             Box::new(keepalive_failures.clone()),
             Box::new(etcd_requests.clone()),
             Box::new(watch_events.clone()),
+            Box::new(etcd_watches.clone()),
         ] {
             registry.register(c).unwrap();
         }
@@ -81,6 +89,7 @@ impl SidecarMetrics {
             keepalive_failures,
             etcd_requests,
             watch_events,
+            etcd_watches,
         }
     }
 

@@ -14,89 +14,28 @@ mod failover;
 mod floor;
 mod measure;
 mod peers;
+mod table;
 
 use std::time::Duration;
 
-use common::{EtcdServer, declare, percentile};
+use common::{EtcdServer, declare};
 use failover::{Fault, TTL};
 use measure::{Podlock, cli_rate, contended, uncontended, usage};
 use peers::{Peers, Redis};
+use table::{PEERS, Row, contended_rows, json_f64, ms, spread};
 
-/// Columns after "measurement".
-const PEERS: [&str; 6] = [
-    "podlock",
-    "etcd Go Mutex",
-    "Redis SET NX PX",
-    "Lease election",
-    "etcdctl lock",
-    "floor: 1 write + 1 watch event",
-];
-
-/// One row: a value per column; `None` where a lock has no such measurement.
-struct Row {
-    name: String,
-    cells: [Option<(f64, String)>; 6],
-}
-
-impl Row {
-    fn new(name: impl Into<String>) -> Self {
-        Row {
-            name: name.into(),
-            cells: Default::default(),
-        }
-    }
-
-    /// Sets column `col` to `value`, shown as `text`.
-    fn set(mut self, col: usize, value: f64, text: String) -> Self {
-        self.cells[col] = Some((value, text));
-        self
-    }
-
-    fn print(&self) {
-        let podlock = self.cells[0].as_ref().map(|c| c.0);
-        let cells: Vec<String> = self
-            .cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| match (c, podlock) {
-                (None, _) => "—".into(),
-                (Some((_, text)), _) if i == 0 => text.clone(),
-                (Some((v, text)), Some(p)) if *v > 0.0 => format!("{text} ({:.2}x)", p / v),
-                (Some((_, text)), _) => text.clone(),
-            })
-            .collect();
-        println!("| {} | {} |", self.name, cells.join(" | "));
-    }
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.2} ms", d.as_secs_f64() * 1000.0)
-}
-
-fn json_f64(v: &serde_json::Value, key: &str) -> f64 {
-    v[key]
-        .as_f64()
-        .unwrap_or_else(|| panic!("peer output lacks {key}: {v}"))
-}
-
-/// p50 / max of failover times, as (p50 seconds, text).
-fn spread(mut d: Vec<Duration>) -> (f64, String) {
-    let (p50, p99) = (percentile(&mut d, 0.5), percentile(&mut d, 0.99));
-    let s = |d: Duration| match d.as_secs_f64() {
-        secs if secs < 1.0 => format!("{:.0} ms", secs * 1000.0),
-        secs => format!("{secs:.2} s"),
-    };
-    let text = if d.len() >= 10 {
-        format!("{} / {} (p50 / p99, {} trials)", s(p50), s(p99), d.len())
-    } else {
-        let trials = if d.len() == 1 {
-            "1 trial".into()
-        } else {
-            format!("{} trials", d.len())
-        };
-        format!("{} / {} (p50 / max, {trials})", s(p50), s(p99))
-    };
-    (p50.as_secs_f64(), text)
+/// One run of the benchmark: its sizes, and what every lock runs on.
+struct Run {
+    /// Uncontended cycles.
+    cycles: usize,
+    /// How long each contended run lasts.
+    window: Duration,
+    /// Failover trials per peer, and for podlock's Pod-deletion row.
+    trials: usize,
+    pod_trials: usize,
+    peers: Peers,
+    etcd: EtcdServer,
+    redis: Redis,
 }
 
 #[tokio::main]
@@ -107,93 +46,123 @@ async fn main() {
     } else {
         (2000, Duration::from_secs(5), 3, 20)
     };
-    let peers = Peers::build();
-    let etcd = EtcdServer::start().await;
-    let redis = Redis::start().await;
-    let (endpoint, raddr) = (etcd.endpoint.as_str(), redis.addr.as_str());
-    let go_flags = ["-endpoint", endpoint];
-    let redis_flags = ["-addr", raddr];
-    let (ttl_s, ttl_ms) = (TTL.to_string(), (TTL * 1000).to_string());
-    let go_failover = ["-endpoint", endpoint, "-ttl", &ttl_s];
-    let redis_failover = ["-addr", raddr, "-ttl-ms", &ttl_ms];
-    let mut rows: Vec<Row> = vec![];
-
-    declare(endpoint, &["solo"]);
-    let solo = Podlock::contenders(&etcd, "solo", 1).await;
-    let (p50, p99, rate) = uncontended(&solo[0], cycles).await;
-    let n = cycles.to_string();
-    let go = peers.measure(
-        "etcd-mutex",
-        &[&go_flags[..], &["-lock", "solo", "uncontended", &n]].concat(),
-    );
-    let rd = peers.measure(
-        "redis-lock",
-        &[&redis_flags[..], &["-lock", "solo", "uncontended", &n]].concat(),
-    );
-    let latency = |v: &serde_json::Value| {
-        let p50 = json_f64(v, "p50_ms");
-        (p50, format!("{p50:.2} ms / {:.2} ms", json_f64(v, "p99_ms")))
+    let run = Run {
+        cycles,
+        window,
+        trials,
+        pod_trials,
+        peers: Peers::build(),
+        etcd: EtcdServer::start().await,
+        redis: Redis::start().await,
     };
-    let (go_l, rd_l) = (latency(&go), latency(&rd));
-    rows.push(
-        Row::new("uncontended acquire+release p50 / p99")
-            .set(
-                0,
-                p50.as_secs_f64() * 1000.0,
-                format!("{} / {}", ms(p50), ms(p99)),
-            )
-            .set(1, go_l.0, go_l.1)
-            .set(2, rd_l.0, rd_l.1),
-    );
-    let (go_r, rd_r) = (json_f64(&go, "cycles_per_s"), json_f64(&rd, "cycles_per_s"));
-    rows.push(
-        Row::new("uncontended cycles/s")
-            .set(0, rate, format!("{rate:.0}"))
-            .set(1, go_r, format!("{go_r:.0}"))
-            .set(2, rd_r, format!("{rd_r:.0}")),
-    );
-    let mut rss: f64 = usage(solo[0].sidecar.pid()).0;
-    drop(solo);
-
+    let (mut rows, mut rss) = run.uncontended().await;
     for n in [1usize, 8, 64] {
-        let lock = format!("c{n}");
-        declare(endpoint, &[&lock]);
-        let cs = Podlock::contenders(&etcd, &lock, n).await;
-        let total = async |metric: &str| {
-            let mut sum = 0.0;
-            for c in &cs {
-                sum += c.sidecar.metric(metric).await;
-            }
-            sum
+        let (more, sidecar_rss) = run.contended(n).await;
+        rows.extend(more);
+        rss = rss.max(sidecar_rss);
+    }
+    rows.push(Row::new("sidecar RSS, max over sidecars").set(0, rss, format!("{rss:.1} MiB")));
+    rows.extend(run.failovers().await);
+    rows.extend(run.shell().await);
+
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "machine: {cores} cores; {}; one local etcd and one redis-server; window {window:?} per contended run",
+        etcd_version()
+    );
+    println!("(x): podlock's value divided by the peer's\n");
+    println!("| measurement | {} |", PEERS.join(" | "));
+    println!("|---|{}", "---|".repeat(PEERS.len()));
+    for r in &rows {
+        r.print();
+    }
+}
+
+impl Run {
+    fn endpoint(&self) -> &str {
+        &self.etcd.endpoint
+    }
+
+    /// Uncontended acquire + release: latency and rate; and the sidecar's RSS after it.
+    async fn uncontended(&self) -> (Vec<Row>, f64) {
+        declare(self.endpoint(), &["solo"]);
+        let solo = Podlock::contenders(&self.etcd, "solo", 1).await;
+        let (p50, p99, rate) = uncontended(&solo[0], self.cycles).await;
+        let n = self.cycles.to_string();
+        let args = ["-lock", "solo", "uncontended", &n];
+        let go = self
+            .peers
+            .measure("etcd-mutex", &[&self.go_flags()[..], &args].concat());
+        let rd = self
+            .peers
+            .measure("redis-lock", &[&self.redis_flags()[..], &args].concat());
+        let latency = |v: &serde_json::Value| {
+            let p50 = json_f64(v, "p50_ms");
+            (p50, format!("{p50:.2} ms / {:.2} ms", json_f64(v, "p99_ms")))
         };
-        let before = (
-            total("podlock_etcd_requests_total").await,
-            total("podlock_watch_events_total").await,
-        );
+        let (go_l, rd_l) = (latency(&go), latency(&rd));
+        let (go_r, rd_r) = (json_f64(&go, "cycles_per_s"), json_f64(&rd, "cycles_per_s"));
+        let p50_ms = p50.as_secs_f64() * 1000.0;
+        let rows = vec![
+            Row::new("uncontended acquire+release p50 / p99")
+                .set(0, p50_ms, format!("{} / {}", ms(p50), ms(p99)))
+                .set(1, go_l.0, go_l.1)
+                .set(2, rd_l.0, rd_l.1),
+            Row::new("uncontended cycles/s")
+                .set(0, rate, format!("{rate:.0}"))
+                .set(1, go_r, format!("{go_r:.0}"))
+                .set(2, rd_r, format!("{rd_r:.0}")),
+        ];
+        (rows, usage(solo[0].sidecar.pid()).0)
+    }
+
+    fn go_flags(&self) -> [&str; 2] {
+        ["-endpoint", self.endpoint()]
+    }
+
+    fn redis_flags(&self) -> [&str; 2] {
+        ["-addr", &self.redis.addr]
+    }
+
+    /// `n` contenders loop acquire → release for the window, on podlock, then on each peer and
+    /// the floor: handoffs, waits, fairness, CPU and etcd work per grant; and the largest
+    /// sidecar RSS.
+    async fn contended(&self, n: usize) -> (Vec<Row>, f64) {
+        let lock = format!("c{n}");
+        declare(self.endpoint(), &[&lock]);
+        let cs = Podlock::contenders(&self.etcd, &lock, n).await;
+        let before = EtcdWork::of(&cs).await;
         let cpu_before: f64 = cs.iter().map(|c| usage(c.sidecar.pid()).1).sum();
-        let etcd_before = usage(etcd.pid()).1;
-        let r = contended(&cs, window).await;
-        let etcd_cpu = usage(etcd.pid()).1 - etcd_before;
+        let etcd_before = usage(self.etcd.pid()).1;
+        let r = contended(&cs, self.window).await;
+        let etcd_cpu = usage(self.etcd.pid()).1 - etcd_before;
         let cpu: f64 = cs.iter().map(|c| usage(c.sidecar.pid()).1).sum::<f64>() - cpu_before;
-        let requests = total("podlock_etcd_requests_total").await - before.0;
-        let events = total("podlock_watch_events_total").await - before.1;
-        rss = cs.iter().map(|c| usage(c.sidecar.pid()).0).fold(rss, f64::max);
+        let work = EtcdWork::of(&cs).await.minus(&before);
+        let rss = cs.iter().map(|c| usage(c.sidecar.pid()).0).fold(0.0, f64::max);
         drop(cs); // stop these sidecars before the peers run
-        let (count, secs) = (n.to_string(), window.as_secs_f64().to_string());
+        let (count, secs) = (n.to_string(), self.window.as_secs_f64().to_string());
         let contend = ["-lock", lock.as_str(), "contend", &count, &secs];
-        let etcd_before = usage(etcd.pid()).1;
-        let go = peers.measure("etcd-mutex", &[&go_flags[..], &contend].concat());
-        let go_etcd_cpu = usage(etcd.pid()).1 - etcd_before;
-        let redis_before = usage(redis.pid()).1;
-        let rd = peers.measure("redis-lock", &[&redis_flags[..], &contend].concat());
-        let redis_cpu = usage(redis.pid()).1 - redis_before;
-        let floor = (n > 1).then_some(floor::handoffs_per_s(endpoint, n, window).await);
-        rows.extend(contended_rows(n, &r, &go, &rd, floor));
+        let etcd_before = usage(self.etcd.pid()).1;
+        let go = self
+            .peers
+            .measure("etcd-mutex", &[&self.go_flags()[..], &contend].concat());
+        let go_etcd_cpu = usage(self.etcd.pid()).1 - etcd_before;
+        let redis_before = usage(self.redis.pid()).1;
+        let rd = self
+            .peers
+            .measure("redis-lock", &[&self.redis_flags()[..], &contend].concat());
+        let redis_cpu = usage(self.redis.pid()).1 - redis_before;
+        let floor = match n {
+            1 => None,
+            _ => Some(floor::handoffs_per_s(self.endpoint(), n, self.window).await),
+        };
+        let mut rows = contended_rows(n, &r, &go, &rd, floor);
+        let secs = self.window.as_secs_f64();
         let per = |grants: f64| 1000.0 / grants.max(1.0);
         let (grants, go_grants, rd_grants) = (
             r.grants as f64,
-            json_f64(&go, "grants_per_s") * window.as_secs_f64(),
-            json_f64(&rd, "grants_per_s") * window.as_secs_f64(),
+            json_f64(&go, "grants_per_s") * secs,
+            json_f64(&rd, "grants_per_s") * secs,
         );
         let cpu_row = |name: String, p: f64, g: f64, rd_v: f64| {
             Row::new(name)
@@ -213,147 +182,108 @@ async fn main() {
             go_etcd_cpu,
             redis_cpu,
         ));
-        let per_grant = format!(
-            "{:.2} / {:.2}",
-            requests / grants.max(1.0),
-            events / grants.max(1.0)
-        );
-        rows.push(
-            Row::new(format!(
-                "etcd requests / watch events per grant, {n} contender(s)"
-            ))
-            .set(0, requests / grants.max(1.0), per_grant),
-        );
+        rows.push(work.row(n, grants));
+        (rows, rss)
     }
-    rows.push(Row::new("sidecar RSS, max over sidecars").set(0, rss, format!("{rss:.1} MiB")));
 
-    for (fault, what) in [
-        (Fault::Kill, "holder killed (kill -9)"),
-        (
-            Fault::PodDeleted,
-            "holder's node lost (SIGSTOP) and its Pod deleted",
-        ),
-    ] {
-        let podlock = match fault {
-            Fault::Kill => failover::podlock_killed(&etcd, trials).await,
-            Fault::PodDeleted => failover::podlock_pod_deleted(pod_trials).await,
-        };
-        let cells = [
-            spread(podlock),
-            spread(failover::peer(&peers, "etcd-mutex", &go_failover, fault, trials).await),
-            spread(failover::peer(&peers, "redis-lock", &redis_failover, fault, trials).await),
-            spread(failover::lease_election(&peers, fault, trials).await),
-        ];
-        let mut row = Row::new(format!("failover: {what}, TTL {TTL} s"));
-        for (i, (v, text)) in cells.into_iter().enumerate() {
-            row = row.set(i, v, text);
+    /// The holder goes away while a waiter queues: the time until the waiter is granted.
+    async fn failovers(&self) -> Vec<Row> {
+        let (ttl_s, ttl_ms) = (TTL.to_string(), (TTL * 1000).to_string());
+        let go_failover = ["-endpoint", self.endpoint(), "-ttl", &ttl_s];
+        let redis_failover = ["-addr", &self.redis.addr, "-ttl-ms", &ttl_ms];
+        let (peers, trials) = (&self.peers, self.trials);
+        let mut rows = vec![];
+        for (fault, what) in [
+            (Fault::Kill, "holder killed (kill -9)"),
+            (
+                Fault::PodDeleted,
+                "holder's node lost (SIGSTOP) and its Pod deleted",
+            ),
+        ] {
+            let podlock = match fault {
+                Fault::Kill => failover::podlock_killed(&self.etcd, trials).await,
+                Fault::PodDeleted => failover::podlock_pod_deleted(self.pod_trials).await,
+            };
+            let cells = [
+                spread(podlock),
+                spread(failover::peer(peers, "etcd-mutex", &go_failover, fault, trials).await),
+                spread(failover::peer(peers, "redis-lock", &redis_failover, fault, trials).await),
+                spread(failover::lease_election(peers, fault, trials).await),
+            ];
+            let mut row = Row::new(format!("failover: {what}, TTL {TTL} s"));
+            for (i, (v, text)) in cells.into_iter().enumerate() {
+                row = row.set(i, v, text);
+            }
+            rows.push(row);
         }
-        rows.push(row);
+        rows
     }
 
-    // The same lock from the shell: one process per cycle around `true`.
-    declare(endpoint, &["cli"]);
-    let cli = Podlock::contenders(&etcd, "cli", 1).await;
-    let podlock_cli: Vec<String> = [
-        common::podlock_bin(),
-        "lock",
-        "cli",
-        "--addr",
-        &cli[0].sidecar.addr,
-        "--",
-        "true",
-    ]
-    .map(String::from)
-    .to_vec();
-    let etcdctl = common::bin_dir().join("etcdctl").display().to_string();
-    let etcdctl_cli: Vec<String> = [
-        &etcdctl,
-        "--endpoints",
-        endpoint,
-        "lock",
-        "cli-etcdctl",
-        "--",
-        "true",
-    ]
-    .map(String::from)
-    .to_vec();
-    for loops in [1usize, 8] {
-        let (p, e) = (
-            cli_rate(&podlock_cli, loops, window).await,
-            cli_rate(&etcdctl_cli, loops, window).await,
-        );
-        rows.push(
-            Row::new(format!("shell: `LOCKCLI NAME -- true` cycles/s, {loops} loop(s)"))
-                .set(0, p, format!("{p:.0}"))
-                .set(4, e, format!("{e:.0}")),
-        );
-    }
-
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!(
-        "machine: {cores} cores; {}; one local etcd and one redis-server; window {window:?} per contended run",
-        etcd_version()
-    );
-    println!("(x): podlock's value divided by the peer's\n");
-    println!("| measurement | {} |", PEERS.join(" | "));
-    println!("|---|{}", "---|".repeat(PEERS.len()));
-    for r in &rows {
-        r.print();
+    /// The same lock from the shell: one process per cycle around `true`.
+    async fn shell(&self) -> Vec<Row> {
+        declare(self.endpoint(), &["cli"]);
+        let cli = Podlock::contenders(&self.etcd, "cli", 1).await;
+        let addr = cli[0].sidecar.addr.as_str();
+        let podlock_cli = [common::podlock_bin(), "lock", "cli", "--addr", addr, "--", "true"];
+        let etcdctl = common::bin_dir().join("etcdctl").display().to_string();
+        let endpoint = self.endpoint();
+        let etcdctl_cli = [
+            &etcdctl,
+            "--endpoints",
+            endpoint,
+            "lock",
+            "cli-etcdctl",
+            "--",
+            "true",
+        ];
+        let (podlock_cli, etcdctl_cli) = (podlock_cli.map(String::from), etcdctl_cli.map(String::from));
+        let mut rows = vec![];
+        for loops in [1usize, 8] {
+            let p = cli_rate(&podlock_cli, loops, self.window).await;
+            let e = cli_rate(&etcdctl_cli, loops, self.window).await;
+            rows.push(
+                Row::new(format!("shell: `LOCKCLI NAME -- true` cycles/s, {loops} loop(s)"))
+                    .set(0, p, format!("{p:.0}"))
+                    .set(4, e, format!("{e:.0}")),
+            );
+        }
+        rows
     }
 }
 
-/// The rows of one contended run: handoffs, waits, fairness.
-fn contended_rows(
-    n: usize,
-    r: &measure::Contended,
-    go: &serde_json::Value,
-    rd: &serde_json::Value,
-    floor: Option<f64>,
-) -> Vec<Row> {
-    let key = if n == 1 { "grants_per_s" } else { "handoffs_per_s" };
-    let podlock = if n == 1 {
-        r.grants as f64 / r.window_s
-    } else {
-        r.handoffs_per_s
-    };
-    let what = if n == 1 {
-        "grants/s, 1 contender"
-    } else {
-        "handoffs/s"
-    };
-    let (g, d) = (json_f64(go, key), json_f64(rd, key));
-    let mut rows = vec![
-        Row::new(if n == 1 {
-            what.to_string()
-        } else {
-            format!("{what}, {n} contenders")
-        })
-        .set(0, podlock, format!("{podlock:.0}"))
-        .set(1, g, format!("{g:.0}"))
-        .set(2, d, format!("{d:.0}")),
+/// The etcd work podlock's sidecars counted: unary requests, watches created, watch events.
+struct EtcdWork([f64; 3]);
+
+impl EtcdWork {
+    const METRICS: [&str; 3] = [
+        "podlock_etcd_requests_total",
+        "podlock_etcd_watches_total",
+        "podlock_watch_events_total",
     ];
-    if let Some(f) = floor {
-        rows[0].cells[5] = Some((f, format!("{f:.0}")));
+
+    /// The sums over `contenders`' sidecars.
+    async fn of(contenders: &[std::sync::Arc<Podlock>]) -> Self {
+        let mut sums = [0.0; 3];
+        for (sum, metric) in sums.iter_mut().zip(Self::METRICS) {
+            for c in contenders {
+                *sum += c.sidecar.metric(metric).await;
+            }
+        }
+        EtcdWork(sums)
     }
-    let (gw, dw) = (json_f64(go, "p99_wait_ms"), json_f64(rd, "p99_wait_ms"));
-    let pw = r.p99_wait.as_secs_f64() * 1000.0;
-    rows.push(
-        Row::new(format!("p99 wait, {n} contender(s)"))
-            .set(0, pw, ms(r.p99_wait))
-            .set(1, gw, format!("{gw:.2} ms"))
-            .set(2, dw, format!("{dw:.2} ms")),
-    );
-    if n > 1 {
-        let spread = |v: &serde_json::Value| format!("{} / {}", v["min_grants"], v["max_grants"]);
-        let (lo, hi) = r.min_max_grants;
-        rows.push(
-            Row::new(format!("grants per contender min / max, {n} contenders"))
-                .set(0, 0.0, format!("{lo} / {hi}"))
-                .set(1, 0.0, spread(go))
-                .set(2, 0.0, spread(rd)),
-        );
+
+    fn minus(&self, before: &EtcdWork) -> EtcdWork {
+        EtcdWork(std::array::from_fn(|i| self.0[i] - before.0[i]))
     }
-    rows
+
+    /// The row: each per grant.
+    fn row(&self, n: usize, grants: f64) -> Row {
+        let [requests, watches, events] = self.0.map(|v| v / grants.max(1.0));
+        Row::new(format!(
+            "etcd requests / watches created / watch events per grant, {n} contender(s)"
+        ))
+        .set(0, requests, format!("{requests:.2} / {watches:.2} / {events:.2}"))
+    }
 }
 
 fn etcd_version() -> String {

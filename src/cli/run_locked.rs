@@ -1,9 +1,11 @@
 //! `podlock lock NAME -- CMD ARGS...`: runs CMD while holding NAME through the sidecar.
 //!
-//! It subscribes to the lock's events before acquiring, so a `lost` event can never slip by;
-//! exports `PODLOCK_FENCING_TOKEN`; heartbeats when the hold has a window; sends CMD SIGTERM
-//! when the hold is lost (a `lost` event, or the stream lagging or ending); releases when CMD
-//! exits and passes on CMD's exit status, unless the release finds the hold already lost.
+//! The hold is bound to its connection (`POST .../hold`): its answer streams the grant and
+//! then the hold's end, so a `lost` can never slip by, and if this process dies (kill -9, OOM)
+//! the sidecar releases the hold at once; CMD is then sent SIGTERM by the kernel (it never
+//! outlives the hold's process). It exports `PODLOCK_FENCING_TOKEN`; sends CMD SIGTERM when the
+//! hold is lost (a `lost` event, or the stream ending); releases when CMD exits and passes on
+//! CMD's exit status, unless the release finds the hold already lost.
 
 use clap::Args;
 use eventsource_stream::Eventsource;
@@ -12,7 +14,6 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use serde_json::{Value, json};
 use std::process::ExitStatus;
-use std::time::Duration;
 use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
@@ -53,22 +54,13 @@ pub struct LockArgs {
 /// process exit status.
 pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
     let sidecar = Sidecar::new(&args);
-    let events = sidecar.subscribe(&args.name).await?;
-    let Some(grant) = sidecar.acquire(&args).await? else {
+    let Some((grant, events)) = sidecar.hold(&args).await? else {
         return Ok(EXIT_NOT_ACQUIRED);
     };
     let token = grant["fencingToken"].as_i64().unwrap_or_default();
     let (lost_tx, lost_rx) = mpsc::channel::<String>(1);
-    tokio::spawn(watch_for_loss(events, sidecar.holder.clone(), token, lost_tx));
-    let window = grant["heartbeatTimeoutSeconds"].as_u64().unwrap_or(0);
-    if window > 0 {
-        tokio::spawn(sidecar.clone().keep_heartbeating(window));
-    }
-    let child = Command::new(&args.command[0])
-        .args(&args.command[1..])
-        .env("PODLOCK_FENCING_TOKEN", token.to_string())
-        .env("PODLOCK_LOCK", &args.name)
-        .env("PODLOCK_HOLDER_ID", &sidecar.holder)
+    tokio::spawn(watch_for_loss(events, lost_tx));
+    let child = command(&args, &sidecar.holder, token)
         .spawn()
         .map_err(|e| anyhow::anyhow!("cannot run {:?}: {e}", args.command[0]))?;
     let Some(exit) = supervise(child, lost_rx, &args.name, token).await? else {
@@ -79,6 +71,29 @@ pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
         Released::Yes | Released::Unknown => exit_code(exit),
     })
 }
+
+/// CMD, told its hold, and sent SIGTERM by the kernel if this process dies first (its hold is
+/// then released: CMD must not run on unprotected).
+fn command(args: &LockArgs, holder: &str, token: i64) -> Command {
+    let mut cmd = Command::new(&args.command[0]);
+    cmd.args(&args.command[1..])
+        .env("PODLOCK_FENCING_TOKEN", token.to_string())
+        .env("PODLOCK_LOCK", &args.name)
+        .env("PODLOCK_HOLDER_ID", holder);
+    // SAFETY: prctl is async-signal-safe and touches no memory of the parent. The runtime is
+    // single-threaded, so the thread it watches is the process's.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+            Ok(())
+        });
+    }
+    cmd
+}
+
+/// The events of a hold bound to its connection, after its grant.
+type HoldEvents =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<eventsource_stream::Event, String>> + Send>>;
 
 /// The sidecar's API for one lock and holder.
 #[derive(Clone)]
@@ -106,35 +121,36 @@ impl Sidecar {
         }
     }
 
-    /// Opens the lock's events stream (before acquiring, so no `lost` can slip by).
-    async fn subscribe(&self, name: &str) -> anyhow::Result<reqwest::Response> {
-        let events = self.http.get(format!("{}/events", self.base)).send().await?;
-        if !events.status().is_success() {
-            anyhow::bail!("cannot subscribe to events of {name}: {}", events.text().await?);
-        }
-        Ok(events)
-    }
-
-    /// The grant, or `None` (said on stderr) if the lock could not be acquired.
-    async fn acquire(&self, args: &LockArgs) -> anyhow::Result<Option<Value>> {
+    /// Takes the lock bound to this connection: the grant and the rest of the stream, or
+    /// `None` (said on stderr) if the lock could not be acquired.
+    async fn hold(&self, args: &LockArgs) -> anyhow::Result<Option<(Value, HoldEvents)>> {
         let mut options = json!({ "waitSeconds": args.wait, "holderId": self.holder });
         if let Some(c) = &args.container {
             options["container"] = json!(c);
         }
         let resp = self
             .http
-            .post(format!("{}/acquire", self.base))
+            .post(format!("{}/hold", self.base))
             .json(&options)
             .send()
             .await?;
-        let status = resp.status();
-        let grant: Value = resp.json().await?;
-        if !status.is_success() {
-            let why = grant["message"].as_str().unwrap_or("?");
+        if !resp.status().is_success() {
+            let error: Value = resp.json().await?;
+            let why = error["message"].as_str().unwrap_or("?");
             eprintln!("podlock: could not acquire {}: {why}", args.name);
             return Ok(None);
         }
-        Ok(Some(grant))
+        let mut events: HoldEvents = Box::pin(
+            resp.bytes_stream()
+                .eventsource()
+                .map(|e| e.map_err(|e| e.to_string())),
+        );
+        match events.next().await {
+            Some(Ok(first)) if first.event == "acquired" => {
+                Ok(Some((serde_json::from_str(&first.data)?, events)))
+            }
+            other => anyhow::bail!("the sidecar's hold stream began without a grant: {other:?}"),
+        }
     }
 
     async fn release(&self, name: &str) -> Released {
@@ -159,20 +175,6 @@ impl Sidecar {
                 eprintln!("podlock: release of {name} failed ({e}); the lease will end it");
                 Released::Unknown
             }
-        }
-    }
-
-    async fn keep_heartbeating(self, window: u64) {
-        let period = Duration::from_millis(window * 1000 / 3);
-        loop {
-            tokio::time::sleep(period).await;
-            let body = json!({ "holderId": self.holder });
-            let _ = self
-                .http
-                .post(format!("{}/heartbeat", self.base))
-                .json(&body)
-                .send()
-                .await;
         }
     }
 }
@@ -202,27 +204,26 @@ async fn supervise(
     }
 }
 
-/// Reads the event stream until a `lost` event for our hold, a `lagged` one (this stream may
-/// have missed it), or the stream's end.
-async fn watch_for_loss(events: reqwest::Response, holder: String, token: i64, lost: mpsc::Sender<String>) {
-    let mut stream = events.bytes_stream().eventsource();
-    while let Some(Ok(event)) = stream.next().await {
-        if let Some(reason) = lost_reason(&event.event, &event.data, &holder, token) {
+/// Reads the hold's stream until it says the hold ended (`lost`, or `released` by someone
+/// else), or ends: then the hold is gone.
+async fn watch_for_loss(mut events: HoldEvents, lost: mpsc::Sender<String>) {
+    while let Some(Ok(event)) = events.next().await {
+        if let Some(reason) = lost_reason(&event.event, &event.data) {
             let _ = lost.send(reason).await;
             return;
         }
     }
-    let _ = lost.send("the sidecar's event stream ended".into()).await;
+    let _ = lost.send("the sidecar closed the hold's stream".into()).await;
 }
 
-/// Why the event `kind` with JSON `data` means `holder`'s hold `token` is lost, if it does.
-fn lost_reason(kind: &str, data: &str, holder: &str, token: i64) -> Option<String> {
-    if kind == "lagged" {
-        return Some("the events stream fell behind (a lost event may have been missed)".into());
-    }
+/// Why the hold stream's event `kind` with JSON `data` means the hold ended, if it does.
+fn lost_reason(kind: &str, data: &str) -> Option<String> {
     let ev: Value = serde_json::from_str(data).ok()?;
-    let ours = ev["holderId"] == holder && ev["fencingToken"] == token;
-    (ours && kind == "lost").then(|| ev["reason"].as_str().unwrap_or("unknown").to_string())
+    match kind {
+        "lost" => Some(ev["reason"].as_str().unwrap_or("unknown").to_string()),
+        "released" => Some("released by another request of the same holder".into()),
+        _ => None,
+    }
 }
 
 fn send_sigterm(pid: Option<Pid>) {
@@ -252,12 +253,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn recognises_only_our_lost_event_and_a_lag() {
+    fn the_hold_ends_with_lost_or_someone_elses_release() {
         let data = r#"{"type":"lost","holderId":"a","fencingToken":7,"reason":"x"}"#;
-        assert_eq!(lost_reason("lost", data, "a", 7).as_deref(), Some("x"));
-        assert_eq!(lost_reason("lost", data, "a", 8), None);
-        assert_eq!(lost_reason("lost", data, "b", 7), None);
-        assert_eq!(lost_reason("released", data, "a", 7), None);
-        assert!(lost_reason("lagged", r#"{"message":"m"}"#, "a", 7).is_some());
+        assert_eq!(lost_reason("lost", data).as_deref(), Some("x"));
+        assert!(lost_reason("released", data).is_some());
+        assert_eq!(lost_reason("acquired", data), None);
     }
 }

@@ -10,6 +10,7 @@ use tracing::{info, warn};
 use super::hold::{self, Hold, MarkWhen};
 use super::keys::{self, Entry, LockId, Settings, rfc3339};
 use super::model::{AcquireRequest, EventKind, Grant};
+use super::position::Position;
 use super::queue::{self, Enqueued, Ticket};
 use super::registry::{Claimed, SlotKey};
 use super::session::Session;
@@ -25,10 +26,17 @@ const MAX_PLACEMENTS: usize = 5;
 struct Placed {
     ticket: Ticket,
     session: Arc<Session>,
-    /// Whether the key may hold the lock at once.
-    held: bool,
+    /// Where the key stands (`None`: not known without a read).
+    position: Option<Position>,
     /// The revision at which that was read.
     at: i64,
+}
+
+impl Placed {
+    /// Whether the key may hold the lock at once.
+    fn held(&self) -> bool {
+        self.position == Some(Position::Holder)
+    }
 }
 
 impl Engine {
@@ -62,7 +70,7 @@ impl Engine {
         let deadline = Instant::now() + req.wait;
         let mut declared = self.declared(&req.lock, false).await?;
         let placed = self.place(&req, &mut declared, &mut pending).await?;
-        let (seen, mark) = if placed.held {
+        let (seen, mark) = if placed.held() {
             (
                 placed.at,
                 MarkWhen::for_grant(true, declared.settings.max_holders),
@@ -116,12 +124,12 @@ impl Engine {
                 async move { queue::enqueue(&etcd, &lock, &key, &entry, lease, rev, max).await }
             };
             match hold::enqueue_to_completion(self, &session, enqueue).await {
-                Ok(Enqueued::Placed { ticket, held, at }) => {
+                Ok(Enqueued::Placed { ticket, position, at }) => {
                     pending.ticket = Some((ticket.clone(), session.clone()));
                     return Ok(Placed {
                         ticket,
                         session,
-                        held,
+                        position,
                         at,
                     });
                 }
@@ -158,10 +166,12 @@ impl Engine {
         pending: &mut Pending<'_>,
         deadline: Instant,
     ) -> Result<i64, LockError> {
-        let turn = if req.wait.is_zero() {
-            Turn::TimedOut // try-once: no need to read the queue again
+        let start = placed.position.clone().map(|p| (p, placed.at));
+        let turn = if req.wait.is_zero() && start.is_some() {
+            Turn::TimedOut // try-once, and the enqueue said it waits: no need to read again
         } else {
-            wait::wait_turn(&self.0.etcd, &req.lock, &placed.ticket, declared, deadline).await?
+            let (etcd, ticket) = (&self.0.etcd, &placed.ticket);
+            wait::wait_turn(etcd, &req.lock, ticket, declared, deadline, start).await?
         };
         match turn {
             Turn::Granted(at) => Ok(at),

@@ -43,6 +43,8 @@ pub struct Stats {
     pub requests: AtomicU64,
     /// Watch events received.
     pub watch_events: AtomicU64,
+    /// Watches created (one per key watched).
+    pub watches: AtomicU64,
 }
 
 /// An etcd client with counters, which sends each new request and watch to a member that

@@ -3,7 +3,9 @@
 //! A hold ends by release, or it is *lost*: its key was deleted (the lock was deleted, the
 //! operator revoked it), its session was lost (lease expired or revoked, keepalives failed for a
 //! whole TTL), or its heartbeat window passed. Whichever comes first wins under the engine's
-//! registry lock, and exactly one event (`released` or `lost`) is published.
+//! registry lock, and exactly one event (`released` or `lost`) is published (see [`ending`]).
+//!
+//! [`ending`]: super::ending
 
 use std::future::Future;
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use super::keys::{Entry, LockId};
 use super::queue::{self, Enqueued, Ticket};
 use super::session::Session;
 use super::watch::Target;
-use super::{Engine, EventKind, LockError};
+use super::{Engine, LockError};
 
 /// One granted hold of this sidecar.
 #[derive(Debug)]
@@ -94,8 +96,11 @@ pub(crate) enum MarkWhen {
     /// Right after answering, off the handoff path: nobody waits on it now, but a raised
     /// `maxHolders` would, and `acquiredAt` should be true.
     Background,
-    /// Only if the hold outlives [`KEY_WATCH_DELAY`]: a mutex hold granted at once, whose
-    /// `acquiredAt` equals its `requestedAt`; short holds never pay for the write.
+    /// Only if the hold outlives [`KEY_WATCH_DELAY`]: a mutex hold, which no waiter needs
+    /// marked (none is granted beside it) unless `maxHolders` is raised meanwhile, and then
+    /// only waits this long for it. Short holds never pay for the write, so a busy mutex costs
+    /// two writes per grant (enqueue, release); until the mark, `acquiredAt` reads as
+    /// `requestedAt`.
     Later,
 }
 
@@ -105,8 +110,8 @@ impl MarkWhen {
     pub(crate) fn for_grant(at_enqueue: bool, max_holders: u32) -> Self {
         match (at_enqueue, max_holders > 1) {
             (false, true) => MarkWhen::Now,
-            (true, false) => MarkWhen::Later,
-            _ => MarkWhen::Background,
+            (true, true) => MarkWhen::Background,
+            (_, false) => MarkWhen::Later,
         }
     }
 }
@@ -115,7 +120,7 @@ impl MarkWhen {
 pub(crate) const SESSION_LOST: &str = "its lease expired or was revoked";
 
 /// Why a hold ended by the sidecar's shutdown was lost.
-const SHUTDOWN: &str = "the sidecar stopped (its pod is terminating); the lease was revoked";
+pub(crate) const SHUTDOWN: &str = "the sidecar stopped (its pod is terminating); the lease was revoked";
 
 /// Watches `hold` until it ends; reports a loss through the engine. Records the grant (`entry`)
 /// in the background when `mark` says so.
@@ -276,102 +281,6 @@ pub fn spawn_removal(engine: Engine, ticket: Ticket, session: Arc<Session>) {
             backoff = (backoff * 2).min(Duration::from_secs(2));
         }
     });
-}
-
-/// Ending holds: release, heartbeat, loss and shutdown.
-impl Engine {
-    /// Releases a hold: deletes its key (guarded by its create revision) and ends it. A key
-    /// found already gone, or a session already lost, means the hold had ended without this
-    /// sidecar knowing yet: that is a loss (410 and a `lost` event), never a success.
-    pub async fn release(&self, lock: &LockId, holder: &str) -> Result<(), LockError> {
-        let hold = self.0.registry.get_held(lock, holder)?;
-        hold.ended.cancel(); // the monitor stops before our own deletion reaches it
-        let removed = match queue::remove(&self.0.etcd, &hold.ticket).await {
-            Ok(removed) => removed,
-            Err(e) => {
-                warn!(lock = %lock, holder, error = %e, "release could not reach etcd; retrying in the background");
-                spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
-                true
-            }
-        };
-        if hold.session.is_lost() {
-            return Err(self.lose(&hold, SESSION_LOST).await);
-        }
-        if !removed {
-            self.check_session(&hold.session).await;
-            return Err(self.lose(&hold, KEY_DELETED).await);
-        }
-        if !self.0.registry.end_released(&hold) {
-            // Its monitor ended it meanwhile (lost), and has reported that.
-            return Err(self.lose(&hold, "it ended while being released").await);
-        }
-        info!(lock = %lock, holder, token = hold.token(), "released");
-        self.publish(&hold, EventKind::Released, None);
-        Ok(())
-    }
-
-    /// Restarts a hold's heartbeat window; returns when it will expire. The hold's key is read:
-    /// a key found gone is a loss (410). If etcd does not answer, the window is restarted all
-    /// the same (the app is alive; the lease is watched over separately).
-    pub async fn heartbeat(&self, lock: &LockId, holder: &str) -> Result<SystemTime, LockError> {
-        let hold = self.0.registry.get_held(lock, holder)?;
-        let expires = hold.heartbeat();
-        match queue::is_ours(&self.0.etcd, &hold.ticket).await {
-            Ok(_) if hold.session.is_lost() => Err(self.lose(&hold, SESSION_LOST).await),
-            Ok(true) => Ok(expires),
-            Ok(false) => Err(self.lose(&hold, KEY_DELETED).await),
-            Err(e) => {
-                warn!(lock = %lock, holder, error = %e, "heartbeat could not read the hold's key");
-                Ok(expires)
-            }
-        }
-    }
-
-    /// Ends `hold` as lost for `reason` (unless it already ended) and returns the error that
-    /// tells its holder so.
-    async fn lose(&self, hold: &Arc<Hold>, reason: &str) -> LockError {
-        self.end_lost(hold, reason).await;
-        let slot = self.0.registry.get_held(&hold.lock, &hold.holder_id);
-        slot.err().unwrap_or_else(|| LockError::Lost {
-            lock: hold.lock.clone(),
-            holder: hold.holder_id.clone(),
-            reason: reason.into(),
-        })
-    }
-
-    /// Ends `hold` as lost (called by its monitor), unless it already ended.
-    pub(crate) async fn end_lost(&self, hold: &Arc<Hold>, reason: &str) {
-        if !self.0.registry.mark_lost(hold, reason) {
-            return;
-        }
-        hold.ended.cancel();
-        warn!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), reason, "hold lost");
-        self.publish(hold, EventKind::Lost, Some(reason.into()));
-        spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
-    }
-
-    /// Ends `session` at once if etcd no longer has its lease: a key of it that vanished may
-    /// mean the lease was revoked, and then every hold on it is lost.
-    pub(crate) async fn check_session(&self, session: &Session) {
-        if let Ok(None) = self.0.etcd.lease_keys(session.id).await {
-            session.end("etcd no longer has the lease (revoked or expired)");
-        }
-    }
-
-    /// Ends every hold and wait at once by revoking this sidecar's leases (on SIGTERM). The
-    /// holds end by something other than their release, so each is reported `lost`.
-    pub async fn shutdown(&self) {
-        let holds = self.0.registry.drain_held();
-        for h in &holds {
-            h.ended.cancel();
-        }
-        self.0.sessions.close().await;
-        for h in &holds {
-            self.publish(h, EventKind::Lost, Some(SHUTDOWN.into()));
-        }
-        self.0.events.close();
-        info!(ended = holds.len(), "ended every hold");
-    }
 }
 
 #[cfg(test)]

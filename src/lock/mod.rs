@@ -6,6 +6,7 @@
 //! nothing of HTTP or Kubernetes.
 
 mod acquire;
+mod ending;
 mod error;
 mod etcd;
 mod events;
@@ -13,6 +14,7 @@ mod hold;
 pub mod keys;
 mod members;
 mod model;
+mod position;
 mod queue;
 mod registry;
 mod session;

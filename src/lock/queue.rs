@@ -21,6 +21,7 @@ use etcd_client::{
 use super::LockError;
 use super::etcd::Etcd;
 use super::keys::{Entry, HolderInfo, LockId};
+use super::position::{self, Position};
 
 /// A contender's key in a queue.
 #[derive(Debug, Clone)]
@@ -35,9 +36,13 @@ pub struct Ticket {
 
 /// The outcome of putting a key into a queue.
 pub enum Enqueued {
-    /// The key is in the queue; `held` says whether it may hold the lock at revision `at`
-    /// (among the first `max_holders`, every key ahead of it granted).
-    Placed { ticket: Ticket, held: bool, at: i64 },
+    /// The key is in the queue, where `position` says (read at revision `at` in the same
+    /// transaction; `None` for a key found already in place, sent again, which a read places).
+    Placed {
+        ticket: Ticket,
+        position: Option<Position>,
+        at: i64,
+    },
     /// The lock's settings changed since they were read: here is the new value (`None`:
     /// deleted) with its mod revision.
     SettingsChanged(Option<etcd_client::KeyValue>),
@@ -47,19 +52,12 @@ pub enum Enqueued {
     Stale(Ticket),
 }
 
-/// Whether a queue entry records that it was granted (its `acquiredAt` is written). A grant
-/// waits until every key ahead of it in the window is granted, so that grants, and with them
-/// fencing tokens, follow the queue order however the window (`maxHolders`) changes. A value
-/// that is not an entry blocks nobody.
-pub(crate) fn granted(kv: &etcd_client::KeyValue) -> bool {
-    serde_json::from_slice::<Entry>(kv.value()).map_or(true, |e| e.acquired_at.is_some())
-}
-
 /// Puts `entry` at `key` (bound to `lease`) if the lock's settings still have `settings_rev`
-/// as their mod revision (0: undeclared), in one transaction that also reads the head of the
-/// queue. An existing key keeps its place if it is this request's own (sent again: the same
-/// value); another one is an earlier request's ([`Enqueued::Stale`]): taking it over would hand
-/// out a grant whose key a pending removal then deletes.
+/// as their mod revision (0: undeclared), in one transaction that also reads the keys right
+/// ahead of it, so that where it stands needs no second request. An existing key keeps its
+/// place if it is this request's own (sent again: the same value); another one is an earlier
+/// request's ([`Enqueued::Stale`]): taking it over would hand out a grant whose key a pending
+/// removal then deletes.
 pub async fn enqueue(
     etcd: &Etcd,
     lock: &LockId,
@@ -71,11 +69,12 @@ pub async fn enqueue(
 ) -> Result<Enqueued, LockError> {
     let value = serde_json::to_vec(entry).expect("entry serializes");
     let txn = enqueue_txn(lock, key, &value, lease, settings_rev, max_holders);
-    Ok(enqueued(etcd.txn(txn).await?, key, &value, lease))
+    let resp = etcd.txn(txn).await?;
+    Ok(enqueued(resp, key, &value, lease, max_holders))
 }
 
-/// The enqueue transaction: if the settings are unchanged, put the key unless it exists, then
-/// read it and the head of the queue; else read the settings.
+/// The enqueue transaction: if the settings are unchanged, put the key unless it exists and
+/// read the tail of the queue from it; else read the settings.
 fn enqueue_txn(
     lock: &LockId,
     key: &str,
@@ -85,22 +84,23 @@ fn enqueue_txn(
     max_holders: u32,
 ) -> Txn {
     let config = lock.config_key();
-    let mut head = GetOptions::new()
+    // A key put by this transaction has the queue's highest create revision: newest first,
+    // the tail is that key and the `max_holders` keys right ahead of it.
+    let mut tail = GetOptions::new()
         .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(max_holders.into());
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(i64::from(max_holders) + 1);
     if max_holders == 1 {
-        head = head.with_keys_only(); // nothing can be ahead of a mutex's holder
+        tail = tail.with_keys_only(); // a mutex's grant needs no one's value
     }
     let put = etcd_client::PutOptions::new().with_lease(lease);
     let place = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
         .and_then([
             TxnOp::put(key, value.to_vec(), Some(put)),
-            TxnOp::get(key, None),
-            TxnOp::get(lock.queue_prefix(), Some(head.clone())),
+            TxnOp::get(lock.queue_prefix(), Some(tail)),
         ])
-        .or_else([TxnOp::get(key, None), TxnOp::get(lock.queue_prefix(), Some(head))]);
+        .or_else([TxnOp::get(key, None)]);
     Txn::new()
         .when([Compare::mod_revision(
             config.as_str(),
@@ -112,7 +112,7 @@ fn enqueue_txn(
 }
 
 /// What the enqueue transaction's answer says.
-fn enqueued(resp: TxnResponse, key: &str, value: &[u8], lease: i64) -> Enqueued {
+fn enqueued(resp: TxnResponse, key: &str, value: &[u8], lease: i64, max_holders: u32) -> Enqueued {
     let at = resp.header().map_or(0, |h| h.revision());
     let mut ops = resp.op_responses().into_iter();
     if !resp.succeeded() {
@@ -124,30 +124,36 @@ fn enqueued(resp: TxnResponse, key: &str, value: &[u8], lease: i64) -> Enqueued 
     let Some(TxnOpResponse::Txn(inner)) = ops.next() else {
         unreachable!("nested txn")
     };
-    let mut gets = inner.op_responses().into_iter().filter_map(|op| match op {
+    let put = inner.succeeded();
+    let Some(get) = (inner.op_responses().into_iter()).find_map(|op| match op {
         TxnOpResponse::Get(g) => Some(g),
         _ => None,
-    });
-    let (mine, head) = (gets.next().expect("own key"), gets.next().expect("head"));
-    let mine = mine.kvs().first().expect("the key was just read");
+    }) else {
+        unreachable!("one get")
+    };
+    let (mine, ahead) = get.kvs().split_first().expect("the key was just put or found");
+    debug_assert_eq!(mine.key(), key.as_bytes());
     let ticket = Ticket {
         key: key.into(),
         revision: mine.create_revision(),
         lease,
     };
-    if !inner.succeeded() && mine.value() != value {
+    if put {
+        let position = position::of_keys(ahead, get.more(), max_holders);
+        return Enqueued::Placed {
+            ticket,
+            position: Some(position),
+            at,
+        };
+    }
+    if mine.value() != value {
         return Enqueued::Stale(ticket);
     }
-    let ahead = head
-        .kvs()
-        .iter()
-        .take_while(|kv| kv.create_revision() != ticket.revision);
-    let in_head = head
-        .kvs()
-        .iter()
-        .any(|kv| kv.create_revision() == ticket.revision);
-    let held = in_head && ahead.clone().all(granted);
-    Enqueued::Placed { ticket, held, at }
+    Enqueued::Placed {
+        ticket,
+        position: None,
+        at,
+    }
 }
 
 /// Records that a waiter became a holder: writes `acquiredAt` into its entry, keeping its

@@ -1,8 +1,8 @@
 //! Waiting for a turn in a lock's queue.
 //!
-//! A waiter reads where its key stands, under the lock's *current* settings (the read includes
-//! the config key, so a `maxHolders` change applies to waiters already queued), and watches only
-//! what can change that:
+//! A waiter knows where its key stands from the enqueue transaction (or a read, under the
+//! lock's *current* settings: the read includes the config key, so a `maxHolders` change
+//! applies to waiters already queued), and watches only what can change that:
 //!
 //! * first waiter (`max_holders` keys ahead): every holder, for deletion;
 //! * further back: its immediate predecessor, for deletion, and in a semaphore also for the
@@ -13,8 +13,11 @@
 //! * always its own key, for deletion (its lease was revoked: stop waiting at once), and the
 //!   config key (the settings changed: read again).
 //!
-//! Watches start at the current revision and the position is read again once they are in
-//! place, so no change is missed and no watch waits in etcd's catch-up loop.
+//! The keys that let it in are watched from "now", which keeps the watch on etcd's synced path
+//! (a watch from a past revision waits for etcd's 100 ms catch-up loop). Whatever changed
+//! between the read and the watches' start is covered in one of two ways (see [`Gap`]).
+//!
+//! [`granted`]: super::position::granted
 
 use etcd_client::{GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 use std::time::Duration;
@@ -24,19 +27,10 @@ use tracing::warn;
 use super::LockError;
 use super::etcd::Etcd;
 use super::keys::LockId;
-use super::queue::{Ticket, granted};
+use super::position::{self, Position};
+use super::queue::Ticket;
 use super::settings::Declared;
-use super::watch::Target;
-
-/// Where a ticket stands.
-#[derive(Debug, PartialEq, Eq)]
-enum Position {
-    Holder,
-    Gone,
-    FirstWaiter(Vec<Vec<u8>>),
-    Waiter(Vec<u8>),
-    BehindUngranted(Vec<u8>),
-}
+use super::watch::{KeyWatch, Target};
 
 /// How a wait ended.
 #[derive(Debug, PartialEq, Eq)]
@@ -49,26 +43,37 @@ pub enum Turn {
     TimedOut,
 }
 
-/// Waits until `ticket` may hold `lock`, its key is gone, or `deadline` passes. `declared`
-/// follows the lock's settings as they change and ends as the ones the turn was decided by.
+/// Waits until `ticket` may hold `lock`, its key is gone, or `deadline` passes, starting from
+/// where it stood at a revision (`start`, from the enqueue) or, without one, from a read.
+/// `declared` follows the lock's settings as they change and ends as the ones the turn was
+/// decided by.
 pub async fn wait_turn(
     etcd: &Etcd,
     lock: &LockId,
     ticket: &Ticket,
     declared: &mut Declared,
     deadline: Instant,
+    start: Option<(Position, i64)>,
 ) -> Result<Turn, LockError> {
-    let (mut pos, mut rev) = position(etcd, lock, ticket, declared).await?;
+    let (mut pos, mut rev) = match start {
+        Some(start) => start,
+        None => position(etcd, lock, ticket, declared).await?,
+    };
     loop {
-        let targets = match &pos {
+        match pos {
             Position::Holder => return Ok(Turn::Granted(rev)),
             Position::Gone => return Ok(Turn::Gone),
-            waiting => watch_targets(waiting, lock, ticket, declared.settings.max_holders, rev),
-        };
+            _ => {}
+        }
         let started = Instant::now();
-        let mut watch = match timeout_at(deadline, etcd.watch_keys(&targets)).await {
+        let watched = watch_position(etcd, lock, ticket, declared, &pos, rev);
+        let mut watch = match timeout_at(deadline, watched).await {
             Err(_) => return Ok(Turn::TimedOut),
-            Ok(Ok(watch)) => watch,
+            Ok(Ok(Watched::Watching(watch))) => watch,
+            Ok(Ok(Watched::Moved(again, again_rev))) => {
+                (pos, rev) = (again, again_rev);
+                continue;
+            }
             // A member that cannot set up the watch (stalled, restarting): read again (the read
             // fails if etcd is really gone) and watch anew, likely on another member.
             Ok(Err(e)) => {
@@ -78,15 +83,6 @@ pub async fn wait_turn(
                 continue;
             }
         };
-        // Anything written between our read and the watches' start may have moved us: read again.
-        if watch.start_revision != rev {
-            let (again, again_rev) = position(etcd, lock, ticket, declared).await?;
-            rev = again_rev;
-            if again != pos {
-                pos = again;
-                continue;
-            }
-        }
         match timeout_at(deadline, watch.changed()).await {
             Err(_) => return Ok(Turn::TimedOut),
             Ok(Ok(())) => {}
@@ -106,21 +102,84 @@ pub async fn wait_turn(
 /// `Members`); one that failed at once (etcd unreachable) is not retried in a tight loop.
 const WATCH_RETRY_GAP: Duration = Duration::from_millis(100);
 
-/// What a waiter at `pos`, read at revision `rev`, watches (see the module's doc). Its own key
-/// and the config key are watched from just after the read: a change to them may reach the
-/// waiter up to 100 ms late (etcd's catch-up loop), but never needs another read, and only the
-/// keys that hand the lock on are watched from "now".
-fn watch_targets(pos: &Position, lock: &LockId, ticket: &Ticket, max_holders: u32, rev: i64) -> Vec<Target> {
-    let mut targets = match pos {
+/// What setting up a waiter's watches came to.
+enum Watched {
+    /// Watching everything that can move it, with nothing missed since its position was read.
+    Watching(Box<KeyWatch>),
+    /// A read to close the gap found it elsewhere (at this revision): watch anew.
+    Moved(Position, i64),
+}
+
+/// How a waiter covers the changes between the revision its position was read at and the start
+/// of its watches on the keys that let it in (watched from "now").
+#[derive(Debug, PartialEq, Eq)]
+enum Gap {
+    /// Read the position again. For the first waiter and one behind an ungranted key: what they
+    /// watch is about to change, and a change missed in the gap must not cost a moment.
+    Read,
+    /// Watch those keys a second time, from just after the read. A waiter further back watches
+    /// a predecessor that is itself still waiting, which rarely moves within the few hundred
+    /// microseconds of the gap; if it did, this second watch reports it after etcd's catch-up
+    /// loop (up to 100 ms). It saves a read on nearly every grant of a busy lock.
+    SecondWatch,
+}
+
+impl Gap {
+    fn of(pos: &Position) -> Gap {
+        match pos {
+            Position::Waiter(_) => Gap::SecondWatch,
+            _ => Gap::Read,
+        }
+    }
+}
+
+/// Watches what can move `ticket` from `pos` (read at `rev`), and covers the gap between the
+/// read and the watches' start (see [`Gap`]).
+async fn watch_position(
+    etcd: &Etcd,
+    lock: &LockId,
+    ticket: &Ticket,
+    declared: &mut Declared,
+    pos: &Position,
+    rev: i64,
+) -> Result<Watched, LockError> {
+    let max_holders = declared.settings.max_holders;
+    let lets_in = lets_in(pos, max_holders);
+    let mut targets = lets_in.clone();
+    targets.push(Target::deletion(ticket.key.as_bytes()).from(Some(rev + 1)));
+    targets.push(Target::any_change(lock.config_key().as_bytes()).from(Some(rev + 1)));
+    let mut watch = etcd.watch_keys(&targets).await?;
+    // A member behind the read starts its watches before `rev`: then there is no gap.
+    if watch.start_revision <= rev {
+        return Ok(Watched::Watching(Box::new(watch)));
+    }
+    match Gap::of(pos) {
+        Gap::SecondWatch => {
+            for t in lets_in {
+                watch.also(&t.from(Some(rev + 1))).await?;
+            }
+        }
+        Gap::Read => {
+            let (again, again_rev) = position(etcd, lock, ticket, declared).await?;
+            if again != *pos {
+                return Ok(Watched::Moved(again, again_rev));
+            }
+        }
+    }
+    Ok(Watched::Watching(Box::new(watch)))
+}
+
+/// The keys whose change can let a waiter at `pos` in (see the module's doc), from "now". Its
+/// own key and the config key are watched from just after the read: a change to them may reach
+/// the waiter up to 100 ms late (etcd's catch-up loop), but never needs another read.
+fn lets_in(pos: &Position, max_holders: u32) -> Vec<Target> {
+    match pos {
         Position::FirstWaiter(holders) => holders.iter().map(|k| Target::deletion(k)).collect(),
         Position::Waiter(pred) if max_holders > 1 => vec![Target::any_change(pred)],
         Position::Waiter(pred) => vec![Target::deletion(pred)],
         Position::BehindUngranted(key) => vec![Target::any_change(key)],
         Position::Holder | Position::Gone => unreachable!("nothing to wait for"),
-    };
-    targets.push(Target::deletion(ticket.key.as_bytes()).from(Some(rev + 1)));
-    targets.push(Target::any_change(lock.config_key().as_bytes()).from(Some(rev + 1)));
-    targets
+    }
 }
 
 /// Reads where `ticket` stands under the lock's current settings, and the revision of the
@@ -163,67 +222,9 @@ async fn position(
             Some(now) if now.revision != declared.revision => *declared = now,
             None if declared.revision != 0 => return Ok((Position::Gone, rev)), // lock deleted
             _ => {
-                let keys: Vec<_> = ahead
-                    .kvs()
-                    .iter()
-                    .map(|kv| (kv.key().to_vec(), granted(kv)))
-                    .collect();
-                return Ok((place(&keys, ahead.more(), max), rev));
+                let at = position::of_keys(ahead.kvs(), ahead.more(), max);
+                return Ok((at, rev));
             }
         }
-    }
-}
-
-/// The position of a key with `ahead` before it: (key, granted), nearest first, at most
-/// `max_holders`; `more` if further keys are ahead of those.
-fn place(ahead: &[(Vec<u8>, bool)], more: bool, max_holders: u32) -> Position {
-    if ahead.len() < max_holders as usize {
-        match ahead.iter().find(|(_, granted)| !granted) {
-            Some((key, _)) => Position::BehindUngranted(key.clone()),
-            None => Position::Holder,
-        }
-    } else if !more {
-        Position::FirstWaiter(ahead.iter().map(|(key, _)| key.clone()).collect())
-    } else {
-        Position::Waiter(ahead[0].0.clone())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn keys(spec: &[(&str, bool)]) -> Vec<(Vec<u8>, bool)> {
-        spec.iter().map(|(k, g)| (k.as_bytes().to_vec(), *g)).collect()
-    }
-
-    #[test]
-    fn a_mutex_is_held_by_the_first_key_only() {
-        assert_eq!(place(&[], false, 1), Position::Holder);
-        assert_eq!(
-            place(&keys(&[("a", true)]), false, 1),
-            Position::FirstWaiter(vec![b"a".to_vec()])
-        );
-        assert_eq!(
-            place(&keys(&[("b", false)]), true, 1),
-            Position::Waiter(b"b".to_vec())
-        );
-    }
-
-    #[test]
-    fn a_semaphore_grants_in_queue_order() {
-        // Inside the window of 3, but the key ahead has not recorded its grant yet.
-        let ahead = keys(&[("b", false), ("a", true)]);
-        assert_eq!(place(&ahead, false, 3), Position::BehindUngranted(b"b".to_vec()));
-        let ahead = keys(&[("b", true), ("a", true)]);
-        assert_eq!(place(&ahead, false, 3), Position::Holder);
-    }
-
-    #[test]
-    fn behind_a_full_window_waiters_watch_holders_or_their_predecessor() {
-        let ahead = keys(&[("b", true), ("a", true)]);
-        let first = Position::FirstWaiter(vec![b"b".to_vec(), b"a".to_vec()]);
-        assert_eq!(place(&ahead, false, 2), first);
-        assert_eq!(place(&ahead, true, 2), Position::Waiter(b"b".to_vec()));
     }
 }

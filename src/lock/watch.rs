@@ -27,18 +27,6 @@ impl Etcd {
     /// etcd's 100 ms catch-up loop, which is what makes etcd's own Mutex hand off slowly. Where
     /// that delay does not matter, a start revision saves the read that would close the gap.
     pub async fn watch_keys(&self, targets: &[Target]) -> Result<KeyWatch, LockError> {
-        let opts = |t: &Target| {
-            let filters = if t.puts {
-                vec![]
-            } else {
-                vec![WatchFilterType::NoPut]
-            };
-            let o = WatchOptions::new().with_filters(filters);
-            Some(match t.from {
-                Some(rev) => o.with_start_revision(rev),
-                None => o,
-            })
-        };
         let (first, rest) = targets
             .split_first()
             .ok_or_else(|| LockError::Invalid("nothing to watch".into()))?;
@@ -46,7 +34,7 @@ impl Etcd {
         // gives one (the watch's own silence check starts only once it is open).
         let (member, client) = self.members.pick(&self.client);
         let mut client = client.watch_client();
-        let open = client.watch(first.key.clone(), opts(first));
+        let open = client.watch(first.key.clone(), first.options());
         let Ok(opened) = timeout(2 * WATCH_SILENCE, open).await else {
             self.members.suspect(member, "it did not open a watch");
             return Err(LockError::Unavailable(format!(
@@ -55,8 +43,10 @@ impl Etcd {
             )));
         };
         let mut stream = opened?;
+        self.stats.watches.fetch_add(1, Ordering::Relaxed);
         for t in rest {
-            stream.watch(t.key.clone(), opts(t)).await?;
+            self.stats.watches.fetch_add(1, Ordering::Relaxed);
+            stream.watch(t.key.clone(), t.options()).await?;
         }
         let mut watch = KeyWatch {
             stream,
@@ -115,6 +105,19 @@ impl Target {
     /// 100 ms) for this key.
     pub fn from(self, rev: Option<i64>) -> Self {
         Target { from: rev, ..self }
+    }
+
+    fn options(&self) -> Option<WatchOptions> {
+        let filters = if self.puts {
+            vec![]
+        } else {
+            vec![WatchFilterType::NoPut]
+        };
+        let o = WatchOptions::new().with_filters(filters);
+        Some(match self.from {
+            Some(rev) => o.with_start_revision(rev),
+            None => o,
+        })
     }
 }
 
@@ -175,5 +178,13 @@ impl KeyWatch {
             self.next().await?;
         }
         Ok(())
+    }
+
+    /// Watches one more target on the same stream: a change to it also completes
+    /// [`KeyWatch::changed`].
+    pub async fn also(&mut self, target: &Target) -> Result<(), LockError> {
+        self.stats.watches.fetch_add(1, Ordering::Relaxed);
+        let key = target.key.clone();
+        Ok(self.stream.watch(key, target.options()).await?)
     }
 }

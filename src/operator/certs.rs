@@ -3,8 +3,8 @@
 //! `--tls-cert-file`/`--tls-key-file` (e.g. cert-manager's Secret, mounted) win, with
 //! `caBundle` from `--tls-ca-file`; cert-manager renews them in place, so the operator reads
 //! them again every `--tls-reload-seconds` and serves what changed. Without them, the operator
-//! makes a CA and a serving certificate and keeps them in the Secret `podlock-webhook-tls` of
-//! its namespace, so that every replica serves the same one; every replica reads it again as
+//! makes a CA and a serving certificate and keeps them in a Secret of its namespace
+//! (`--webhook-tls-secret`), so that every replica serves the same one; every replica reads it again as
 //! often, and whichever finds it near its end, or made for other names, makes it again (a
 //! replace guarded by the Secret's resourceVersion, so one replica wins). A new serving
 //! certificate is signed by the same CA, whose key the Secret keeps, so `caBundle` stays valid;
@@ -28,8 +28,6 @@ use tracing::{info, warn};
 use super::owner;
 use super::webhook::WebhookArgs;
 
-/// The Secret with the self-made CA and serving certificate, in the operator's namespace.
-const SECRET: &str = "podlock-webhook-tls";
 /// A self-made serving certificate's lifetime, and how long before its end it is made again.
 const LEAF_DAYS: i64 = 365;
 const LEAF_RENEW_DAYS: i64 = 30;
@@ -59,10 +57,12 @@ pub enum Source {
         /// The CA that signed it, if given.
         ca: Option<PathBuf>,
     },
-    /// Made by the operator and kept in the Secret `podlock-webhook-tls`.
+    /// Made by the operator and kept in a Secret of its namespace (`--webhook-tls-secret`).
     SelfMade {
         /// The Secrets of the operator's namespace (boxed: far larger than the paths).
         secrets: Box<Api<Secret>>,
+        /// The Secret's name.
+        name: String,
         /// The names the certificate must carry.
         hosts: Vec<String>,
         /// The owner of the Secret (see `owner`).
@@ -87,6 +87,7 @@ impl Source {
         }
         Source::SelfMade {
             secrets: Box::new(Api::namespaced(client.clone(), namespace)),
+            name: args.webhook_tls_secret.clone(),
             hosts: hosts(args, namespace),
             owner,
         }
@@ -109,9 +110,10 @@ impl Source {
             }
             Source::SelfMade {
                 secrets,
+                name,
                 hosts,
                 owner,
-            } => self_made(secrets, hosts, owner.as_ref()).await,
+            } => self_made(secrets, name, hosts, owner.as_ref()).await,
         }
     }
 }
@@ -151,13 +153,14 @@ pub async fn keep_current(
 /// The Secret's certificate, made (again) when it is missing or not [`fresh`].
 async fn self_made(
     secrets: &Api<Secret>,
+    name: &str,
     hosts: &[String],
     owner: Option<&OwnerReference>,
 ) -> anyhow::Result<Tls> {
-    let found = secrets.get_opt(SECRET).await?;
+    let found = secrets.get_opt(name).await?;
     if let Some(found) = &found {
         if let Some(owner) = owner.filter(|_| found.metadata.owner_references.is_none()) {
-            owner::adopt(secrets, SECRET, owner).await?;
+            owner::adopt(secrets, name, owner).await?;
         }
         if let Some(tls) = from_secret(found).filter(|t| fresh(&t.cert, hosts)) {
             return Ok(tls);
@@ -165,22 +168,22 @@ async fn self_made(
     }
     let old = |key: &str| found.as_ref().and_then(|s| field(s, key));
     let (tls, ca_key) = make(hosts, old("ca.crt"), old("ca.key"))?;
-    let mut secret = to_secret(&tls, &ca_key, owner);
+    let mut secret = to_secret(name, &tls, &ca_key, owner);
     let written = match found {
         None => secrets.create(&PostParams::default(), &secret).await,
         Some(old) => {
             secret.metadata.resource_version = old.metadata.resource_version;
-            secrets.replace(SECRET, &PostParams::default(), &secret).await
+            secrets.replace(name, &PostParams::default(), &secret).await
         }
     };
     match written {
         Ok(_) => {
-            info!(secret = SECRET, ?hosts, "made the webhook's serving certificate");
+            info!(secret = name, ?hosts, "made the webhook's serving certificate");
             Ok(tls)
         }
         // Another replica was first: use its certificate.
-        Err(kube::Error::Api(e)) if e.code == 409 => from_secret(&secrets.get(SECRET).await?)
-            .ok_or_else(|| anyhow::anyhow!("Secret {SECRET} lacks tls.crt, tls.key or ca.crt")),
+        Err(kube::Error::Api(e)) if e.code == 409 => from_secret(&secrets.get(name).await?)
+            .ok_or_else(|| anyhow::anyhow!("Secret {name} lacks tls.crt, tls.key or ca.crt")),
         Err(e) => Err(e.into()),
     }
 }
@@ -198,7 +201,7 @@ fn from_secret(s: &Secret) -> Option<Tls> {
     })
 }
 
-fn to_secret(tls: &Tls, ca_key: &str, owner: Option<&OwnerReference>) -> Secret {
+fn to_secret(name: &str, tls: &Tls, ca_key: &str, owner: Option<&OwnerReference>) -> Secret {
     let bytes = |s: &str| ByteString(s.as_bytes().to_vec());
     let data = BTreeMap::from([
         ("tls.crt".to_string(), bytes(&tls.cert)),
@@ -208,7 +211,7 @@ fn to_secret(tls: &Tls, ca_key: &str, owner: Option<&OwnerReference>) -> Secret 
     ]);
     Secret {
         metadata: kube::api::ObjectMeta {
-            name: Some(SECRET.into()),
+            name: Some(name.into()),
             owner_references: owner.map(|o| vec![o.clone()]),
             ..Default::default()
         },

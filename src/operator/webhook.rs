@@ -47,6 +47,13 @@ pub struct WebhookArgs {
     /// Name of the MutatingWebhookConfiguration this operator owns.
     #[arg(long, env = "PODLOCK_WEBHOOK_CONFIGURATION", default_value = "podlock")]
     pub webhook_configuration: String,
+    /// Secret (in the operator's namespace) that keeps the self-made serving certificate.
+    #[arg(
+        long,
+        env = "PODLOCK_WEBHOOK_TLS_SECRET",
+        default_value = "podlock-webhook-tls"
+    )]
+    pub webhook_tls_secret: String,
     /// Serving certificate (PEM) instead of the self-made one.
     #[arg(long, env = "PODLOCK_TLS_CERT_FILE", requires = "tls_key_file")]
     pub tls_cert_file: Option<PathBuf>,

@@ -26,13 +26,35 @@ pub async fn acquire(
     uri: Uri,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Grant>> {
+    acquire_counted(&st, &name, options(&uri, body), Binding::Request)
+        .await
+        .map(Json)
+}
+
+/// What a hold is bound to besides its lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Binding {
+    /// Nothing: it lasts until released, lost, or its heartbeat window passes
+    /// (`POST .../acquire`).
+    Request,
+    /// The HTTP connection that asked for it (`POST .../hold`, see [`super::connection`]).
+    Connection,
+}
+
+/// Acquires as `opts` ask, and counts the outcome in the acquire metrics.
+pub async fn acquire_counted(
+    st: &AppState,
+    name: &str,
+    opts: ApiResult<AcquireOptions>,
+    binding: Binding,
+) -> ApiResult<Grant> {
     let started = Instant::now();
-    let result = try_acquire(&st, &name, &uri, body).await;
+    let result = try_acquire(st, name, opts, binding).await;
     // Only valid names become label values, so bad requests cannot blow up the series count.
-    let name = if lock_id(&st.namespace, &name).is_ok() {
+    let name = if lock_id(&st.namespace, name).is_ok() {
         name
     } else {
-        "(invalid)".into()
+        "(invalid)"
     };
     let outcome = match &result {
         Ok(_) => "acquired",
@@ -41,33 +63,35 @@ pub async fn acquire(
     if result.is_ok() {
         st.metrics
             .acquire_wait
-            .with_label_values(&[&name])
+            .with_label_values(&[name])
             .observe(started.elapsed().as_secs_f64());
     }
-    st.metrics
-        .acquire_total
-        .with_label_values(&[&name, outcome])
-        .inc();
+    st.metrics.acquire_total.with_label_values(&[name, outcome]).inc();
     // Every lock this sidecar was asked for reports its lost holds from the first scrape on,
     // 0 until one is lost, so that alerts on it see a series rather than nothing.
-    st.metrics.locks_lost.with_label_values(&[&name]);
-    result.map(Json)
+    st.metrics.locks_lost.with_label_values(&[name]);
+    result
 }
 
 async fn try_acquire(
     st: &AppState,
     name: &str,
-    uri: &Uri,
-    body: Result<Bytes, BytesRejection>,
+    opts: ApiResult<AcquireOptions>,
+    binding: Binding,
 ) -> ApiResult<Grant> {
     let lock = lock_id(&st.namespace, name)?;
-    let opts: AcquireOptions = options(uri, body)?;
-    opts.check()?;
+    let opts = opts?;
+    opts.check(binding == Binding::Connection)?;
+    let heartbeat = match binding {
+        Binding::Request => opts.heartbeat_timeout_seconds.or(st.default_heartbeat),
+        // The open connection is the hold's heartbeat; a window asked for explicitly still applies.
+        Binding::Connection => opts.heartbeat_timeout_seconds.or(Some(0)),
+    };
     let req = AcquireRequest {
         wait: opts.wait()?,
         holder_id: opts.holder_id.unwrap_or_else(|| st.default_holder.clone()),
         ttl_seconds: opts.ttl_seconds,
-        heartbeat_timeout_seconds: opts.heartbeat_timeout_seconds.or(st.default_heartbeat),
+        heartbeat_timeout_seconds: heartbeat,
         container: opts.container,
         lock,
     };
@@ -149,14 +173,10 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
     m.held_locks.set(st.engine.held_count() as i64);
     set_counter(&m.keepalive_failures, st.engine.keepalive_failures());
     let stats = st.engine.stats();
-    set_counter(
-        &m.etcd_requests,
-        stats.requests.load(std::sync::atomic::Ordering::Relaxed),
-    );
-    set_counter(
-        &m.watch_events,
-        stats.watch_events.load(std::sync::atomic::Ordering::Relaxed),
-    );
+    let counted = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
+    set_counter(&m.etcd_requests, counted(&stats.requests));
+    set_counter(&m.watch_events, counted(&stats.watch_events));
+    set_counter(&m.etcd_watches, counted(&stats.watches));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m.render()).into_response()
 }
 

@@ -1,6 +1,7 @@
 //! The sidecar: a loopback HTTP API over the lock engine for the containers of one pod.
 
 mod api;
+mod connection;
 mod error;
 mod events;
 mod request;
@@ -73,6 +74,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/locks", get(api::list))
         .route("/v1/locks/{name}", get(api::inspect))
         .route("/v1/locks/{name}/acquire", post(api::acquire))
+        .route("/v1/locks/{name}/hold", post(connection::hold))
         .route("/v1/locks/{name}/release", post(api::release))
         .route("/v1/locks/{name}/heartbeat", post(api::heartbeat))
         .route("/v1/locks/{name}/events", get(events::events))

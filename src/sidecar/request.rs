@@ -13,6 +13,9 @@ use crate::lock::keys::{HEARTBEAT, TTL, check_container};
 /// The longest an acquire may wait, in seconds.
 pub const MAX_WAIT_SECONDS: f64 = 3600.0;
 
+/// The longest gap between a connection-bound hold's keep-alive comment lines, in seconds.
+pub const MAX_KEEP_ALIVE_SECONDS: u32 = 300;
+
 /// Options of `POST /v1/locks/{name}/acquire`.
 #[derive(Debug, Default, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
@@ -27,6 +30,8 @@ pub struct AcquireOptions {
     pub heartbeat_timeout_seconds: Option<u32>,
     /// The app container that asks (its `PODLOCK_CONTAINER`).
     pub container: Option<String>,
+    /// `POST .../hold` only: seconds between the comment lines that keep the stream alive.
+    pub keep_alive_seconds: Option<u32>,
 }
 
 /// Options of release and heartbeat.
@@ -51,6 +56,7 @@ impl Merge for AcquireOptions {
             ttl_seconds: body.ttl_seconds.or(self.ttl_seconds),
             heartbeat_timeout_seconds: body.heartbeat_timeout_seconds.or(self.heartbeat_timeout_seconds),
             container: body.container.or(self.container),
+            keep_alive_seconds: body.keep_alive_seconds.or(self.keep_alive_seconds),
         }
     }
 }
@@ -119,8 +125,22 @@ impl AcquireOptions {
         Ok(std::time::Duration::from_secs_f64(w))
     }
 
-    /// Checks the per-hold overrides against the contract's bounds.
-    pub fn check(&self) -> Result<(), ApiError> {
+    /// Checks the per-hold overrides against the contract's bounds; `keepAliveSeconds` only
+    /// for a hold bound to its connection (`streamed`).
+    pub fn check(&self, streamed: bool) -> Result<(), ApiError> {
+        match self.keep_alive_seconds {
+            Some(_) if !streamed => {
+                return Err(ApiError::invalid(
+                    "keepAliveSeconds applies only to POST /v1/locks/{name}/hold (a hold bound to its connection)",
+                ));
+            }
+            Some(k) if !(1..=MAX_KEEP_ALIVE_SECONDS).contains(&k) => {
+                return Err(ApiError::invalid(format!(
+                    "keepAliveSeconds must be between 1 and {MAX_KEEP_ALIVE_SECONDS}, got {k}"
+                )));
+            }
+            _ => {}
+        }
         if let Some(t) = self.ttl_seconds {
             TTL.check(t)?;
         }

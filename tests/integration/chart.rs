@@ -1,6 +1,7 @@
 //! The Helm chart: lint, schema-checked values, rendered objects accepted by a real API server,
 //! and the generated files (`manifests/`, the chart's `crds/`) in step with their sources.
 
+use serde::Deserialize;
 use std::process::Command;
 
 use crate::common::bin_dir;
@@ -22,12 +23,62 @@ pub(crate) fn helm(args: &[&str]) -> (bool, String, String) {
 const KUBE_VERSION: &str = "1.34.0";
 
 pub(crate) fn render(extra: &[&str]) -> String {
-    let mut args = vec!["template", "podlock", CHART, "--namespace", "podlock"];
+    render_release("podlock", "podlock", extra)
+}
+
+/// Renders the chart as release `release` in `namespace`.
+pub(crate) fn render_release(release: &str, namespace: &str, extra: &[&str]) -> String {
+    let mut args = vec!["template", release, CHART, "--namespace", namespace];
     args.extend(["--kube-version", KUBE_VERSION]);
     args.extend_from_slice(extra);
     let (ok, out, err) = helm(&args);
-    assert!(ok, "helm template {extra:?}: {err}");
+    assert!(ok, "helm template {release} {extra:?}: {err}");
     out
+}
+
+/// The names a rendering claims: (kind, namespace, name) of every object, and of the objects the
+/// operator makes from its environment (its webhook configuration, leader Lease and certificate
+/// Secret).
+fn claimed_names(rendered: &str) -> std::collections::BTreeSet<(String, String, String)> {
+    let mut names = std::collections::BTreeSet::new();
+    for doc in serde_yaml::Deserializer::from_str(rendered) {
+        let v = serde_yaml::Value::deserialize(doc).unwrap();
+        let text = |v: &serde_yaml::Value| v.as_str().unwrap_or_default().to_string();
+        let meta = &v["metadata"];
+        names.insert((text(&v["kind"]), text(&meta["namespace"]), text(&meta["name"])));
+        let env = &v["spec"]["template"]["spec"]["containers"][0]["env"];
+        for var in env.as_sequence().into_iter().flatten() {
+            let kind = match var["name"].as_str() {
+                Some("PODLOCK_WEBHOOK_CONFIGURATION") => "MutatingWebhookConfiguration",
+                Some("PODLOCK_LEADER_ELECTION_ID") => "Lease",
+                Some("PODLOCK_WEBHOOK_TLS_SECRET") => "Secret",
+                _ => continue,
+            };
+            let ns = if kind == "MutatingWebhookConfiguration" {
+                ""
+            } else {
+                &text(&meta["namespace"])
+            };
+            names.insert((kind.into(), ns.into(), text(&var["value"])));
+        }
+    }
+    names
+}
+
+#[test]
+fn two_releases_share_no_name() {
+    // Each team its own release, limited to its namespace; the second in the first's namespace
+    // too, the hardest case.
+    let first = render_release("podlock", "locks", &["--set", "operator.watchNamespace=team-a"]);
+    let second = render_release("team-b", "locks", &["--set", "operator.watchNamespace=team-b"]);
+    let (first, second) = (claimed_names(&first), claimed_names(&second));
+    assert!(
+        first
+            .iter()
+            .any(|(kind, _, name)| kind == "Lease" && name == "podlock-operator")
+    );
+    let shared: Vec<_> = first.intersection(&second).collect();
+    assert!(shared.is_empty(), "two releases claim the same names: {shared:?}");
 }
 
 #[test]

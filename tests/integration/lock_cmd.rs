@@ -143,3 +143,41 @@ async fn the_hold_records_the_container_from_podlock_container() {
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains("container"));
 }
+
+#[tokio::test]
+async fn kill_9_of_podlock_lock_frees_the_lock_at_once_and_stops_the_command() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["crash", "--ttl-seconds", "30"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let pid_file = tempfile::NamedTempFile::new().unwrap();
+    let script = format!("echo $$ > {}; exec sleep 30", pid_file.path().display());
+    let mut run = lock_cmd(&s, &["crash", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let cmd_pid = crate::common::wait_until(Duration::from_secs(5), || async {
+        std::fs::read_to_string(pid_file.path()).is_ok_and(|p| !p.trim().is_empty())
+    })
+    .await
+    .map(|_| {
+        std::fs::read_to_string(pid_file.path())
+            .unwrap()
+            .trim()
+            .parse::<i32>()
+            .unwrap()
+    })
+    .expect("the command started");
+    let killed = Instant::now();
+    run.start_kill().unwrap(); // SIGKILL: no release, no cleanup
+    let token = s
+        .must_acquire("crash", serde_json::json!({"holderId": "next", "waitSeconds": 5}))
+        .await;
+    let took = killed.elapsed();
+    eprintln!("podlock lock killed (kill -9): the lock was free again {took:?} later (TTL 30 s)");
+    assert!(took < Duration::from_secs(1) && token > 0);
+    let gone = crate::common::wait_until(Duration::from_secs(2), || async {
+        // SAFETY: signal 0 only checks that the process exists.
+        unsafe { libc::kill(cmd_pid, 0) != 0 }
+    })
+    .await;
+    assert!(gone.is_ok(), "the command outlived podlock lock and its hold");
+}

@@ -86,14 +86,31 @@ fn documented<'a>(
     Ok((ctype.as_str(), &media["schema"]))
 }
 
+/// Checks that the first event of the stream `resp` fits the documented schema of `path`'s 200.
+async fn first_event_fits(spec: &Value, mut resp: reqwest::Response, path: &str, method: &str) {
+    let (ctype, schema) = documented(spec, path, method, 200).unwrap();
+    let got = resp.headers()["content-type"].to_str().unwrap().to_string();
+    assert!(got.starts_with(ctype), "{method} {path}: content-type {got}");
+    let chunk = tokio::time::timeout(Duration::from_secs(2), resp.chunk())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let frame = String::from_utf8(chunk.to_vec()).unwrap();
+    let data: String = frame.lines().filter_map(|l| l.strip_prefix("data:")).collect();
+    let value = serde_json::from_str(data.trim()).unwrap();
+    check(spec, schema, &value, &format!("{method} {path} event")).unwrap();
+}
+
 #[tokio::test]
 async fn the_server_answers_as_the_openapi_file_says() {
     let spec: Value = serde_yaml::from_str(SPEC).unwrap();
     let mut etcd = EtcdServer::start().await;
     declare(&etcd.endpoint, &["doc"]);
+    declare(&etcd.endpoint, &["streamed"]);
     declare(&etcd.endpoint, &["beat", "--heartbeat-timeout-seconds", "1"]);
     let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
-    let mut events = reqwest::get(format!("{}/v1/locks/doc/events", s.addr))
+    let events = reqwest::get(format!("{}/v1/locks/doc/events", s.addr))
         .await
         .unwrap();
     let big = Value::String(" ".repeat(1024 * 1024));
@@ -109,6 +126,12 @@ async fn the_server_answers_as_the_openapi_file_says() {
             "post",
             "/v1/locks/{name}/acquire",
             "/v1/locks/doc/acquire".into(),
+            json!({"holderId": "b", "waitSeconds": 0}),
+        ),
+        (
+            "post",
+            "/v1/locks/{name}/hold",
+            "/v1/locks/doc/hold".into(),
             json!({"holderId": "b", "waitSeconds": 0}),
         ),
         (
@@ -183,6 +206,9 @@ async fn the_server_answers_as_the_openapi_file_says() {
     ];
     let http = reqwest::Client::new();
     let mut exercised = BTreeSet::new();
+    let hold = http.post(format!("{}/v1/locks/streamed/hold", s.addr));
+    first_event_fits(&spec, hold.send().await.unwrap(), "/v1/locks/{name}/hold", "post").await;
+    exercised.insert(("/v1/locks/{name}/hold".into(), "post".into()));
     for (method, path, url, body) in calls {
         match method {
             "sleep" => {
@@ -219,21 +245,7 @@ async fn the_server_answers_as_the_openapi_file_says() {
         exercised.insert((path.to_string(), method.to_string()));
     }
     // The events stream: its data fits HoldEvent.
-    let chunk = tokio::time::timeout(Duration::from_secs(2), events.chunk())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    let frame = String::from_utf8(chunk.to_vec()).unwrap();
-    let data: String = frame.lines().filter_map(|l| l.strip_prefix("data:")).collect();
-    let (_, schema) = documented(&spec, "/v1/locks/{name}/events", "get", 200).unwrap();
-    check(
-        &spec,
-        schema,
-        &serde_json::from_str(data.trim()).unwrap(),
-        "event",
-    )
-    .unwrap();
+    first_event_fits(&spec, events, "/v1/locks/{name}/events", "get").await;
     exercised.insert(("/v1/locks/{name}/events".into(), "get".into()));
 
     let documented_ops: BTreeSet<(String, String)> = spec["paths"]

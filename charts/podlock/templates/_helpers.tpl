@@ -1,3 +1,14 @@
+{{/* The prefix of every name this release gives its objects: the release name when it already
+     says podlock (`helm install podlock` keeps the plain names), else RELEASE-podlock. Two
+     releases never share a name; at most 50 characters leave room for the longest suffix. */}}
+{{- define "podlock.fullname" -}}
+{{- if contains "podlock" .Release.Name -}}
+{{ .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- else -}}
+{{ printf "%s-podlock" .Release.Name | trunc 50 | trimSuffix "-" }}
+{{- end -}}
+{{- end }}
+
 {{- define "podlock.labels" -}}
 helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 app.kubernetes.io/name: podlock

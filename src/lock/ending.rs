@@ -1,0 +1,123 @@
+//! Ending holds: release, heartbeat, loss and shutdown. Whichever comes first wins under the
+//! registry's lock, and exactly one event (`released` or `lost`) is published.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+use tracing::{info, warn};
+
+use super::hold::{Hold, KEY_DELETED, SESSION_LOST, SHUTDOWN, spawn_removal};
+use super::keys::LockId;
+use super::queue;
+use super::session::Session;
+use super::{Engine, EventKind, LockError};
+
+impl Engine {
+    /// Releases a hold: deletes its key (guarded by its create revision) and ends it. A key
+    /// found already gone, or a session already lost, means the hold had ended without this
+    /// sidecar knowing yet: that is a loss (410 and a `lost` event), never a success.
+    pub async fn release(&self, lock: &LockId, holder: &str) -> Result<(), LockError> {
+        let hold = self.0.registry.get_held(lock, holder)?;
+        self.end_released(hold).await
+    }
+
+    /// Releases `holder`'s hold of `lock` if it is still the one with fencing `token` (a hold
+    /// bound to a connection that closed); a later hold of the same holder is left alone.
+    pub async fn release_token(&self, lock: &LockId, holder: &str, token: i64) -> Result<(), LockError> {
+        match self.0.registry.get_held(lock, holder) {
+            Ok(hold) if hold.token() == token => self.end_released(hold).await,
+            Ok(_) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Ends `hold` by release (see [`Engine::release`]).
+    async fn end_released(&self, hold: Arc<Hold>) -> Result<(), LockError> {
+        let (lock, holder) = (&hold.lock, hold.holder_id.as_str());
+        hold.ended.cancel(); // the monitor stops before our own deletion reaches it
+        let removed = match queue::remove(&self.0.etcd, &hold.ticket).await {
+            Ok(removed) => removed,
+            Err(e) => {
+                warn!(lock = %lock, holder, error = %e, "release could not reach etcd; retrying in the background");
+                spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
+                true
+            }
+        };
+        if hold.session.is_lost() {
+            return Err(self.lose(&hold, SESSION_LOST).await);
+        }
+        if !removed {
+            self.check_session(&hold.session).await;
+            return Err(self.lose(&hold, KEY_DELETED).await);
+        }
+        if !self.0.registry.end_released(&hold) {
+            // Its monitor ended it meanwhile (lost), and has reported that.
+            return Err(self.lose(&hold, "it ended while being released").await);
+        }
+        info!(lock = %lock, holder, token = hold.token(), "released");
+        self.publish(&hold, EventKind::Released, None);
+        Ok(())
+    }
+
+    /// Restarts a hold's heartbeat window; returns when it will expire. The hold's key is read:
+    /// a key found gone is a loss (410). If etcd does not answer, the window is restarted all
+    /// the same (the app is alive; the lease is watched over separately).
+    pub async fn heartbeat(&self, lock: &LockId, holder: &str) -> Result<SystemTime, LockError> {
+        let hold = self.0.registry.get_held(lock, holder)?;
+        let expires = hold.heartbeat();
+        match queue::is_ours(&self.0.etcd, &hold.ticket).await {
+            Ok(_) if hold.session.is_lost() => Err(self.lose(&hold, SESSION_LOST).await),
+            Ok(true) => Ok(expires),
+            Ok(false) => Err(self.lose(&hold, KEY_DELETED).await),
+            Err(e) => {
+                warn!(lock = %lock, holder, error = %e, "heartbeat could not read the hold's key");
+                Ok(expires)
+            }
+        }
+    }
+
+    /// Ends `hold` as lost for `reason` (unless it already ended) and returns the error that
+    /// tells its holder so.
+    async fn lose(&self, hold: &Arc<Hold>, reason: &str) -> LockError {
+        self.end_lost(hold, reason).await;
+        let slot = self.0.registry.get_held(&hold.lock, &hold.holder_id);
+        slot.err().unwrap_or_else(|| LockError::Lost {
+            lock: hold.lock.clone(),
+            holder: hold.holder_id.clone(),
+            reason: reason.into(),
+        })
+    }
+
+    /// Ends `hold` as lost (called by its monitor), unless it already ended.
+    pub(crate) async fn end_lost(&self, hold: &Arc<Hold>, reason: &str) {
+        if !self.0.registry.mark_lost(hold, reason) {
+            return;
+        }
+        hold.ended.cancel();
+        warn!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), reason, "hold lost");
+        self.publish(hold, EventKind::Lost, Some(reason.into()));
+        spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
+    }
+
+    /// Ends `session` at once if etcd no longer has its lease: a key of it that vanished may
+    /// mean the lease was revoked, and then every hold on it is lost.
+    pub(crate) async fn check_session(&self, session: &Session) {
+        if let Ok(None) = self.0.etcd.lease_keys(session.id).await {
+            session.end("etcd no longer has the lease (revoked or expired)");
+        }
+    }
+
+    /// Ends every hold and wait at once by revoking this sidecar's leases (on SIGTERM). The
+    /// holds end by something other than their release, so each is reported `lost`.
+    pub async fn shutdown(&self) {
+        let holds = self.0.registry.drain_held();
+        for h in &holds {
+            h.ended.cancel();
+        }
+        self.0.sessions.close().await;
+        for h in &holds {
+            self.publish(h, EventKind::Lost, Some(SHUTDOWN.into()));
+        }
+        self.0.events.close();
+        info!(ended = holds.len(), "ended every hold");
+    }
+}
