@@ -1,6 +1,7 @@
 //! The operator: reconciles `DistributedLock` objects with etcd and serves health and metrics.
 
 mod certs;
+mod etcd_auth;
 mod etcd_watch;
 pub mod inject;
 pub mod isolation;
@@ -58,6 +59,10 @@ pub struct OperatorArgs {
     /// it was deleted (one create per namespace; the operator may not read Secrets).
     #[arg(long, env = "PODLOCK_CREDENTIALS_CHECK_SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub credentials_check_seconds: u64,
+    /// Turn etcd auth on if it is off, adding user `root` with `--etcd-password` (which
+    /// `--etcd-user` must name): for an etcd podlock runs itself, like the chart's bundled one.
+    #[arg(long, env = "PODLOCK_ETCD_ENABLE_AUTH")]
+    pub etcd_enable_auth: bool,
     #[command(flatten)]
     pub leader: leader::LeaderArgs,
     #[command(flatten)]
@@ -72,7 +77,11 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach the Kubernetes API (KUBECONFIG or in-cluster): {e}"))?;
-    let store = Store::new(args.etcd.connect().await?);
+    let etcd = match args.etcd_enable_auth {
+        true => etcd_auth::enable(&args.etcd).await?,
+        false => args.etcd.connect().await?,
+    };
+    let store = Store::new(etcd);
     let metrics = OperatorMetrics::new();
     let reasons = liveness::Reason::ALL.map(liveness::Reason::label);
     metrics.start_at_zero(&[&reasons[..], &[reconcile::LOCK_DELETED]].concat());

@@ -7,10 +7,10 @@ use std::process::Command;
 use crate::common::bin_dir;
 use crate::common::kube::with_crd;
 
-const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/podlock");
+pub(crate) const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/podlock");
 
 /// Runs helm with `args`; returns (success, stdout, stderr).
-fn helm(args: &[&str]) -> (bool, String, String) {
+pub(crate) fn helm(args: &[&str]) -> (bool, String, String) {
     let out = Command::new(bin_dir().join("helm"))
         .args(args)
         .output()
@@ -28,7 +28,7 @@ pub(crate) fn render(extra: &[&str]) -> String {
 }
 
 /// Renders the chart as release `release` in `namespace`.
-fn render_release(release: &str, namespace: &str, extra: &[&str]) -> String {
+pub(crate) fn render_release(release: &str, namespace: &str, extra: &[&str]) -> String {
     let mut args = vec!["template", release, CHART, "--namespace", namespace];
     args.extend(["--kube-version", KUBE_VERSION]);
     args.extend_from_slice(extra);
@@ -169,7 +169,7 @@ fn optional_parts_render() {
     assert!(out.contains("/etc/podlock/webhook/ca.crt"));
     let out = render(&["--set", "etcd.bundled.enabled=true"]);
     assert!(out.contains("kind: StatefulSet"));
-    assert!(out.contains("http://podlock-etcd-0.podlock-etcd.podlock.svc:2379,http://podlock-etcd-1"));
+    assert!(out.contains("https://podlock-etcd-0.podlock-etcd.podlock.svc:2379,https://podlock-etcd-1"));
 }
 
 #[test]
@@ -280,9 +280,10 @@ async fn the_rendered_objects_are_accepted_by_a_real_api_server() {
     plane.namespace("podlock");
     for values in [
         &[][..],
+        &["--set", "etcd.bundled.enabled=true"][..],
         &[
             "--set",
-            "etcd.bundled.enabled=true",
+            "etcd.tlsSecret=etcd-tls",
             "--set",
             "etcd.authSecret=etcd-root",
         ][..],
@@ -296,6 +297,13 @@ async fn the_rendered_objects_are_accepted_by_a_real_api_server() {
             "poddisruptionbudget.policy/podlock-operator",
         ] {
             assert!(out.contains(kind), "{kind} missing: {out}");
+        }
+        let bundled = [
+            "networkpolicy.networking.k8s.io/podlock-etcd",
+            "secret/podlock-etcd-tls",
+        ];
+        if values.contains(&"etcd.bundled.enabled=true") {
+            assert!(bundled.iter().all(|k| out.contains(k)), "{out}");
         }
     }
 }

@@ -283,3 +283,51 @@ async fn an_injected_pod_finds_its_namespaces_credentials_even_before_the_first_
         _op.log()
     );
 }
+
+/// The bundled etcd's first start: etcd comes up with auth off, and the operator, given root's
+/// password and `--etcd-enable-auth`, adds root and turns auth on; from then on etcd refuses
+/// requests without credentials and the namespace gets its own user. Two replicas starting at
+/// once and a restart (auth already on) all connect.
+#[tokio::test]
+async fn the_operator_turns_auth_on_in_a_fresh_etcd() {
+    let plane = with_crd();
+    let ns = plane.namespace("auth-on");
+    let etcd = EtcdServer::start().await;
+    let flags = [
+        "--etcd-user",
+        "root",
+        "--etcd-password",
+        "fresh-root",
+        "--etcd-enable-auth",
+    ];
+    let (a, b) = tokio::join!(
+        Operator::start_with(plane, &ns, &etcd.endpoint, &flags),
+        Operator::start_with(plane, &ns, &etcd.endpoint, &flags),
+    );
+    let mut anonymous = etcd.client().await;
+    let opts = etcd_client::GetOptions::new().with_prefix();
+    let refused = anonymous.get("/podlock/", Some(opts)).await;
+    assert!(
+        refused.is_err(),
+        "etcd still answers without credentials:\n{}",
+        a.log()
+    );
+    let lock = format!(
+        "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{}}\n"
+    );
+    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
+    let (user, password) = credentials(plane, &ns).await;
+    let args = [
+        "--namespace",
+        &ns,
+        "--etcd-user",
+        &user,
+        "--etcd-password",
+        &password,
+    ];
+    let pod = Sidecar::start(&etcd.endpoint, "pod", &args).await;
+    assert_eq!(pod.post("shared", "acquire", json!({})).await.0, 200);
+    drop((a, b));
+    // It serves /healthz, which start_with waits for, only once connected to etcd as root.
+    Operator::start_with(plane, &ns, &etcd.endpoint, &flags).await;
+}

@@ -7,6 +7,7 @@ mod common;
 mod api;
 mod certs;
 mod chart;
+mod chart_etcd;
 mod connection;
 mod dashboards;
 mod drain;

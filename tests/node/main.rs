@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod isolation;
 mod lifecycle;
 mod workload;
 
@@ -129,6 +130,7 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     assert_webhook_through_service(&node);
     let client = node.client().await;
     workload::deploy(&node).await;
+    isolation::a_namespace_cannot_touch_anothers_keys_nor_anyone_etcd_without_credentials(&node);
     workload::pod_deletion_hands_the_lock_on(&node, &client).await;
     workload::app_crash_ends_the_hold(&node).await;
     lifecycle::helm_upgrade_reaches_new_pods(&node);

@@ -1,0 +1,306 @@
+//! The chart's bundled etcd is secure by default: TLS for clients and peers with certificates
+//! generated at install and kept across upgrades, a root password the operator uses to turn
+//! auth on, and a NetworkPolicy whose selectors admit the operator, injected pods and the
+//! members, and nobody else (its enforcement needs a CNI: `tests/node` runs the rest).
+
+use k8s_openapi::api::core::v1::Secret;
+use serde_json::{Value, json};
+use std::collections::BTreeSet;
+
+use crate::chart::{CHART, helm, render};
+use crate::common::kube::{ControlPlane, with_crd};
+use podlock::operator::inject::SIDECAR_LABEL;
+
+/// The rendered documents, as JSON.
+fn documents(rendered: &str) -> Vec<Value> {
+    use serde::Deserialize;
+    serde_yaml::Deserializer::from_str(rendered)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(Value::is_object)
+        .collect()
+}
+
+/// The document of `kind` named `name`.
+fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
+}
+
+/// The data of Secret `name`, decoded.
+fn secret_data(docs: &[Value], name: &str) -> std::collections::BTreeMap<String, String> {
+    let secret: Secret = serde_json::from_value(find(docs, "Secret", name).clone()).unwrap();
+    let data = secret.data.unwrap_or_default().into_iter();
+    data.map(|(k, v)| (k, String::from_utf8(v.0).unwrap())).collect()
+}
+
+/// The value of the operator's environment variable `name`.
+fn operator_env(docs: &[Value], name: &str) -> Value {
+    let container =
+        &find(docs, "Deployment", "podlock-operator")["spec"]["template"]["spec"]["containers"][0];
+    let env = container["env"].as_array().unwrap();
+    let var = env.iter().find(|e| e["name"] == name);
+    var.cloned()
+        .unwrap_or_else(|| panic!("operator has no {name}: {env:?}"))
+}
+
+#[test]
+fn the_bundled_etcd_serves_tls_and_the_operator_turns_auth_on() {
+    let docs = documents(&render(&["--set", "etcd.bundled.enabled=true"]));
+    let etcd = &find(&docs, "StatefulSet", "podlock-etcd")["spec"]["template"]["spec"]["containers"][0];
+    let args: Vec<&str> = etcd["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    for arg in [
+        "--listen-client-urls=https://0.0.0.0:2379",
+        "--listen-peer-urls=https://0.0.0.0:2380",
+        "--cert-file=/etc/etcd/tls/tls.crt",
+        "--peer-client-cert-auth=true",
+    ] {
+        assert!(args.contains(&arg), "{arg} missing: {args:?}");
+    }
+    assert!(
+        !args.iter().any(|a| a.contains("http://")),
+        "plain HTTP: {args:?}"
+    );
+    let endpoints = operator_env(&docs, "PODLOCK_ETCD_ENDPOINTS")["value"].clone();
+    assert!(
+        endpoints
+            .as_str()
+            .unwrap()
+            .split(',')
+            .all(|e| e.starts_with("https://")),
+        "{endpoints}"
+    );
+    assert_eq!(operator_env(&docs, "PODLOCK_ETCD_ENABLE_AUTH")["value"], "true");
+    let user = &operator_env(&docs, "PODLOCK_ETCD_USER")["valueFrom"]["secretKeyRef"];
+    assert_eq!(user, &json!({"name": "podlock-etcd-root", "key": "username"}));
+    assert_eq!(
+        operator_env(&docs, "PODLOCK_ETCD_CA_FILE")["value"],
+        "/etc/podlock/etcd/ca.crt"
+    );
+
+    let root = secret_data(&docs, "podlock-etcd-root");
+    assert_eq!(root["username"], "root");
+    assert!(root["password"].len() >= 32, "a short root password");
+    let again = documents(&render(&["--set", "etcd.bundled.enabled=true"]));
+    assert_ne!(
+        secret_data(&again, "podlock-etcd-root")["password"],
+        root["password"]
+    );
+    let tls = secret_data(&docs, "podlock-etcd-tls");
+    let names = certificate_names(&tls["tls.crt"]);
+    for name in [
+        "*.podlock-etcd.podlock.svc",
+        "*.podlock-etcd.podlock.svc.cluster.local",
+    ] {
+        assert!(names.contains(name), "{name} not in the certificate: {names:?}");
+    }
+    assert!(tls["ca.crt"].starts_with("-----BEGIN CERTIFICATE"));
+}
+
+/// The DNS names of a PEM certificate.
+fn certificate_names(pem: &str) -> BTreeSet<String> {
+    let (_, pem) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).unwrap();
+    let cert = pem.parse_x509().unwrap();
+    let san = cert.subject_alternative_name().unwrap().unwrap();
+    let dns = san.value.general_names.iter().filter_map(|n| match n {
+        x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_string()),
+        _ => None,
+    });
+    dns.collect()
+}
+
+/// `helm template --dry-run=server` in `ns`: lookups see the cluster, as in `helm upgrade`.
+fn render_against(plane: &ControlPlane, ns: &str) -> Vec<Value> {
+    let kubeconfig = plane.kubeconfig.to_str().unwrap();
+    let (ok, out, err) = helm(&[
+        "template",
+        "podlock",
+        CHART,
+        "--namespace",
+        ns,
+        "--kube-version",
+        "1.34.0",
+        "--kubeconfig",
+        kubeconfig,
+        "--dry-run=server",
+        "--set",
+        "etcd.bundled.enabled=true",
+        "--show-only",
+        "templates/etcd-security.yaml",
+    ]);
+    assert!(ok, "helm template --dry-run=server: {err}");
+    documents(&out)
+}
+
+#[tokio::test]
+async fn the_bundled_etcds_certificates_and_root_password_survive_an_upgrade() {
+    let plane = with_crd();
+    let ns = plane.namespace("etcd-keep");
+    let installed = render_against(plane, &ns);
+    let secrets: Vec<&Value> = installed.iter().filter(|d| d["kind"] == "Secret").collect();
+    assert_eq!(secrets.len(), 2, "{installed:?}");
+    for secret in secrets {
+        let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &secret.to_string());
+        assert!(ok, "{err}");
+    }
+    let upgraded = render_against(plane, &ns);
+    for name in ["podlock-etcd-tls", "podlock-etcd-root"] {
+        assert_eq!(
+            secret_data(&upgraded, name),
+            secret_data(&installed, name),
+            "{name} was generated again by an upgrade"
+        );
+    }
+}
+
+/// Creates pod `name` in `ns` with `labels` (it never runs: there is no kubelet).
+fn pod(plane: &ControlPlane, ns: &str, name: &str, labels: &Value) {
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns, "labels": labels},
+        "spec": {"containers": [{"name": "c", "image": "none"}]}});
+    let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &pod.to_string());
+    assert!(ok, "pod {ns}/{name}: {err}");
+}
+
+/// `k=v,...` of a `matchLabels` (`None`: the selector selects nothing).
+fn selector(match_labels: &Value) -> String {
+    let labels = match_labels.as_object().into_iter().flatten();
+    labels
+        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap()))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// The names (`ns/name`) of what `kubectl get KIND -l SELECTOR` lists in `scope`.
+fn listed(plane: &ControlPlane, kind: &str, scope: &[&str], match_labels: &Value) -> BTreeSet<String> {
+    let mut args = vec!["get", kind, "-l"];
+    let selector = selector(match_labels);
+    args.push(&selector);
+    args.extend_from_slice(scope);
+    args.extend([
+        "-o",
+        "jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name}{\"\\n\"}{end}",
+    ]);
+    let (ok, out, err) = plane.kubectl(&args);
+    assert!(ok, "{args:?}: {err}");
+    out.lines()
+        .map(|l| l.trim_start_matches('/').to_string())
+        .collect()
+}
+
+/// The pods one ingress rule's `from` admits, as the API server evaluates its selectors.
+fn admitted(plane: &ControlPlane, policy_ns: &str, rule: &Value) -> BTreeSet<String> {
+    let mut pods = BTreeSet::new();
+    for peer in rule["from"].as_array().unwrap() {
+        let namespaces: Vec<String> = match peer.get("namespaceSelector") {
+            None => vec![policy_ns.to_string()],
+            Some(sel) => listed(plane, "namespaces", &[], &sel["matchLabels"])
+                .into_iter()
+                .collect(),
+        };
+        for ns in namespaces {
+            pods.extend(listed(
+                plane,
+                "pods",
+                &["-n", &ns],
+                &peer["podSelector"]["matchLabels"],
+            ));
+        }
+    }
+    pods
+}
+
+#[tokio::test]
+async fn the_network_policy_admits_only_the_operator_injected_pods_and_members() {
+    let plane = with_crd();
+    let (release, app) = (plane.namespace("np-release"), plane.namespace("np-app"));
+    let (ok, out, err) = helm(&[
+        "template",
+        "podlock",
+        CHART,
+        "--namespace",
+        &release,
+        "--kube-version",
+        "1.34.0",
+        "--set",
+        "etcd.bundled.enabled=true",
+    ]);
+    assert!(ok, "{err}");
+    let docs = documents(&out);
+    let template_labels =
+        |kind, name| find(&docs, kind, name)["spec"]["template"]["metadata"]["labels"].clone();
+    pod(
+        plane,
+        &release,
+        "operator",
+        &template_labels("Deployment", "podlock-operator"),
+    );
+    pod(
+        plane,
+        &release,
+        "etcd",
+        &template_labels("StatefulSet", "podlock-etcd"),
+    );
+    pod(plane, &release, "other", &json!({"app": "other"}));
+    pod(
+        plane,
+        &app,
+        "injected",
+        &json!({SIDECAR_LABEL: "true", "app": "web"}),
+    );
+    pod(plane, &app, "plain", &json!({"app": "web"}));
+    pod(
+        plane,
+        &app,
+        "operator-lookalike",
+        &template_labels("Deployment", "podlock-operator"),
+    );
+    let policy = find(&docs, "NetworkPolicy", "podlock-etcd");
+    let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &policy.to_string());
+    assert!(ok, "the API server refused the NetworkPolicy: {err}");
+    let (ok, stored, err) = plane.kubectl(&[
+        "get",
+        "networkpolicy",
+        "podlock-etcd",
+        "-n",
+        &release,
+        "-o",
+        "json",
+    ]);
+    assert!(ok, "{err}");
+    let spec = serde_json::from_str::<Value>(&stored).unwrap()["spec"].clone();
+    assert_eq!(spec["policyTypes"], json!(["Ingress"]));
+    let ours = |pods: BTreeSet<String>| -> BTreeSet<String> {
+        let ours = |p: &String| p.starts_with(&format!("{release}/")) || p.starts_with(&format!("{app}/"));
+        pods.into_iter().filter(ours).collect()
+    };
+    assert_eq!(
+        ours(listed(
+            plane,
+            "pods",
+            &["-n", &release],
+            &spec["podSelector"]["matchLabels"]
+        )),
+        BTreeSet::from([format!("{release}/etcd")]),
+        "the policy's pods"
+    );
+    let mut by_port = std::collections::BTreeMap::new();
+    for rule in spec["ingress"].as_array().unwrap() {
+        let port = rule["ports"][0]["port"].as_i64().unwrap();
+        by_port.insert(port, ours(admitted(plane, &release, rule)));
+    }
+    eprintln!("etcd's NetworkPolicy admits, by port: {by_port:?}");
+    let client = BTreeSet::from([format!("{release}/operator"), format!("{app}/injected")]);
+    assert_eq!(by_port[&2379], client, "client port");
+    assert_eq!(
+        by_port[&2380],
+        BTreeSet::from([format!("{release}/etcd")]),
+        "peer port"
+    );
+    assert_eq!(by_port.len(), 2, "{by_port:?}");
+}
