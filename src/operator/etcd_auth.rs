@@ -24,29 +24,52 @@ pub async fn enable(etcd: &EtcdArgs) -> anyhow::Result<Client> {
         etcd_password: None,
         ..etcd.clone()
     };
-    let mut c = anonymous.connect().await?;
-    if let Err(e) = add_root(&mut c, password).await {
+    let mut last = None;
+    for _ in 0..ATTEMPTS {
+        // Each step is repeatable, so a replica that raced another (both adding root) or one
+        // that stopped halfway simply goes through them again.
+        match anonymous.connect().await {
+            Ok(mut c) => match add_root(&mut c, password).await {
+                Ok(()) => {
+                    info!("etcd auth was off: added user root and turned auth on");
+                    return etcd.connect().await;
+                }
+                Err(e) => last = Some(e.to_string()),
+            },
+            Err(e) => last = Some(format!("{e:#}")),
+        }
         // Another replica may have just turned auth on: then root works now.
-        return etcd.connect().await.map_err(|_| {
-            anyhow::anyhow!(
-                "etcd refused root ({refused:#}) and auth could not be turned on ({e}): if etcd auth is \
-                 already on, its root password is not the one given (was the Secret with it re-made?)"
-            )
-        });
+        if let Ok(root) = etcd.connect().await {
+            return Ok(root);
+        }
+        tokio::time::sleep(PAUSE).await;
     }
-    info!("etcd auth was off: added user root and turned auth on");
-    etcd.connect().await
+    anyhow::bail!(
+        "etcd refused root ({refused:#}) and auth could not be turned on ({}): if etcd auth is \
+         already on, its root password is not the one given (was the Secret with it re-made?)",
+        last.unwrap_or_default()
+    )
 }
+
+/// How often turning auth on is tried, and the pause between tries.
+const ATTEMPTS: usize = 5;
+const PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
 
 /// Adds `root` with `password` (or sets its password), gives it the root role and turns auth
 /// on. Only possible while auth is off.
 async fn add_root(c: &mut Client, password: &str) -> Result<(), etcd_client::Error> {
-    if c.user_get("root").await.is_ok() {
-        c.user_change_password("root", password).await?;
-    } else {
-        c.user_add("root", password, None).await?;
+    match c.user_get("root").await {
+        Ok(user) => {
+            c.user_change_password("root", password).await?;
+            if !user.roles().iter().any(|r| r == "root") {
+                c.user_grant_role("root", "root").await?;
+            }
+        }
+        Err(_) => {
+            c.user_add("root", password, None).await?;
+            c.user_grant_role("root", "root").await?;
+        }
     }
-    c.user_grant_role("root", "root").await?;
     c.auth_enable().await?;
     Ok(())
 }

@@ -70,8 +70,17 @@ fn claimed_names(rendered: &str) -> std::collections::BTreeSet<(String, String, 
 fn two_releases_share_no_name() {
     // Each team its own release, limited to its namespace; the second in the first's namespace
     // too, the hardest case.
-    let first = render_release("podlock", "locks", &["--set", "operator.watchNamespace=team-a"]);
-    let second = render_release("team-b", "locks", &["--set", "operator.watchNamespace=team-b"]);
+    let etcd = ["--set", "etcd.bundled.enabled=true"];
+    let first = render_release(
+        "podlock",
+        "locks",
+        &[&etcd[..], &["--set", "operator.watchNamespace=team-a"]].concat(),
+    );
+    let second = render_release(
+        "team-b",
+        "locks",
+        &[&etcd[..], &["--set", "operator.watchNamespace=team-b"]].concat(),
+    );
     let (first, second) = (claimed_names(&first), claimed_names(&second));
     assert!(
         first

@@ -54,7 +54,7 @@ priorityClassName: {{ . }}
 {{- if .Values.etcd.bundled.enabled -}}
 {{- $eps := list -}}
 {{- range $i := until (int .Values.etcd.bundled.replicas) -}}
-{{- $eps = append $eps (printf "https://podlock-etcd-%d.podlock-etcd.%s.svc:2379" $i $.Release.Namespace) -}}
+{{- $eps = append $eps (printf "https://%s-etcd-%d.%s-etcd.%s.svc:2379" (include "podlock.fullname" $) $i (include "podlock.fullname" $) $.Release.Namespace) -}}
 {{- end -}}
 {{ join "," $eps }}
 {{- else -}}
