@@ -18,9 +18,10 @@ mod table;
 
 use std::time::Duration;
 
+use common::usage;
 use common::{EtcdServer, declare};
 use failover::{Fault, TTL};
-use measure::{Podlock, cli_rate, contended, uncontended, usage};
+use measure::{Podlock, cli_rate, contended, uncontended};
 use peers::{Peers, Redis};
 use table::{PEERS, Row, contended_rows, json_f64, ms, spread};
 

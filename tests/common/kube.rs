@@ -192,6 +192,21 @@ impl Operator {
 
     /// Like [`Operator::start_with`], with the identity of `kubeconfig`.
     pub async fn start_as(kubeconfig: &std::path::Path, ns: &str, etcd: &str, extra: &[&str]) -> Self {
+        Self::launch(
+            kubeconfig,
+            ns,
+            etcd,
+            &[&["--watch-namespace", ns], extra].concat(),
+        )
+        .await
+    }
+
+    /// An operator of every namespace of `plane` (its own things in `ns`), as the chart runs it.
+    pub async fn start_cluster_wide(plane: &ControlPlane, ns: &str, extra: &[&str]) -> Self {
+        Self::launch(&plane.kubeconfig, ns, &plane.etcd.endpoint, extra).await
+    }
+
+    async fn launch(kubeconfig: &std::path::Path, ns: &str, etcd: &str, extra: &[&str]) -> Self {
         let configuration = format!("podlock-{ns}");
         let configuration: &[&str] = if extra.contains(&"--webhook-configuration") {
             &[]
@@ -207,7 +222,7 @@ impl Operator {
         let child = spawn_dying_with_parent(
             Command::new(super::podlock_bin())
                 .args(["operator", "--etcd-endpoints", etcd, "--listen", &listen])
-                .args(["--watch-namespace", ns, "--leader-election-namespace", ns])
+                .args(["--leader-election-namespace", ns])
                 .args([
                     "--webhook-listen",
                     &hook,

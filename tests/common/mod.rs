@@ -285,3 +285,20 @@ where
     }
     Err(format!("condition not met within {limit:?}"))
 }
+
+/// (RSS in MiB, CPU seconds) of a process, from /proc.
+pub fn usage(pid: i32) -> (f64, f64) {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let rss_kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0.0);
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let fields: Vec<&str> = stat.rsplit(')').next().unwrap_or("").split_whitespace().collect();
+    let ticks: f64 = fields
+        .get(11..13)
+        .map_or(0.0, |f| f.iter().filter_map(|t| t.parse::<f64>().ok()).sum());
+    let hz = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    (rss_kb / 1024.0, ticks / hz)
+}

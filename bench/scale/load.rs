@@ -1,0 +1,175 @@
+//! Load on the fleet: a steady stream of handoffs across many locks (with the time each grant
+//! takes to show in its DistributedLock's status), one lock with a long queue, and one sidecar
+//! with many holds.
+
+use futures::StreamExt;
+use kube::Api;
+use kube::runtime::{WatchStreamExt, watcher};
+use podlock::crd::DistributedLock;
+use serde_json::json;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::common::kube::ControlPlane;
+use crate::common::{Sidecar, wait_until};
+use crate::fleet::lock;
+
+/// (namespace, lock, fencing token) of one grant.
+type GrantKey = (String, String, i64);
+
+/// When each grant was made (by the client) and first seen in status (by a watch).
+#[derive(Default)]
+struct Seen {
+    granted: HashMap<GrantKey, Instant>,
+    in_status: HashMap<GrantKey, Instant>,
+}
+
+/// What the steady load measured.
+pub struct Steady {
+    /// Grants made.
+    pub grants: usize,
+    /// Grant to status, for the grants that showed in status.
+    pub lags: Vec<Duration>,
+    /// Grants that ended before their status showed them.
+    pub unseen: usize,
+}
+
+/// `clients` holder ids take turns on `clients / 5` locks (five per lock, spread over the
+/// namespaces of `sidecars`, one list of sidecars per namespace, alternating between them),
+/// each hold lasting `hold`, for `window`: `clients / 5 / hold` handoffs per second.
+pub async fn steady(
+    plane: &ControlPlane,
+    sidecars: &[Vec<Arc<Sidecar>>],
+    clients: usize,
+    hold: Duration,
+    window: Duration,
+) -> Steady {
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let watch = tokio::spawn(watch_status(plane.client().await, seen.clone()));
+    let stop = Instant::now() + window;
+    let tasks: Vec<_> = (0..clients)
+        .map(|c| {
+            let (group, member) = (c / 5, c % 5);
+            let pods = &sidecars[group % sidecars.len()];
+            let sidecar = pods[member % pods.len()].clone();
+            let (seen, lock) = (seen.clone(), lock(1 + group / sidecars.len()));
+            tokio::spawn(async move {
+                let holder = format!("client-{c}");
+                let ns = namespace_of(&sidecar);
+                while Instant::now() < stop {
+                    let token = sidecar
+                        .must_acquire(&lock, json!({"holderId": holder, "waitSeconds": 600}))
+                        .await;
+                    seen.lock()
+                        .unwrap()
+                        .granted
+                        .insert((ns.clone(), lock.clone(), token), Instant::now());
+                    tokio::time::sleep(hold).await;
+                    let (status, body) = sidecar.post(&lock, "release", json!({"holderId": holder})).await;
+                    assert_eq!(status, 200, "release: {body}");
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await; // the last statuses
+    watch.abort();
+    let seen = seen.lock().unwrap();
+    let lags: Vec<Duration> = (seen.granted.iter())
+        .filter_map(|(k, at)| Some(seen.in_status.get(k)?.saturating_duration_since(*at)))
+        .collect();
+    Steady {
+        grants: seen.granted.len(),
+        unseen: seen.granted.len() - lags.len(),
+        lags,
+    }
+}
+
+/// Records when each holder first shows in a DistributedLock's status.
+async fn watch_status(client: kube::Client, seen: Arc<Mutex<Seen>>) {
+    let api: Api<DistributedLock> = Api::all(client);
+    let mut events = watcher(api, watcher::Config::default()).applied_objects().boxed();
+    while let Some(Ok(dl)) = events.next().await {
+        let (ns, name) = (
+            dl.metadata.namespace.unwrap_or_default(),
+            dl.metadata.name.unwrap_or_default(),
+        );
+        let now = Instant::now();
+        let mut seen = seen.lock().unwrap();
+        for h in dl.status.map(|s| s.holders).unwrap_or_default() {
+            seen.in_status
+                .entry((ns.clone(), name.clone(), h.fencing_token))
+                .or_insert(now);
+        }
+    }
+}
+
+/// The namespace a sidecar serves (its pod name is `NAMESPACE.N`).
+fn namespace_of(s: &Sidecar) -> String {
+    s.pod.split('.').next().unwrap().to_string()
+}
+
+/// Starts `count` sidecars for namespace `ns`.
+pub async fn sidecars(plane: &ControlPlane, ns: &str, count: usize) -> Vec<Arc<Sidecar>> {
+    let mut out = vec![];
+    for i in 0..count {
+        let pod = format!("{ns}.{i}");
+        out.push(Arc::new(
+            Sidecar::start(&plane.etcd.endpoint, &pod, &["--namespace", ns]).await,
+        ));
+    }
+    out
+}
+
+/// `waiters` holder ids over `sidecars` queue for one lock behind a holder; then each one in
+/// turn is granted and releases. Returns the etcd requests per grant of all the sidecars.
+pub async fn long_queue(sidecars: &[Arc<Sidecar>], waiters: usize) -> f64 {
+    let hot = lock(0);
+    let first = &sidecars[0];
+    first.must_acquire(&hot, json!({"holderId": "first"})).await;
+    let tasks: Vec<_> = (0..waiters)
+        .map(|w| {
+            let (s, hot) = (sidecars[w % sidecars.len()].clone(), hot.clone());
+            tokio::spawn(async move {
+                let holder = format!("waiter-{w}");
+                s.must_acquire(&hot, json!({"holderId": holder, "waitSeconds": 3600}))
+                    .await;
+                assert_eq!(s.post(&hot, "release", json!({"holderId": holder})).await.0, 200);
+            })
+        })
+        .collect();
+    let queued = wait_until(Duration::from_secs(600), || async {
+        first.get(&format!("/v1/locks/{hot}")).await.1["waiters"] == waiters
+    })
+    .await;
+    queued.expect("every waiter queued");
+    let before = requests(sidecars).await;
+    assert_eq!(
+        first.post(&hot, "release", json!({"holderId": "first"})).await.0,
+        200
+    );
+    for t in tasks {
+        t.await.unwrap();
+    }
+    (requests(sidecars).await - before) / waiters as f64
+}
+
+async fn requests(sidecars: &[Arc<Sidecar>]) -> f64 {
+    let mut sum = 0.0;
+    for s in sidecars {
+        sum += s.metric("podlock_etcd_requests_total").await;
+    }
+    sum
+}
+
+/// One sidecar takes `holds` locks of its namespace at once; returns its RSS (MiB) then.
+pub async fn many_holds(s: &Sidecar, holds: usize) -> f64 {
+    for h in 0..holds {
+        s.must_acquire(&lock(h), json!({"holderId": format!("many-{h}")}))
+            .await;
+    }
+    crate::common::usage(s.pid()).0
+}

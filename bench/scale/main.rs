@@ -1,0 +1,192 @@
+//! Scale benchmark: podlock on the real control plane (etcd, kube-apiserver) with its operator
+//! watching every namespace, at the size of a busy cluster.
+//!
+//! `cargo bench --bench scale` creates 10,000 DistributedLocks across 100 namespaces, starts the
+//! operator and waits for all of them to be Ready; runs 1,000 holder ids through 20 sidecars,
+//! taking turns on 200 locks (about 100 handoffs/s) while a watch measures how long each grant
+//! takes to show in its lock's status; queues 1,000 waiters on one lock and lets each in turn;
+//! and has one sidecar take 200 holds. `-- --quick` does the same at a tenth of the size (a
+//! smoke run, no figure to quote). It prints one table: each figure beside issue #15's target.
+
+#[path = "../../tests/common/mod.rs"]
+mod common;
+mod fleet;
+mod load;
+
+use std::time::{Duration, Instant};
+
+use common::kube::{Operator, with_crd};
+use common::{percentile, usage};
+use fleet::ApiWrites;
+
+/// How big a run is.
+pub struct Sizes {
+    /// DistributedLocks, spread evenly over `namespaces`.
+    pub locks: usize,
+    pub namespaces: usize,
+    /// Holder ids taking turns in the steady load (five per lock), over `sidecars`.
+    pub clients: usize,
+    pub sidecars: usize,
+    /// How long each hold of the steady load lasts, and how long the load runs.
+    pub hold: Duration,
+    pub window: Duration,
+    /// Waiters queued on one lock.
+    pub waiters: usize,
+    /// Holds taken by one sidecar.
+    pub holds: usize,
+}
+
+impl Sizes {
+    fn new(quick: bool) -> Self {
+        let tenth = if quick { 10 } else { 1 };
+        Sizes {
+            locks: 10_000 / tenth,
+            namespaces: 100 / tenth,
+            clients: 1_000 / tenth,
+            sidecars: if quick { 4 } else { 20 },
+            hold: Duration::from_secs(2),
+            window: Duration::from_secs(if quick { 15 } else { 60 }),
+            waiters: 1_000 / tenth,
+            holds: 200 / tenth,
+        }
+    }
+}
+
+/// One row: what, the figure, the target.
+struct Row(String, String, &'static str);
+
+#[tokio::main]
+async fn main() {
+    let sizes = Sizes::new(std::env::args().any(|a| a == "--quick"));
+    let plane = with_crd();
+    let mut rows = vec![];
+
+    let took = fleet::create(plane, &sizes);
+    rows.push(Row(
+        format!(
+            "create {} DistributedLocks in {} namespaces (kubectl apply)",
+            sizes.locks, sizes.namespaces
+        ),
+        format!("{:.1} s", took.as_secs_f64()),
+        "",
+    ));
+    let own_ns = plane.namespace("podlock-scale");
+    let started = Instant::now();
+    let operator = Operator::start_cluster_wide(plane, &own_ns, &[]).await;
+    let ready = fleet::all_ready(plane, sizes.locks, Duration::from_secs(1800)).await;
+    let (rss, cpu) = usage(operator.pid());
+    rows.push(Row(
+        format!("operator start to {} locks Ready", sizes.locks),
+        format!("{:.1} s (CPU {cpu:.1} s)", (ready - started).as_secs_f64()),
+        "",
+    ));
+    rows.push(Row(
+        "operator RSS, locks Ready".into(),
+        format!("{rss:.1} MiB"),
+        "≤ 256 MiB",
+    ));
+
+    rows.extend(steady(plane, &operator, &sizes).await);
+    rows.extend(queue_and_holds(plane, &sizes).await);
+    rows.push(Row(
+        "operator RSS, at the end".into(),
+        format!("{:.1} MiB", usage(operator.pid()).0),
+        "≤ 256 MiB",
+    ));
+    print(&rows);
+}
+
+/// The steady load's rows: status lag, API writes, operator CPU.
+async fn steady(plane: &common::kube::ControlPlane, operator: &Operator, sizes: &Sizes) -> Vec<Row> {
+    // Two sidecars (pods) per namespace, so that the holder ids of a lock contend across pods.
+    let mut sidecars = vec![];
+    for n in 0..sizes.sidecars / 2 {
+        sidecars.push(load::sidecars(plane, &fleet::namespace(n), 2).await);
+    }
+    let (writes, cpu) = (ApiWrites::read(plane), usage(operator.pid()).1);
+    let started = Instant::now();
+    let mut s = load::steady(plane, &sidecars, sizes.clients, sizes.hold, sizes.window).await;
+    let secs = started.elapsed().as_secs_f64();
+    let rate = ApiWrites::read(plane).rate_since(&writes, secs);
+    let busy_locks = (sizes.clients / 5) as f64;
+    let (p50, p99) = match s.lags.is_empty() {
+        true => (Duration::ZERO, Duration::ZERO),
+        false => (percentile(&mut s.lags, 0.5), percentile(&mut s.lags, 0.99)),
+    };
+    vec![
+        Row(
+            format!(
+                "steady load: {} holder ids, {} sidecars, {busy_locks} locks",
+                sizes.clients, sizes.sidecars
+            ),
+            format!("{:.0} grants/s over {secs:.0} s", s.grants as f64 / secs),
+            "100 handoffs/s",
+        ),
+        Row(
+            "status lag, grant to status (p50 / p99)".into(),
+            format!(
+                "{:.0} ms / {:.0} ms ({} grants; {} not seen)",
+                ms(p50),
+                ms(p99),
+                s.lags.len(),
+                s.unseen
+            ),
+            "p99 ≤ 1 s",
+        ),
+        Row(
+            "operator status writes per busy lock per second".into(),
+            format!("{:.2} ({:.0}/s in all)", rate.status / busy_locks, rate.status),
+            "≤ 1 per coalescing window",
+        ),
+        Row(
+            "operator Events written per second".into(),
+            format!("{:.1}", rate.events),
+            "rate-limited per lock",
+        ),
+        Row(
+            "operator CPU during the load".into(),
+            format!("{:.0}% of a core", 100.0 * (usage(operator.pid()).1 - cpu) / secs),
+            "",
+        ),
+    ]
+}
+
+/// One lock's long queue, and one sidecar's many holds.
+async fn queue_and_holds(plane: &common::kube::ControlPlane, sizes: &Sizes) -> Vec<Row> {
+    let ns = fleet::namespace(sizes.namespaces - 1);
+    let sidecars = load::sidecars(plane, &ns, 10).await;
+    let per_grant = load::long_queue(&sidecars, sizes.waiters).await;
+    let ns = plane.namespace("scale-holds");
+    fleet::create_in(plane, &ns, sizes.holds);
+    fleet::all_ready(plane, sizes.locks + sizes.holds, Duration::from_secs(300)).await;
+    let holder = load::sidecars(plane, &ns, 1).await;
+    let rss = load::many_holds(&holder[0], sizes.holds).await;
+    vec![
+        Row(
+            format!("etcd requests per grant, {} waiters on one lock", sizes.waiters),
+            format!("{per_grant:.2}"),
+            "flat in queue length",
+        ),
+        Row(
+            format!("sidecar RSS with {} holds", sizes.holds),
+            format!("{rss:.1} MiB"),
+            "≤ 32 MiB",
+        ),
+    ]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn print(rows: &[Row]) {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    println!(
+        "machine: {cores} cores; one etcd and one kube-apiserver, the operator watching every namespace\n"
+    );
+    println!("| measurement | podlock | target (issue #15) |");
+    println!("|---|---|---|");
+    for Row(what, value, target) in rows {
+        println!("| {what} | {value} | {target} |");
+    }
+}
