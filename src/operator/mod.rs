@@ -197,6 +197,7 @@ fn context(
         store: store.clone(),
         metrics: metrics.clone(),
         recorder: Recorder::new(client.clone(), reporter),
+        holder_events: reconcile::EventLimit::default(),
         isolation: isolation::Isolation::new(args.etcd.etcd_user.is_some(), ca),
     }))
 }
