@@ -96,7 +96,7 @@ pub(crate) enum MarkWhen {
     /// Right after answering, off the handoff path: nobody waits on it now, but a raised
     /// `maxHolders` would, and `acquiredAt` should be true.
     Background,
-    /// Only if the hold outlives [`KEY_WATCH_DELAY`]: a mutex hold, which no waiter needs
+    /// Only if the hold outlives [`MARK_DELAY`]: a mutex hold, which no waiter needs
     /// marked (none is granted beside it) unless `maxHolders` is raised meanwhile, and then
     /// only waits this long for it. Short holds never pay for the write, so a busy mutex costs
     /// two writes per grant (enqueue, release); until the mark, `acquiredAt` reads as
@@ -153,7 +153,7 @@ pub(crate) fn spawn_monitor(engine: Engine, hold: Arc<Hold>, mark: MarkWhen, ent
 async fn record_grant(engine: &Engine, hold: &Hold, mark: MarkWhen, entry: Entry) {
     match mark {
         MarkWhen::Now => return,
-        MarkWhen::Later => sleep(KEY_WATCH_DELAY).await,
+        MarkWhen::Later => sleep(MARK_DELAY).await,
         MarkWhen::Background => {}
     }
     // Guarded by the key's create revision: landing after the release changes nothing.
@@ -166,6 +166,12 @@ async fn record_grant(engine: &Engine, hold: &Hold, mark: MarkWhen, entry: Entry
 /// a watch from the confirmed revision still sees a deletion in this gap: it only arrives
 /// later, well within the 1 s the contract allows for a `lost` notice.
 const KEY_WATCH_DELAY: Duration = Duration::from_millis(100);
+
+/// How long a mutex hold runs before it records `acquiredAt` ([`MarkWhen::Later`]). Short
+/// holds never write it; a longer one writes it soon enough that the operator, which coalesces
+/// a lock's changes over 50 ms, mirrors the grant and the record in one status write rather
+/// than two.
+const MARK_DELAY: Duration = Duration::from_millis(30);
 
 /// Why a hold whose key disappeared was lost.
 pub(crate) const KEY_DELETED: &str = "its key was deleted (lock deleted or hold revoked)";
