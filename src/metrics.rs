@@ -43,77 +43,48 @@ impl SidecarMetrics {
     /// Registers every sidecar metric in a new registry.
     pub fn new() -> Self {
         let registry = Registry::new();
-        let acquire_total = IntCounterVec::new(
-            Opts::new("podlock_acquire_total", "Acquire requests by lock and result"),
-            &["lock", "result"],
-        )
-        .unwrap();
-        // Fine enough between 1 s and 1 min for the dashboard's p50/p99 to mean something there.
-        let buckets = vec![
-            0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
-        ];
-        let acquire_wait = HistogramVec::new(
-            HistogramOpts::new(
-                "podlock_acquire_wait_seconds",
-                "Time from acquire request to grant",
-            )
-            .buckets(buckets),
-            &["lock"],
-        )
-        .unwrap();
-        let held_locks = IntGauge::new("podlock_held_locks", "Holds this sidecar has now").unwrap();
-        let locks_lost = IntCounterVec::new(
-            Opts::new(
-                "podlock_locks_lost_total",
-                "Holds that ended by anything but release",
-            ),
-            &["lock"],
-        )
-        .unwrap();
-        let keepalive_failures =
-            IntCounter::new("podlock_keepalive_failures_total", "Lease keepalives that failed").unwrap();
-        let etcd_requests = IntCounter::new(
-            "podlock_etcd_requests_total",
-            "Unary etcd requests made (not keepalives)",
-        )
-        .unwrap();
-        let watch_events =
-            IntCounter::new("podlock_watch_events_total", "etcd watch events received").unwrap();
-        let etcd_watches = IntCounter::new(
-            "podlock_etcd_watches_total",
-            "etcd watches created (one per key watched)",
-        )
-        .unwrap();
         let (handoffs, hold_seconds, hold_age) = hold_metrics();
-        for c in [
-            Box::new(acquire_total.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(acquire_wait.clone()),
-            Box::new(held_locks.clone()),
-            Box::new(locks_lost.clone()),
-            Box::new(keepalive_failures.clone()),
-            Box::new(etcd_requests.clone()),
-            Box::new(watch_events.clone()),
-            Box::new(etcd_watches.clone()),
-            Box::new(handoffs.clone()),
-            Box::new(hold_seconds.clone()),
-            Box::new(hold_age.clone()),
-        ] {
-            registry.register(c).unwrap();
-        }
+        let counter = |name: &str, help: &str| registered(&registry, IntCounter::new(name, help).unwrap());
         SidecarMetrics {
-            registry,
-            acquire_total,
-            acquire_wait,
-            held_locks,
-            locks_lost,
-            keepalive_failures,
-            etcd_requests,
-            watch_events,
-            etcd_watches,
-            handoffs,
-            hold_seconds,
-            hold_age,
+            acquire_total: registered(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new("podlock_acquire_total", "Acquire requests by lock and result"),
+                    &["lock", "result"],
+                )
+                .unwrap(),
+            ),
+            acquire_wait: registered(&registry, acquire_wait()),
+            held_locks: registered(
+                &registry,
+                IntGauge::new("podlock_held_locks", "Holds this sidecar has now").unwrap(),
+            ),
+            locks_lost: registered(
+                &registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "podlock_locks_lost_total",
+                        "Holds that ended by anything but release",
+                    ),
+                    &["lock"],
+                )
+                .unwrap(),
+            ),
+            keepalive_failures: counter("podlock_keepalive_failures_total", "Lease keepalives that failed"),
+            etcd_requests: counter(
+                "podlock_etcd_requests_total",
+                "Unary etcd requests made (not keepalives)",
+            ),
+            watch_events: counter("podlock_watch_events_total", "etcd watch events received"),
+            etcd_watches: counter(
+                "podlock_etcd_watches_total",
+                "etcd watches created (one per key watched)",
+            ),
+            handoffs: registered(&registry, handoffs),
+            hold_seconds: registered(&registry, hold_seconds),
+            hold_age: registered(&registry, hold_age),
             open_holds: Arc::default(),
+            registry,
         }
     }
 
@@ -147,6 +118,25 @@ impl SidecarMetrics {
 }
 
 /// The hold metrics: handoffs, hold durations and the open holds' ages, each by lock.
+/// `podlock_acquire_wait_seconds{lock}`, with buckets fine enough between 1 s and 1 min for
+/// the dashboard's p50/p99 to mean something there.
+fn acquire_wait() -> HistogramVec {
+    let buckets = vec![
+        0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+    ];
+    let opts = HistogramOpts::new(
+        "podlock_acquire_wait_seconds",
+        "Time from acquire request to grant",
+    );
+    HistogramVec::new(opts.buckets(buckets), &["lock"]).unwrap()
+}
+
+/// `collector`, registered in `registry`.
+fn registered<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, collector: C) -> C {
+    registry.register(Box::new(collector.clone())).unwrap();
+    collector
+}
+
 fn hold_metrics() -> (IntCounterVec, HistogramVec, GaugeVec) {
     let handoffs = IntCounterVec::new(
         Opts::new(
