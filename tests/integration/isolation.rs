@@ -247,17 +247,21 @@ async fn a_namespace_with_a_lock_has_its_credentials_before_any_pod_and_gets_the
         again, first,
         "made again with other credentials than running pods have"
     );
-    let (user, password) = again;
+    takes_with(&etcd.endpoint, &ns, again, "shared").await;
+}
+
+/// A sidecar of namespace `ns` with its `credentials` takes `lock`.
+async fn takes_with(etcd: &str, ns: &str, (user, password): (String, String), lock: &str) {
     let args = [
         "--namespace",
-        &ns,
+        ns,
         "--etcd-user",
         &user,
         "--etcd-password",
         &password,
     ];
-    let pod = Sidecar::start(&etcd.endpoint, "pod", &args).await;
-    assert_eq!(pod.post("shared", "acquire", json!({})).await.0, 200);
+    let pod = Sidecar::start(etcd, "pod", &args).await;
+    assert_eq!(pod.post(lock, "acquire", json!({})).await.0, 200);
 }
 
 #[tokio::test]
@@ -316,17 +320,7 @@ async fn the_operator_turns_auth_on_in_a_fresh_etcd() {
         "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{}}\n"
     );
     assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
-    let (user, password) = credentials(plane, &ns).await;
-    let args = [
-        "--namespace",
-        &ns,
-        "--etcd-user",
-        &user,
-        "--etcd-password",
-        &password,
-    ];
-    let pod = Sidecar::start(&etcd.endpoint, "pod", &args).await;
-    assert_eq!(pod.post("shared", "acquire", json!({})).await.0, 200);
+    takes_with(&etcd.endpoint, &ns, credentials(plane, &ns).await, "shared").await;
     drop((a, b));
     // It serves /healthz, which start_with waits for, only once connected to etcd as root.
     Operator::start_with(plane, &ns, &etcd.endpoint, &flags).await;
