@@ -1,5 +1,6 @@
 //! The operator: reconciles `DistributedLock` objects with etcd and serves health and metrics.
 
+mod backoff;
 mod certs;
 mod etcd_auth;
 mod etcd_watch;
@@ -198,6 +199,7 @@ fn context(
         metrics: metrics.clone(),
         recorder: Recorder::new(client.clone(), reporter),
         holder_events: reconcile::EventLimit::default(),
+        backoff: backoff::Backoff::default(),
         isolation: isolation::Isolation::new(args.etcd.etcd_user.is_some(), ca),
     }))
 }
@@ -235,6 +237,10 @@ fn sidecar_template(args: &OperatorArgs, ctx: &Context) -> inject::SidecarTempla
     }
 }
 
+/// At most this many locks are reconciled at once: an etcd watch reconnect or a restart asks
+/// for every lock, and 10,000 reconciliations at once would flood the API server and etcd.
+const RECONCILE_CONCURRENCY: u16 = 16;
+
 /// The leader's work: clean up orphans, then reconcile locks, watch pods and re-make deleted
 /// credentials Secrets (every `credentials_check`) until dropped.
 async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: Duration) {
@@ -256,7 +262,11 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: D
         ctx.metrics.clone(),
     );
     let controller = Controller::new(locks, watcher::Config::default())
-        .with_config(Config::default().debounce(Duration::from_millis(50)))
+        .with_config(
+            Config::default()
+                .debounce(Duration::from_millis(50))
+                .concurrency(RECONCILE_CONCURRENCY),
+        )
         .reconcile_on(feeds.changed)
         .reconcile_all_on(feeds.resync)
         .run(reconcile, error_policy, ctx.clone())

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 use tracing::{info, warn};
 
+use super::backoff::Backoff;
 use super::isolation::Isolation;
 use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder};
 use crate::lock::keys::rfc3339;
@@ -39,6 +40,8 @@ pub struct Context {
     pub recorder: Recorder,
     /// When each lock last got a `HolderChanged` Event.
     pub holder_events: EventLimit,
+    /// Retry delays of locks whose reconciliation failed.
+    pub backoff: Backoff,
     /// Per-namespace etcd credentials.
     pub isolation: Isolation,
 }
@@ -63,6 +66,7 @@ pub enum Error {
 /// Reconciles one DistributedLock.
 pub async fn reconcile(dl: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
+    let id = lock_id(&dl);
     let ns = dl.namespace().unwrap_or_default();
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &ns);
     let result = finalizer(&api, FINALIZER, dl, |event| async {
@@ -84,13 +88,17 @@ pub async fn reconcile(dl: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Ac
         .observe(started.elapsed().as_secs_f64());
     let outcome = if result.is_ok() { "ok" } else { "error" };
     ctx.metrics.reconcile_total.with_label_values(&[outcome]).inc();
+    if result.is_ok() {
+        ctx.backoff.succeeded(&id);
+    }
     result
 }
 
-/// Requeues a failed reconciliation with a short backoff.
-pub fn error_policy(dl: Arc<DistributedLock>, error: &Error, _ctx: Arc<Context>) -> Action {
-    warn!(lock = %dl.name_any(), namespace = dl.namespace().unwrap_or_default(), %error, "reconcile failed");
-    Action::requeue(Duration::from_secs(2))
+/// Requeues a failed reconciliation after a backoff of its own (see [`Backoff`]).
+pub fn error_policy(dl: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) -> Action {
+    let retry = ctx.backoff.failed(&lock_id(&dl));
+    warn!(lock = %dl.name_any(), namespace = dl.namespace().unwrap_or_default(), %error, ?retry, "reconcile failed");
+    Action::requeue(retry)
 }
 
 /// The lock a DistributedLock declares.
