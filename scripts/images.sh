@@ -9,7 +9,7 @@
 #                                certificates from this Debian host instead of distroless
 #   localhost/pause:3.10         the pod sandbox (scripts/images/pause.c, static)
 #   localhost/etcd:ETCD_VERSION  the chart's bundled etcd: ~/.cache/podlock/bin/etcd
-#   localhost/podlock-demo-app:1 an app with a shell and curl (Debian's busybox-static and curl)
+#   localhost/podlock-demo-app:1 an app with a shell, httpd and curl (Debian's busybox-static, curl)
 #
 # Writes OUTDIR/NAME.tar per image and OUTDIR/images.env (PODLOCK_IMAGE=..., ETCD_IMAGE=...,
 # PAUSE_IMAGE=..., APP_IMAGE=...). Each image is rebuilt every run: that takes seconds.
@@ -54,9 +54,9 @@ python3 scripts/oci-image.py "$out/etcd.tar" "localhost/etcd:$etcd_version" "${b
   --file "$BIN/etcd:/usr/local/bin/etcd" --libs-of /usr/local/bin/etcd \
   --file "$BIN/etcdctl:/usr/local/bin/etcdctl" --entrypoint /usr/local/bin/etcd --user 65532:65532
 
-step "localhost/podlock-demo-app:1 (busybox sh and curl)"
+step "localhost/podlock-demo-app:1 (busybox sh, httpd and curl)"
 applets=()
-for a in sh sleep date cat echo kill printf sed hostname true; do applets+=(--symlink "/bin/$a:busybox"); done
+for a in sh sleep date cat echo kill printf sed hostname true mkdir httpd; do applets+=(--symlink "/bin/$a:busybox"); done
 python3 scripts/oci-image.py "$out/podlock-demo-app.tar" localhost/podlock-demo-app:1 "${base[@]}" \
   --file /bin/busybox:/bin/busybox "${applets[@]}" \
   --file /usr/bin/curl:/usr/bin/curl --libs-of /usr/bin/curl --cmd /bin/sh --user 65532:65532

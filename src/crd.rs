@@ -72,6 +72,75 @@ pub struct DistributedLockSpec {
     #[serde(default)]
     #[schemars(schema_with = "heartbeat_schema")]
     pub heartbeat_timeout_seconds: u32,
+    /// A Service the operator keeps pointing at the pods that hold the lock, so that an
+    /// active/passive system routes to its current leader with a plain Service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_service: Option<HolderService>,
+}
+
+/// `spec.holderService`: a Service without a selector whose one EndpointSlice the operator
+/// keeps equal to the holders' pods.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderService {
+    /// The Service's name (default: the lock's name). The operator will not take over a
+    /// Service of that name that it did not make.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63), regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: Option<String>,
+    /// The Service's ports; each needs a name when there is more than one.
+    #[schemars(length(min = 1, max = 32))]
+    #[schemars(extend("x-kubernetes-validations" = [
+        {"rule": "self.size() == 1 || self.all(p, has(p.name))",
+         "message": "every port needs a name when there is more than one"},
+        {"rule": "self.all(p, self.exists_one(q, q.port == p.port && q.protocol == p.protocol))",
+         "message": "two ports have the same port and protocol"}
+    ]))]
+    pub ports: Vec<HolderServicePort>,
+}
+
+/// One port of the holder Service.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderServicePort {
+    /// The port's name (a DNS label), required when the Service has more than one port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63), regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"))]
+    pub name: Option<String>,
+    /// The port the Service listens on.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+    /// The holders' port that traffic goes to (default: `port`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65535))]
+    pub target_port: Option<u16>,
+    /// `TCP` (default), `UDP` or `SCTP`.
+    #[serde(default)]
+    pub protocol: Protocol,
+}
+
+/// A Service port's protocol.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[allow(clippy::upper_case_acronyms)] // Kubernetes spells them so
+pub enum Protocol {
+    /// TCP.
+    #[default]
+    TCP,
+    /// UDP.
+    UDP,
+    /// SCTP.
+    SCTP,
+}
+
+impl Protocol {
+    /// The protocol as Kubernetes spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Protocol::TCP => "TCP",
+            Protocol::UDP => "UDP",
+            Protocol::SCTP => "SCTP",
+        }
+    }
 }
 
 /// The schema of a bounded setting, from its one definition in `lock::keys`.
@@ -135,9 +204,24 @@ pub struct DistributedLockStatus {
     /// The generation the status reflects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,
-    /// `Ready`: the lock's settings are published in etcd.
+    /// `Ready`: the lock's settings are published in etcd; with `spec.holderService`, also
+    /// `HolderService`: the Service routes to the holders.
     #[serde(default)]
     pub conditions: Vec<Condition>,
+    /// The Service that follows the holders, when `spec.holderService` asks for one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub holder_service: Option<HolderServiceStatus>,
+}
+
+/// What the holder Service routes to.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderServiceStatus {
+    /// The Service's name.
+    pub name: String,
+    /// The pod IPs of the holders, the endpoints of its EndpointSlice.
+    #[serde(default)]
+    pub addresses: Vec<String>,
 }
 
 /// One holder of the lock.

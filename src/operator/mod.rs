@@ -4,6 +4,7 @@ mod backoff;
 mod certs;
 mod etcd_auth;
 mod etcd_watch;
+mod holder_service;
 pub mod inject;
 pub mod isolation;
 mod leader;
@@ -34,6 +35,8 @@ use crate::crd::DistributedLock;
 use crate::etcd_args::EtcdArgs;
 use crate::lock::{LockId, Store};
 use crate::metrics::OperatorMetrics;
+use k8s_openapi::api::core::v1::Service;
+use k8s_openapi::api::discovery::v1::EndpointSlice;
 use reconcile::{Context, error_policy, reconcile};
 
 /// Flags of `podlock operator`.
@@ -245,10 +248,7 @@ const RECONCILE_CONCURRENCY: u16 = 16;
 /// credentials Secrets (every `credentials_check`) until dropped.
 async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: Duration) {
     let ns = namespace.as_deref();
-    let locks: Api<DistributedLock> = match ns {
-        Some(ns) => Api::namespaced(ctx.client.clone(), ns),
-        None => Api::all(ctx.client.clone()),
-    };
+    let locks: Api<DistributedLock> = scoped(&ctx.client, ns);
     if let Err(e) = remove_orphans(&locks, &ctx.store, ns).await {
         warn!(error = %e, "could not clean up etcd keys of deleted locks; will retry when leading again");
     }
@@ -267,6 +267,9 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: D
                 .debounce(Duration::from_millis(50))
                 .concurrency(RECONCILE_CONCURRENCY),
         )
+        // A holder Service or slice changed or deleted by hand is put back at once.
+        .owns(scoped::<Service>(&ctx.client, ns), holder_service_objects())
+        .owns(scoped::<EndpointSlice>(&ctx.client, ns), holder_service_objects())
         .reconcile_on(feeds.changed)
         .reconcile_all_on(feeds.resync)
         .run(reconcile, error_policy, ctx.clone())
@@ -277,6 +280,23 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: D
         _ = controller => {}
         _ = ctx.isolation.keep_secrets(&ctx.client, credentials_check) => {}
     }
+}
+
+/// An API of `K` in `ns`, or in every namespace.
+fn scoped<K>(client: &kube::Client, ns: Option<&str>) -> Api<K>
+where
+    K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+    K::DynamicType: Default,
+{
+    match ns {
+        Some(ns) => Api::namespaced(client.clone(), ns),
+        None => Api::all(client.clone()),
+    }
+}
+
+/// Only the Services and EndpointSlices the operator made for `spec.holderService`.
+fn holder_service_objects() -> watcher::Config {
+    watcher::Config::default().labels(holder_service::LABEL)
 }
 
 async fn shutdown_signal() {

@@ -13,8 +13,9 @@ use std::time::{Duration, Instant, SystemTime};
 use tracing::{info, warn};
 
 use super::backoff::Backoff;
+use super::holder_service::{self, Followed};
 use super::isolation::Isolation;
-use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder};
+use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder, HolderServiceStatus};
 use crate::lock::keys::rfc3339;
 use crate::lock::{LockError, LockId, QueueState, Settings, Store};
 use crate::metrics::OperatorMetrics;
@@ -119,7 +120,7 @@ async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) 
         let old = dl.status.clone().unwrap_or_default();
         let status = DistributedLockStatus {
             phase: old.phase.clone().or(Some("Pending".into())),
-            conditions: vec![condition(dl, "False", "EtcdUnavailable", &e.to_string())],
+            conditions: vec![condition(dl, READY, "False", "EtcdUnavailable", &e.to_string())],
             ..old
         };
         patch_status(api, dl, &status).await?;
@@ -151,13 +152,25 @@ async fn mirror_status(
 ) -> Result<(), Error> {
     let old = dl.status.clone().unwrap_or_default();
     let newest = state.holders.iter().map(|h| h.fencing_token).max();
+    let holders: Vec<Holder> = state.holders.into_iter().map(Holder::from).collect();
+    // The route first: it is what moves traffic to the new holder.
+    let route = route(ctx, dl, &old, &holders).await;
+    let mut conditions = vec![condition(
+        dl,
+        READY,
+        "True",
+        "Published",
+        "settings are live in etcd",
+    )];
+    conditions.extend(route.condition);
     let status = DistributedLockStatus {
-        phase: Some(if state.holders.is_empty() { "Free" } else { "Held" }.into()),
-        holders: state.holders.into_iter().map(Holder::from).collect(),
+        phase: Some(if holders.is_empty() { "Free" } else { "Held" }.into()),
+        holders,
         waiters: state.waiters as u32,
         fencing_token: old.fencing_token.max(newest),
         observed_generation: dl.metadata.generation,
-        conditions: vec![condition(dl, "True", "Published", "settings are live in etcd")],
+        conditions,
+        holder_service: route.status,
     };
     let labels = [id.namespace.as_str(), id.name.as_str()];
     let holders = ctx.metrics.lock_holders.with_label_values(&labels);
@@ -167,7 +180,7 @@ async fn mirror_status(
         .with_label_values(&labels)
         .set(status.waiters.into());
     if status == old {
-        return Ok(());
+        return route.failed.map_or(Ok(()), |e| Err(e.into()));
     }
     // The status first: it is what clients and `kubectl get` follow; the Event is for people.
     patch_status(api, dl, &status).await?;
@@ -182,7 +195,59 @@ async fn mirror_status(
         };
         publish(ctx, dl, "HolderChanged", note).await;
     }
-    Ok(())
+    route.failed.map_or(Ok(()), |e| Err(e.into()))
+}
+
+/// Where the holder Service routes after a reconciliation.
+struct Route {
+    /// What `status.holderService` says.
+    status: Option<HolderServiceStatus>,
+    /// The `HolderService` condition, when a Service is asked for.
+    condition: Option<Condition>,
+    /// Why the Service could not be kept (after the status is written, the reconciliation
+    /// fails so that it is retried).
+    failed: Option<kube::Error>,
+}
+
+/// Points the lock's holder Service at `holders` (see [`holder_service`]).
+async fn route(
+    ctx: &Context,
+    dl: &DistributedLock,
+    old: &DistributedLockStatus,
+    holders: &[Holder],
+) -> Route {
+    let kind = holder_service::CONDITION;
+    match holder_service::follow(&ctx.client, dl, old.holder_service.as_ref(), holders).await {
+        Ok(None) => Route {
+            status: None,
+            condition: None,
+            failed: None,
+        },
+        Ok(Some(followed)) => {
+            let (state, reason, message) = followed.condition();
+            let status = match followed {
+                Followed::Routing(s) => Some(s),
+                Followed::NameTaken(_) => None,
+            };
+            let condition = Some(condition(dl, kind, state, reason, &message));
+            Route {
+                status,
+                condition,
+                failed: None,
+            }
+        }
+        Err(e) => {
+            let message = format!("cannot keep the holder Service: {e}");
+            let condition = Some(condition(dl, kind, "False", "ServiceFailed", &message));
+            // Keep naming the Service it made, so that it is removed if no longer asked for.
+            let status = old.holder_service.clone();
+            Route {
+                status,
+                condition,
+                failed: Some(e),
+            }
+        }
+    }
 }
 
 /// At most one `HolderChanged` Event per lock in this long. A busy lock changes hands many
@@ -243,18 +308,21 @@ async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     Ok(Action::await_change())
 }
 
-/// The `Ready` condition, keeping its transition time when the status does not change.
-fn condition(dl: &DistributedLock, status: &str, reason: &str, message: &str) -> Condition {
+/// The condition type that says the lock's settings are live in etcd.
+const READY: &str = "Ready";
+
+/// A condition of type `kind`, keeping its transition time when its status does not change.
+fn condition(dl: &DistributedLock, kind: &str, status: &str, reason: &str, message: &str) -> Condition {
     let previous = dl
         .status
         .as_ref()
-        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "Ready"));
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == kind));
     let since = match previous {
         Some(c) if c.status == status => c.last_transition_time.clone(),
         _ => rfc3339(SystemTime::now()),
     };
     Condition {
-        type_: "Ready".into(),
+        type_: kind.into(),
         status: status.into(),
         reason: reason.into(),
         message: message.into(),

@@ -13,6 +13,7 @@ mod dashboards;
 mod drain;
 mod etcd_tls;
 mod examples;
+mod holder_service;
 mod injection;
 mod isolation;
 mod leader;

@@ -41,6 +41,27 @@ async fn the_crd_rejects_invalid_specs_naming_the_field_and_fills_defaults() {
         ("{maxHolders: 10001}", "spec.maxHolders"),
         ("{heartbeatTimeoutSeconds: -1}", "spec.heartbeatTimeoutSeconds"),
         ("{ttlSeconds: soon}", "spec.ttlSeconds"),
+        ("{holderService: {ports: []}}", "spec.holderService.ports"),
+        (
+            "{holderService: {ports: [{port: 0}]}}",
+            "spec.holderService.ports[0].port",
+        ),
+        (
+            "{holderService: {ports: [{port: 80}, {port: 81}]}}",
+            "every port needs a name",
+        ),
+        (
+            "{holderService: {ports: [{name: a, port: 80}, {name: b, port: 80}]}}",
+            "same port",
+        ),
+        (
+            "{holderService: {name: Leader, ports: [{port: 80}]}}",
+            "spec.holderService.name",
+        ),
+        (
+            "{holderService: {ports: [{port: 80, protocol: HTTP}]}}",
+            "spec.holderService.ports[0].protocol",
+        ),
     ] {
         let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &lock_yaml(&ns, "bad", spec));
         assert!(!ok, "{spec} was accepted");

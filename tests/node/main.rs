@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod holder_service;
 mod isolation;
 mod lifecycle;
 mod workload;
@@ -131,6 +132,7 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     let client = node.client().await;
     workload::deploy(&node).await;
     isolation::a_namespace_cannot_touch_anothers_keys_nor_anyone_etcd_without_credentials(&node);
+    holder_service::the_service_follows_the_holder(&node, &client).await;
     workload::pod_deletion_hands_the_lock_on(&node, &client).await;
     workload::app_crash_ends_the_hold(&node).await;
     lifecycle::helm_upgrade_reaches_new_pods(&node);

@@ -9,11 +9,13 @@ use kube::api::{Api, DeleteParams};
 use crate::common::node::{Node, retry};
 use crate::common::percentile;
 
-/// The app: takes the lock `work` through `$PODLOCK_ADDR` with curl and holds it until its pod
-/// goes (SIGTERM: exit 0, unless told to ignore it by SIGUSR2) or it is told to crash (SIGUSR1:
+/// The app: serves its pod's name on port 8080 (busybox httpd, for the lock's holder Service),
+/// takes the lock `work` through `$PODLOCK_ADDR` with curl and holds it until its pod goes
+/// (SIGTERM: exit 0, unless told to ignore it by SIGUSR2) or it is told to crash (SIGUSR1:
 /// exit 1). A lock that moves on has therefore moved because its holder died, not because it was
 /// released.
 const APP: &str = r#"
+mkdir -p /tmp/www && hostname >/tmp/www/index.html && httpd -p 8080 -h /tmp/www
 trap 'stubborn=1' USR2
 trap 'if [ -n "$stubborn" ]; then echo ignoring SIGTERM; else exit 0; fi' TERM
 trap 'echo crashing; exit 1' USR1
@@ -38,7 +40,7 @@ fn manifest(node: &Node) -> String {
 apiVersion: podlock.io/v1alpha1
 kind: DistributedLock
 metadata: {{name: work, namespace: app}}
-spec: {{ttlSeconds: 30}}
+spec: {{ttlSeconds: 30, holderService: {{ports: [{{port: 80, targetPort: 8080}}]}}}}
 ---
 apiVersion: apps/v1
 kind: Deployment

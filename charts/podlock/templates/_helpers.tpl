@@ -77,6 +77,15 @@ priorityClassName: {{ . }}
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+# spec.holderService: a Service without a selector and its EndpointSlice per lock that asks
+# for one, made by server-side apply (create and patch), watched by label, removed when no
+# longer asked for. The operator never takes over one it did not make (owner reference).
+- apiGroups: [""]
+  resources: [services]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [discovery.k8s.io]
+  resources: [endpointslices]
+  verbs: [get, list, watch, create, patch, delete]
 # Kubernetes Events about locks (patch: the recorder counts repeats on its own Events, whose
 # names are generated, so they cannot be listed here).
 - apiGroups: [events.k8s.io]
