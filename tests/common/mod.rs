@@ -11,6 +11,7 @@ pub mod events;
 pub mod kube;
 pub mod lag;
 pub mod members;
+pub mod netns;
 pub mod node;
 mod sidecar;
 pub mod store;
@@ -90,8 +91,10 @@ pub struct EtcdServer {
     child: Option<Child>,
     dir: tempfile::TempDir,
     name: String,
-    peer_port: u16,
+    peer_url: String,
     initial_cluster: String,
+    /// The network namespace it runs in (see [`netns::MemberNet`]); `None`: this machine's.
+    netns: Option<String>,
     at: EtcdAt,
 }
 
@@ -109,30 +112,49 @@ impl EtcdServer {
         cluster.pop().unwrap()
     }
 
-    /// Starts an etcd cluster of `n` members and waits until every member serves.
+    /// Starts an etcd cluster of `n` members on loopback and waits until every member serves.
     pub async fn cluster(n: usize) -> Vec<Self> {
-        let ports: Vec<(u16, u16)> = (0..n).map(|_| (free_port(), free_port())).collect();
-        let initial_cluster = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+        let at = |_| {
+            let (client, peer) = (free_port(), free_port());
+            let url = |port| format!("http://127.0.0.1:{port}");
+            (url(client), url(peer), None)
+        };
+        Self::members(n, at).await
+    }
+
+    /// Starts an etcd cluster with a member in each namespace of `net`, so that one can be
+    /// partitioned ([`netns::MemberNet::cut`]); waits until every member serves.
+    pub async fn cluster_on(net: &netns::MemberNet, n: usize) -> Vec<Self> {
+        let at = |i| {
+            let ip = net.ip(i);
+            (
+                format!("http://{ip}:2379"),
+                format!("http://{ip}:2380"),
+                Some(net.namespace(i)),
+            )
+        };
+        Self::members(n, at).await
+    }
+
+    /// Starts `n` members, member `i` at `at(i)`: (client URL, peer URL, namespace).
+    async fn members(n: usize, at: impl Fn(usize) -> (String, String, Option<String>)) -> Vec<Self> {
+        let urls: Vec<_> = (0..n).map(at).collect();
+        let initial_cluster = (urls.iter().enumerate())
+            .map(|(i, (_, peer, _))| format!("m{i}={peer}"))
             .collect::<Vec<_>>()
             .join(",");
-        let mut members: Vec<Self> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, &(client_port, peer_port))| EtcdServer {
+        let mut members: Vec<Self> = (urls.into_iter().enumerate())
+            .map(|(i, (client, peer_url, netns))| EtcdServer {
                 child: None,
                 dir: tempfile::Builder::new()
                     .prefix("podlock-etcd-")
                     .tempdir()
                     .unwrap(),
                 name: format!("m{i}"),
-                peer_port,
+                peer_url,
                 initial_cluster: initial_cluster.clone(),
-                at: EtcdAt {
-                    endpoint: format!("http://127.0.0.1:{client_port}"),
-                },
+                netns,
+                at: EtcdAt { endpoint: client },
             })
             .collect();
         for m in &mut members {
@@ -171,9 +193,18 @@ impl EtcdServer {
 
     fn spawn(&mut self) {
         assert!(self.child.is_none(), "etcd is running");
-        let peer = format!("http://127.0.0.1:{}", self.peer_port);
+        let peer = &self.peer_url;
+        let etcd = bin_dir().join("etcd");
+        let mut command = match &self.netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(etcd);
+                c
+            }
+            None => Command::new(etcd),
+        };
         let child = spawn_dying_with_parent(
-            Command::new(bin_dir().join("etcd"))
+            command
                 .args(["--name", &self.name, "--data-dir"])
                 .arg(self.dir.path().join("data"))
                 .args([
@@ -182,12 +213,7 @@ impl EtcdServer {
                     "--advertise-client-urls",
                     &self.endpoint,
                 ])
-                .args([
-                    "--listen-peer-urls",
-                    &peer,
-                    "--initial-advertise-peer-urls",
-                    &peer,
-                ])
+                .args(["--listen-peer-urls", peer, "--initial-advertise-peer-urls", peer])
                 .args([
                     "--initial-cluster",
                     &self.initial_cluster,

@@ -35,6 +35,12 @@ pub enum Kind {
     FollowerStall,
     /// SIGSTOP of the etcd leader for the TTL plus 1 s.
     LeaderStall,
+    /// An etcd follower cut off from its peers and every client for the TTL plus 1 s (every
+    /// packet of its network namespace's link dropped), then joined again.
+    FollowerPartition,
+    /// The etcd leader cut off for the TTL plus 1 s: the others elect a new one while it
+    /// still believes it leads.
+    LeaderPartition,
     /// The lock's settings written again (same values, new mod revision): every queued waiter
     /// reads them again and every enqueue in flight retries.
     SettingsRewrite,
@@ -48,17 +54,19 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order the loop injects them.
-    pub const CYCLE: [Kind; 12] = [
+    pub const CYCLE: [Kind; 14] = [
         Kind::LeaderKill,
         Kind::SidecarKill,
         Kind::PoolLowered,
         Kind::FollowerStall,
         Kind::FollowerKill,
         Kind::SettingsRewrite,
+        Kind::LeaderPartition,
         Kind::Pause,
         Kind::PoolRaised,
         Kind::LeaderStall,
         Kind::ReleasePause,
+        Kind::FollowerPartition,
         Kind::WorkerStall,
         Kind::LockDeleted,
     ];
@@ -67,8 +75,9 @@ impl Kind {
     /// leader costs one more second: no lease can be kept alive until the others elect a new
     /// leader (etcd's election timeout is 1 s), so with a 2 s TTL the holds whose last
     /// keepalive came early are lost, and their successors need new leases from the new leader.
+    /// A partitioned leader costs the same.
     pub fn recovery_limit(self) -> Duration {
-        let election = if self == Kind::LeaderStall { 1 } else { 0 };
+        let election = matches!(self, Kind::LeaderStall | Kind::LeaderPartition) as u64;
         TTL + Duration::from_secs(1 + election)
     }
 
@@ -90,6 +99,8 @@ impl Kind {
             Kind::LeaderKill => "etcd leader kill -9 + restart",
             Kind::FollowerStall => "etcd follower SIGSTOP past the TTL",
             Kind::LeaderStall => "etcd leader SIGSTOP past the TTL",
+            Kind::FollowerPartition => "etcd follower partitioned past the TTL",
+            Kind::LeaderPartition => "etcd leader partitioned past the TTL",
             Kind::SettingsRewrite => "lock settings rewritten",
             Kind::ReleasePause => "pause past the TTL before release",
             Kind::WorkerStall => "holder stalled past its heartbeat",
@@ -120,9 +131,12 @@ impl Rig {
         let (target, at) = match kind {
             Kind::SidecarKill => self.kill_sidecar(round).await,
             Kind::Pause | Kind::ReleasePause | Kind::WorkerStall => self.stall(kind, round).await?,
-            Kind::FollowerKill | Kind::LeaderKill | Kind::FollowerStall | Kind::LeaderStall => {
-                self.hit_etcd(kind, round).await?
-            }
+            Kind::FollowerKill
+            | Kind::LeaderKill
+            | Kind::FollowerStall
+            | Kind::LeaderStall
+            | Kind::FollowerPartition
+            | Kind::LeaderPartition => self.hit_etcd(kind, round).await?,
             Kind::SettingsRewrite | Kind::LockDeleted => {
                 let at = now();
                 if kind == Kind::LockDeleted {
@@ -184,11 +198,13 @@ impl Rig {
         Some((i, at))
     }
 
-    /// Kills or stalls (SIGSTOP for the TTL plus 1 s) the etcd leader or a follower picked by
-    /// `round`; returns the member and when it was hit, or `None` if no member said it led.
+    /// Kills, stalls (SIGSTOP) or partitions (each for the TTL plus 1 s) the etcd leader or a
+    /// follower picked by `round`; returns the member and when it was hit, or `None` if no
+    /// member said it led.
     async fn hit_etcd(&mut self, kind: Kind, round: usize) -> Option<(usize, f64)> {
         let leader = self.leader().await?;
-        let victim = if matches!(kind, Kind::LeaderKill | Kind::LeaderStall) {
+        let leads = matches!(kind, Kind::LeaderKill | Kind::LeaderStall | Kind::LeaderPartition);
+        let victim = if leads {
             leader
         } else {
             (leader + 1 + round % 2) % self.etcd.len()
@@ -198,6 +214,14 @@ impl Rig {
             self.etcd[victim].signal(libc::SIGSTOP);
             sleep(TTL + Duration::from_secs(1)).await;
             self.etcd[victim].signal(libc::SIGCONT);
+        } else if matches!(kind, Kind::FollowerPartition | Kind::LeaderPartition) {
+            self.net.cut(victim);
+            assert!(
+                !answers(&self.etcd[victim].endpoint).await,
+                "a partitioned member answered"
+            );
+            sleep(TTL + Duration::from_secs(1)).await;
+            self.net.heal(victim);
         } else {
             self.etcd[victim].stop();
             sleep(Duration::from_secs(1)).await;
@@ -229,6 +253,16 @@ impl Rig {
         );
         (0, at)
     }
+}
+
+/// Whether the etcd member at `endpoint` answers a health check, on a new connection, within
+/// 300 ms.
+async fn answers(endpoint: &str) -> bool {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    http.get(format!("{endpoint}/health")).send().await.is_ok()
 }
 
 /// Injects faults for `seconds`, and at least two of each kind, each after half a second of

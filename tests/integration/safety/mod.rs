@@ -8,7 +8,9 @@
 //! (then a new sidecar for its pod); a pause of a holder past the TTL (the worker stalls between
 //! grant and write while its sidecar is SIGSTOPped); kill -9 of an etcd follower, and of the
 //! etcd leader (each restarted a second later); SIGSTOP of a follower, and of the leader, past
-//! the TTL (a stalled member: connections open, nothing answered); the lock's settings
+//! the TTL (a stalled member: connections open, nothing answered); a partition of a follower,
+//! and of the leader, past the TTL (each member runs in its own network namespace; every packet
+//! of the victim's link is dropped, [`crate::common::netns`]); the lock's settings
 //! rewritten (queued waiters and enqueues in flight must follow); a holder's sidecar paused
 //! just before its release (the release must be told the hold was lost); a holder stalled past
 //! its heartbeat window, its sidecar running; the lock deleted and declared again; the

@@ -5,12 +5,15 @@ use std::sync::Arc;
 use super::worker::Slot;
 use super::{COUNTER, POOL, POOL_SLOTS, TTL, WORKERS};
 use crate::common::members::leader_of;
+use crate::common::netns::MemberNet;
 use crate::common::{EtcdServer, Sidecar, declare};
 
 /// The processes under test.
 pub struct Rig {
-    /// The etcd members.
+    /// The etcd members (dropped, so killed, before their network).
     pub etcd: Vec<EtcdServer>,
+    /// The members' network, where one can be partitioned.
+    pub net: MemberNet,
     /// Their client URLs, comma-separated, as the sidecars get them.
     pub endpoints: String,
     /// Sidecar `i` serves worker `i`.
@@ -23,7 +26,8 @@ impl Rig {
     /// Starts etcd, declares the mutex and the semaphore (TTL [`TTL`]), and starts a sidecar
     /// for each of [`WORKERS`].
     pub async fn start() -> Self {
-        let etcd = EtcdServer::cluster(3).await;
+        let net = MemberNet::create(3);
+        let etcd = EtcdServer::cluster_on(&net, 3).await;
         let endpoints = (etcd.iter().map(|m| m.endpoint.clone()))
             .collect::<Vec<_>>()
             .join(",");
@@ -35,6 +39,7 @@ impl Rig {
         );
         let mut rig = Rig {
             etcd,
+            net,
             endpoints,
             sidecars: vec![],
             slots: vec![],
