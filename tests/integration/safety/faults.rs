@@ -5,10 +5,12 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::time::sleep;
 
+use super::objects::{NAMESPACE, recreate_lock};
 use super::rig::Rig;
 use super::worker::STALL;
 use super::{COUNTER, POOL, POOL_LOWERED, POOL_SLOTS, TTL, now};
-use crate::common::{Sidecar, declare, wait_until};
+use crate::common::{declare, wait_until};
+use tokio::task::block_in_place;
 
 /// A kind of fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,8 +31,11 @@ pub enum Kind {
     /// A holder stalls past its heartbeat window between grant and write, its sidecar running:
     /// the sidecar ends the hold at the window.
     WorkerStall,
-    /// The lock deleted (every key with it) and declared again at once.
+    /// The DistributedLock deleted (the operator removes every key) and created again.
     LockDeleted,
+    /// The mutex holder's Pod deleted while its sidecar runs on, unaware: the operator ends
+    /// its holds. Then the pod comes back under its name with a new uid and a new sidecar.
+    PodDeleted,
     /// SIGSTOP of an etcd follower for the TTL plus 1 s: its connections stay open and silent.
     FollowerStall,
     /// SIGSTOP of the etcd leader for the TTL plus 1 s.
@@ -44,8 +49,8 @@ pub enum Kind {
     /// The lock's settings written again (same values, new mod revision): every queued waiter
     /// reads them again and every enqueue in flight retries.
     SettingsRewrite,
-    /// The semaphore's `maxHolders` lowered (2 to 1) while it is full and waiters queue: its
-    /// holders stay, and no one is granted until they are fewer than one.
+    /// The semaphore's `maxHolders` lowered (2 to 1) on its DistributedLock while it is full
+    /// and waiters queue: its holders stay, and no one is granted until they are fewer than one.
     PoolLowered,
     /// The semaphore's `maxHolders` raised back (1 to 2) while waiters queue: the first waiter
     /// is let in beside the holder, in queue order.
@@ -54,7 +59,7 @@ pub enum Kind {
 
 impl Kind {
     /// Every kind, in the order the loop injects them.
-    pub const CYCLE: [Kind; 14] = [
+    pub const CYCLE: [Kind; 15] = [
         Kind::LeaderKill,
         Kind::SidecarKill,
         Kind::PoolLowered,
@@ -68,6 +73,7 @@ impl Kind {
         Kind::ReleasePause,
         Kind::FollowerPartition,
         Kind::WorkerStall,
+        Kind::PodDeleted,
         Kind::LockDeleted,
     ];
 
@@ -104,7 +110,8 @@ impl Kind {
             Kind::SettingsRewrite => "lock settings rewritten",
             Kind::ReleasePause => "pause past the TTL before release",
             Kind::WorkerStall => "holder stalled past its heartbeat",
-            Kind::LockDeleted => "lock deleted and declared again",
+            Kind::LockDeleted => "DistributedLock deleted and created again",
+            Kind::PodDeleted => "holder's Pod deleted, sidecar running",
             Kind::PoolLowered => "semaphore maxHolders 2 -> 1, waiters queued",
             Kind::PoolRaised => "semaphore maxHolders 1 -> 2, waiters queued",
         }
@@ -137,15 +144,18 @@ impl Rig {
             | Kind::LeaderStall
             | Kind::FollowerPartition
             | Kind::LeaderPartition => self.hit_etcd(kind, round).await?,
-            Kind::SettingsRewrite | Kind::LockDeleted => {
-                let at = now();
-                if kind == Kind::LockDeleted {
-                    declare(&self.endpoints, &[COUNTER, "--delete"]);
-                }
-                let ttl = TTL.as_secs().to_string();
-                declare(&self.endpoints, &[COUNTER, "--ttl-seconds", &ttl]);
+            Kind::SettingsRewrite => {
+                let (at, ttl) = (now(), TTL.as_secs().to_string());
+                let args = [COUNTER, "--namespace", NAMESPACE, "--ttl-seconds", &ttl];
+                block_in_place(|| declare(&self.endpoints, &args));
                 (0, at)
             }
+            Kind::LockDeleted => {
+                let at = now();
+                block_in_place(|| recreate_lock(self.plane, COUNTER, 1));
+                (0, at)
+            }
+            Kind::PodDeleted => self.delete_pod(round).await,
             Kind::PoolLowered | Kind::PoolRaised => self.set_pool_limit(kind).await,
         };
         Some(Fault {
@@ -162,8 +172,7 @@ impl Rig {
         let i = self.holder().await.unwrap_or(round % self.counter_workers());
         let at = now();
         self.sidecars[i].kill9();
-        let pod = self.slots[i].pod.clone();
-        self.sidecars[i] = Sidecar::start(&self.endpoints, &pod, &[]).await;
+        self.sidecars[i] = self.start_sidecar(i).await;
         *self.slots[i].addr.lock().unwrap() = self.sidecars[i].addr.clone();
         (i, at)
     }
@@ -245,13 +254,7 @@ impl Rig {
             info["waiters"].as_u64() > Some(0) && holders >= full as usize
         })
         .await;
-        let (ttl, limit) = (TTL.as_secs().to_string(), limit.to_string());
-        let at = now();
-        declare(
-            &self.endpoints,
-            &[POOL, "--ttl-seconds", &ttl, "--max-holders", &limit],
-        );
-        (0, at)
+        (0, self.patch_pool_limit(limit).await)
     }
 }
 

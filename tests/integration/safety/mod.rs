@@ -13,9 +13,12 @@
 //! of the victim's link is dropped, [`crate::common::netns`]); the lock's settings
 //! rewritten (queued waiters and enqueues in flight must follow); a holder's sidecar paused
 //! just before its release (the release must be told the hold was lost); a holder stalled past
-//! its heartbeat window, its sidecar running; the lock deleted and declared again; the
-//! semaphore's `maxHolders` lowered to 1 while it is full and waiters queue, and later raised
-//! back to 2 while waiters queue.
+//! its heartbeat window, its sidecar running; the mutex holder's Pod deleted while its sidecar
+//! runs on (the operator must end its holds; the pod then comes back under its name with a new
+//! uid); the DistributedLock deleted and created again; the semaphore's `maxHolders` lowered to
+//! 1 on its DistributedLock while it is full and waiters queue, and later raised back to 2.
+//! The locks are DistributedLocks that an operator publishes to the checker's etcd, and each
+//! sidecar belongs to a Pod on the shared API server.
 //!
 //! Afterwards ([`check`]): no hold was granted while the holds that lasted filled the lock's
 //! `maxHolders` then in force (a lowering binds new grants; holders already in may stay),
@@ -32,6 +35,7 @@
 
 mod check;
 mod faults;
+mod objects;
 mod orphans;
 mod overlap;
 mod report;
@@ -123,10 +127,24 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     let a = check::analyze(&holds, &store.accepted(), &faults);
     eprintln!("{}", report::report(&a, start, elapsed, &state, &drained));
     eprintln!("  {}", orphans.summary());
+    let deleted = faults.iter().filter(|f| f.kind == Kind::PodDeleted).count();
+    let ended = pod_deletion_ends(&rig.operator.metrics().await);
+    eprintln!("  operator: {ended} holds and waits ended for {deleted} deleted pods");
+    assert!(
+        deleted == 0 || ended >= 1,
+        "pods were deleted but the operator ended nothing"
+    );
     assert_verdict(&a, &state, start);
     let orphaned = orphans.violations();
     assert!(orphaned.is_empty(), "{orphaned:#?}");
     drained.expect("no queue key outlives its client");
+}
+
+/// The operator's count of holds and waits it ended because their pod was deleted.
+fn pod_deletion_ends(metrics: &str) -> u64 {
+    let line = r#"podlock_forced_releases_total{reason="pod_deleted"} "#;
+    let value = metrics.lines().find_map(|l| l.strip_prefix(line));
+    value.and_then(|v| v.trim().parse().ok()).unwrap_or(0)
 }
 
 /// Fails the test on any violation, a counter that disagrees with the analysis, a fault kind

@@ -1,12 +1,18 @@
-//! The processes under test: a 3-member etcd, the two locks, a sidecar per worker.
+//! The processes under test: a 3-member etcd (each member in its own network namespace), the
+//! operator with the two locks as DistributedLocks, a Pod and a sidecar per worker.
 
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::Api;
 use std::sync::Arc;
+use std::time::Duration;
 
+use super::objects::{NAMESPACE, apply_lock, pods, published_limit};
 use super::worker::Slot;
-use super::{COUNTER, POOL, POOL_SLOTS, TTL, WORKERS};
+use super::{COUNTER, POOL, POOL_SLOTS, WORKERS};
+use crate::common::kube::{ControlPlane, Operator, running_pod, with_crd};
 use crate::common::members::leader_of;
 use crate::common::netns::MemberNet;
-use crate::common::{EtcdServer, Sidecar, declare};
+use crate::common::{EtcdServer, Sidecar, wait_until};
 
 /// The processes under test.
 pub struct Rig {
@@ -16,6 +22,14 @@ pub struct Rig {
     pub net: MemberNet,
     /// Their client URLs, comma-separated, as the sidecars get them.
     pub endpoints: String,
+    /// The API server of the locks and pods.
+    pub plane: &'static ControlPlane,
+    /// The operator, on the checker's etcd and namespace.
+    pub operator: Operator,
+    /// The workers' pods.
+    pub pods: Api<Pod>,
+    /// Pod `i`'s uid now (a pod made again has a new one).
+    pub uids: Vec<String>,
     /// Sidecar `i` serves worker `i`.
     pub sidecars: Vec<Sidecar>,
     /// The workers' slots: the mutex's first, then the semaphore's.
@@ -23,34 +37,51 @@ pub struct Rig {
 }
 
 impl Rig {
-    /// Starts etcd, declares the mutex and the semaphore (TTL [`TTL`]), and starts a sidecar
-    /// for each of [`WORKERS`].
+    /// Starts etcd and the operator, declares the mutex and the semaphore as DistributedLocks,
+    /// and makes a Pod and a sidecar for each of [`WORKERS`].
     pub async fn start() -> Self {
         let net = MemberNet::create(3);
         let etcd = EtcdServer::cluster_on(&net, 3).await;
         let endpoints = (etcd.iter().map(|m| m.endpoint.clone()))
             .collect::<Vec<_>>()
             .join(",");
-        let (ttl, slots) = (TTL.as_secs().to_string(), POOL_SLOTS.to_string());
-        declare(&endpoints, &[COUNTER, "--ttl-seconds", &ttl]);
-        declare(
-            &endpoints,
-            &[POOL, "--ttl-seconds", &ttl, "--max-holders", &slots],
-        );
+        let plane = with_crd();
+        plane.namespace(NAMESPACE);
+        apply_lock(plane, COUNTER, 1);
+        apply_lock(plane, POOL, POOL_SLOTS);
+        let operator = Operator::start_with(plane, NAMESPACE, &endpoints, &[]).await;
+        let published = wait_until(Duration::from_secs(20), || async {
+            published_limit(&endpoints, COUNTER).await.is_some()
+                && published_limit(&endpoints, POOL).await.is_some()
+        });
+        published
+            .await
+            .unwrap_or_else(|e| panic!("locks not published: {e}\n{}", operator.log()));
         let mut rig = Rig {
             etcd,
             net,
             endpoints,
+            plane,
+            operator,
+            pods: pods(plane).await,
+            uids: vec![],
             sidecars: vec![],
             slots: vec![],
         };
         for (i, lock) in WORKERS.into_iter().enumerate() {
             let pod = format!("w{i}");
-            let s = Sidecar::start(&rig.endpoints, &pod, &[]).await;
+            rig.uids.push(running_pod(&rig.pods, &pod).await);
+            let s = rig.start_sidecar(i).await;
             rig.slots.push(Slot::new(&pod, lock, &s.addr));
             rig.sidecars.push(s);
         }
         rig
+    }
+
+    /// A new sidecar for worker `i`'s pod.
+    pub async fn start_sidecar(&self, i: usize) -> Sidecar {
+        let args = ["--namespace", NAMESPACE, "--pod-uid", &self.uids[i]];
+        Sidecar::start(&self.endpoints, &format!("w{i}"), &args).await
     }
 
     /// How many workers take the mutex (the first ones): the victims of process faults.

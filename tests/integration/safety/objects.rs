@@ -1,0 +1,86 @@
+//! The Kubernetes side of the checker: the locks are DistributedLocks that an operator
+//! publishes to the checker's etcd, each worker's sidecar belongs to a Pod, and the faults that
+//! change a lock or delete a pod go through the API server, as a user's or a kubelet's would.
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams};
+use std::time::Duration;
+
+use super::rig::Rig;
+use super::{POOL, TTL, now};
+use crate::common::kube::{ControlPlane, running_pod};
+use crate::common::wait_until;
+
+/// The namespace of the checker's locks and pods.
+pub const NAMESPACE: &str = "safety";
+
+/// Creates (or changes) the DistributedLock `lock` with the checker's TTL and `max_holders`.
+pub fn apply_lock(plane: &ControlPlane, lock: &str, max_holders: u32) {
+    let yaml = format!(
+        "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: {lock}, namespace: {NAMESPACE}}}\nspec: {{ttlSeconds: {}, maxHolders: {max_holders}}}\n",
+        TTL.as_secs()
+    );
+    let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &yaml);
+    assert!(ok, "apply DistributedLock {lock}: {err}");
+}
+
+/// Deletes the DistributedLock `lock`, waiting until the operator removed its keys from etcd
+/// (its finalizer), and creates it again with `max_holders`.
+pub fn recreate_lock(plane: &ControlPlane, lock: &str, max_holders: u32) {
+    let (ok, _, err) = plane.kubectl(&["delete", "dlock", lock, "-n", NAMESPACE, "--wait=true"]);
+    assert!(ok, "delete DistributedLock {lock}: {err}");
+    apply_lock(plane, lock, max_holders);
+}
+
+/// The `maxHolders` etcd holds for `lock` now (`None`: not declared).
+pub async fn published_limit(endpoints: &str, lock: &str) -> Option<u64> {
+    let endpoints: Vec<&str> = endpoints.split(',').collect();
+    let mut etcd = etcd_client::Client::connect(endpoints, None).await.ok()?;
+    let key = format!("/podlock/v1/config/{NAMESPACE}/{lock}");
+    let resp = etcd.get(key, None).await.ok()?;
+    let settings: serde_json::Value = serde_json::from_slice(resp.kvs().first()?.value()).ok()?;
+    settings["maxHolders"].as_u64()
+}
+
+impl Rig {
+    /// Sets the semaphore's `maxHolders` on its DistributedLock and waits until the operator
+    /// has published it; returns when the patch was sent (the fault's `until` is when etcd was
+    /// seen to hold the new value, so the checker allows either limit in between).
+    pub async fn patch_pool_limit(&self, limit: u32) -> f64 {
+        let at = now();
+        tokio::task::block_in_place(|| apply_lock(self.plane, POOL, limit));
+        let published = wait_until(Duration::from_secs(10), || async {
+            published_limit(&self.endpoints, POOL).await == Some(limit.into())
+        })
+        .await;
+        published
+            .unwrap_or_else(|e| panic!("maxHolders {limit} not published: {e}\n{}", self.operator.log()));
+        at
+    }
+
+    /// Deletes the Pod of the mutex holder (or of a worker picked by `round`) while its sidecar
+    /// runs on, unaware, as behind a lost kubelet: the operator must end its holds. Once the
+    /// lock has moved on (or after twice the TTL), the pod comes back under the same name with
+    /// a new uid, as a StatefulSet's would, with a new sidecar (the old one killed with it).
+    pub async fn delete_pod(&mut self, round: usize) -> (usize, f64) {
+        let i = self.holder().await.unwrap_or(round % self.counter_workers());
+        let pod = self.slots[i].pod.clone();
+        let at = now();
+        self.pods.delete(&pod, &DeleteParams::default()).await.unwrap();
+        let _ = wait_until(2 * TTL, || async { self.holder().await.is_some_and(|h| h != i) }).await;
+        let gone = wait_until(Duration::from_secs(10), || async {
+            self.pods.get_opt(&pod).await.unwrap().is_none()
+        });
+        gone.await.expect("the deleted pod is gone");
+        self.sidecars[i].kill9();
+        self.uids[i] = running_pod(&self.pods, &pod).await;
+        self.sidecars[i] = self.start_sidecar(i).await;
+        *self.slots[i].addr.lock().unwrap() = self.sidecars[i].addr.clone();
+        (i, at)
+    }
+}
+
+/// The checker's pods' API.
+pub async fn pods(plane: &ControlPlane) -> Api<Pod> {
+    Api::namespaced(plane.client().await, NAMESPACE)
+}
