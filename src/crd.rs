@@ -192,9 +192,12 @@ pub struct DistributedLockStatus {
     /// `Pending` until the lock is live in etcd, then `Free` or `Held`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<String>,
-    /// Holders in acquisition order.
+    /// Holders in acquisition order: the first 100 of them (`holderCount` counts them all).
     #[serde(default)]
     pub holders: Vec<Holder>,
+    /// How many hold the lock.
+    #[serde(default)]
+    pub holder_count: u32,
     /// Contenders waiting behind the holders.
     #[serde(default)]
     pub waiters: u32,

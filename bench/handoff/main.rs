@@ -41,7 +41,15 @@ struct Run {
 
 #[tokio::main]
 async fn main() {
-    let quick = std::env::args().any(|a| a == "--quick");
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--podlock-only") {
+        let number = |j: usize| args.get(j).and_then(|v| v.parse::<u64>().ok());
+        let (Some(n), Some(secs)) = (number(i + 1), number(i + 2)) else {
+            panic!("usage: --podlock-only CONTENDERS SECONDS");
+        };
+        return podlock_only(n as usize, Duration::from_secs(secs)).await;
+    }
+    let quick = args.iter().any(|a| a == "--quick");
     let (cycles, window, trials, pod_trials) = if quick {
         (300, Duration::from_secs(2), 1, 5)
     } else {
@@ -77,6 +85,27 @@ async fn main() {
     for r in &rows {
         r.print();
     }
+}
+
+/// `--podlock-only N SECONDS`: podlock alone, `n` contenders for `window`, for a profiler to
+/// watch (`scripts/profile-handoff.sh`); prints one line.
+async fn podlock_only(n: usize, window: Duration) {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["profiled"]);
+    let cs = Podlock::contenders(&etcd, "profiled", n).await;
+    println!(
+        "podlock, {n} contenders, etcd pid {}: running for {window:?}",
+        etcd.pid()
+    );
+    let r = contended(&cs, window).await;
+    let mean = Duration::from_secs_f64(1.0 / r.handoffs_per_s.max(1e-9));
+    println!(
+        "handoffs/s {:.0}, mean handoff {:.2} ms, p99 wait {:.1} ms (FIFO predicts about {:.1} ms: {n} handoffs)",
+        r.handoffs_per_s,
+        mean.as_secs_f64() * 1000.0,
+        r.p99_wait.as_secs_f64() * 1000.0,
+        mean.as_secs_f64() * 1000.0 * n as f64
+    );
 }
 
 impl Run {

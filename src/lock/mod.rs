@@ -60,7 +60,7 @@ pub struct Engine(Arc<Inner>);
 impl Engine {
     /// An engine on `client` for `pod`; `standalone` serves undeclared locks with defaults.
     /// `members` has one client per etcd member: new watches and requests go to one that answers
-    /// (see [`members`]), a failed keepalive to the next (see [`Sessions`]). Starts its orphan
+    /// (see [`members`]), and so do keepalives (see [`Sessions`]). Starts its orphan
     /// sweep (see [`sweep`]) on the current Tokio runtime.
     pub fn new(
         client: etcd_client::Client,
@@ -68,9 +68,9 @@ impl Engine {
         pod: PodRef,
         standalone: bool,
     ) -> Self {
-        let etcd = Etcd::with_members(client, members.clone());
+        let etcd = Etcd::with_members(client, members);
         let engine = Engine(Arc::new(Inner {
-            sessions: Sessions::new(etcd.clone(), members),
+            sessions: Sessions::new(etcd.clone()),
             etcd,
             pod,
             standalone,

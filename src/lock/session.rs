@@ -18,6 +18,7 @@ use tracing::{info, warn};
 
 use super::LockError;
 use super::etcd::Etcd;
+use super::members::{Members, Route};
 
 /// How long one keepalive round trip may take before it counts as failed and is sent again on
 /// a new stream: at most 2 s, and a quarter of the TTL, so that a keepalive stream stuck on a
@@ -80,19 +81,15 @@ impl Session {
 #[derive(Clone)]
 pub struct Sessions {
     etcd: Etcd,
-    /// One client per etcd member (empty with a single endpoint): a keepalive that failed is
-    /// sent again to the next member, never again to the one that may be stalled.
-    members: Arc<Vec<Client>>,
     by_ttl: Arc<Mutex<HashMap<u32, Arc<Session>>>>,
     keepalive_failures: Arc<AtomicU64>,
 }
 
 impl Sessions {
-    /// An empty set of sessions on `etcd`, with one client per member in `members`.
-    pub fn new(etcd: Etcd, members: Vec<Client>) -> Self {
+    /// An empty set of sessions on `etcd`; their keepalives go to its members that answer.
+    pub fn new(etcd: Etcd) -> Self {
         Sessions {
             etcd,
-            members: Arc::new(members),
             by_ttl: Arc::default(),
             keepalive_failures: Arc::default(),
         }
@@ -122,7 +119,7 @@ impl Sessions {
         info!(lease = format_args!("{id:x}"), ttl, "session started");
         tokio::spawn(keep_alive(
             self.etcd.client().clone(),
-            self.members.clone(),
+            self.etcd.members.clone(),
             session.clone(),
             self.keepalive_failures.clone(),
         ));
@@ -150,15 +147,12 @@ impl Sessions {
 
 /// Keeps `session`'s lease alive every TTL/3 until etcd says it is gone or the last confirmed
 /// keepalive is older than the TTL; then marks the session lost and revokes the lease, in case
-/// etcd still has it (a leader change can extend TTLs).
-async fn keep_alive(
-    client: Client,
-    members: Arc<Vec<Client>>,
-    session: Arc<Session>,
-    failures: Arc<AtomicU64>,
-) {
-    let mut member = session.id.unsigned_abs() as usize; // spread sessions over the members
-    let via = |member: usize| members.get(member % members.len().max(1)).unwrap_or(&client);
+/// etcd still has it (a leader change can extend TTLs). The stream goes to a member that
+/// answers (see [`Members`]); a member that fails or leaves a keepalive unanswered is marked
+/// suspect, so that neither the next keepalive nor the sidecar's watches and requests go back
+/// to it, and a member that watches or requests found silent is not chosen for the next stream.
+async fn keep_alive(client: Client, members: Arc<Members>, session: Arc<Session>, failures: Arc<AtomicU64>) {
+    let mut route: Option<Route> = None;
     let period = Duration::from_millis(u64::from(session.ttl) * 1000 / 3);
     let mut stream = None;
     let mut next = Instant::now() + period;
@@ -172,7 +166,8 @@ async fn keep_alive(
         }
         let sent = Instant::now();
         let limit = keepalive_timeout(session.ttl);
-        match timeout(limit, renew(via(member), session.id, &mut stream)).await {
+        let (member, via) = route.get_or_insert_with(|| members.pick(&client)).clone();
+        match timeout(limit, renew(&via, session.id, &mut stream)).await {
             Ok(Ok(ttl)) if ttl > 0 => {
                 session.confirm(sent);
                 next = sent + period;
@@ -181,15 +176,15 @@ async fn keep_alive(
             Ok(Err(e)) => {
                 failures.fetch_add(1, Ordering::Relaxed);
                 warn!(lease = format_args!("{:x}", session.id), error = %e, "keepalive failed");
-                stream = None;
-                member += 1;
+                members.suspect(member, "a keepalive failed");
+                (stream, route) = (None, None);
                 next = Instant::now() + keepalive_retry(session.ttl);
             }
             Err(_) => {
                 failures.fetch_add(1, Ordering::Relaxed);
                 warn!(lease = format_args!("{:x}", session.id), "keepalive timed out");
-                stream = None;
-                member += 1;
+                members.suspect(member, "a keepalive went unanswered");
+                (stream, route) = (None, None);
                 next = Instant::now() + keepalive_retry(session.ttl);
             }
         }

@@ -26,6 +26,11 @@ pub const FINALIZER: &str = "podlock.io/cleanup";
 /// How often a lock is re-read even without an etcd event (a backstop, not the mechanism).
 const RESYNC: Duration = Duration::from_secs(300);
 
+/// At most this many holders are listed in `status.holders` (`holderCount` counts them all): a
+/// semaphore's status stays far below the 64 KiB a client should have to read (about 150 bytes
+/// a holder) however many slots it has.
+pub const STATUS_HOLDERS: usize = 100;
+
 /// The `reason` label of holds ended by their lock's deletion.
 pub const LOCK_DELETED: &str = "lock_deleted";
 
@@ -165,7 +170,8 @@ async fn mirror_status(
     conditions.extend(route.condition);
     let status = DistributedLockStatus {
         phase: Some(if holders.is_empty() { "Free" } else { "Held" }.into()),
-        holders,
+        holder_count: holders.len() as u32,
+        holders: holders.into_iter().take(STATUS_HOLDERS).collect(),
         waiters: state.waiters as u32,
         fencing_token: old.fencing_token.max(newest),
         observed_generation: dl.metadata.generation,
@@ -174,7 +180,7 @@ async fn mirror_status(
     };
     let labels = [id.namespace.as_str(), id.name.as_str()];
     let holders = ctx.metrics.lock_holders.with_label_values(&labels);
-    holders.set(status.holders.len() as i64);
+    holders.set(status.holder_count.into());
     ctx.metrics
         .lock_waiters
         .with_label_values(&labels)

@@ -31,4 +31,5 @@ mod safety;
 mod settings_change;
 mod stalled_member;
 mod startup;
+mod status_size;
 mod truthful;

@@ -24,7 +24,7 @@ fn crds_dir_holds_exactly_what_podlock_crd_prints() {
     );
 }
 
-fn lock_yaml(ns: &str, name: &str, spec: &str) -> String {
+pub(crate) fn lock_yaml(ns: &str, name: &str, spec: &str) -> String {
     format!(
         "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata:\n  name: {name}\n  namespace: {ns}\nspec: {spec}\n"
     )
@@ -78,7 +78,7 @@ async fn the_crd_rejects_invalid_specs_naming_the_field_and_fills_defaults() {
 }
 
 /// Polls the lock's status until `check` holds; returns how long that took.
-async fn status_until(
+pub(crate) async fn status_until(
     api: &Api<DistributedLock>,
     name: &str,
     what: &str,
@@ -100,7 +100,7 @@ async fn status_until(
     }
 }
 
-async fn operator_for(plane: &ControlPlane, ns: &str) -> Operator {
+pub(crate) async fn operator_for(plane: &ControlPlane, ns: &str) -> Operator {
     Operator::start(plane, ns).await
 }
 

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Where a handoff's time goes: runs podlock alone with N contenders (default 8) for S seconds
+# (default 20) under a system-wide `perf record`, then prints the CPU share of each process
+# (etcd, the sidecars, the benchmark's client) and the sidecars' and etcd's hottest functions.
+#
+#   scripts/profile-handoff.sh [CONTENDERS] [SECONDS]
+#
+# Needs root (system-wide perf) and Debian's linux-perf (scripts/setup.sh installs it).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+n=${1:-8} secs=${2:-20}
+step() { printf '\033[1m[profile]\033[0m %s\n' "$*" >&2; }
+bash scripts/setup.sh >/dev/null
+step "building the benchmark (release)"
+cargo bench --bench handoff --no-run 2>&1 | tail -1 >&2
+bench=$(ls -t target/release/deps/handoff-* | grep -v '\.d$' | head -1)
+out=target/profile
+mkdir -p "$out"
+step "podlock, $n contenders, ${secs} s, under perf record -a -g (99 Hz)"
+"$bench" --podlock-only "$n" "$secs" | tee "$out/run.txt" &
+run=$!
+sleep 3 # the sidecars start and the contenders warm up before sampling
+perf record -a -g -F 99 -o "$out/perf.data" -- sleep "$((secs - 4))" 2>/dev/null
+wait "$run"
+# Thread names: etcd's are "etcd"; the sidecars' and the benchmark client's are both tokio's
+# "tokio-runtime-w", told apart by the binary (dso) their user-space samples fall in.
+step "CPU share by thread name and binary (kernel time shows as [kernel.kallsyms])"
+perf report -i "$out/perf.data" --sort comm,dso --stdio --no-children -g none 2>/dev/null |
+  grep -E '^ +[0-9]' | head -15
+step "the sidecars (podlock binary): hottest functions, self time"
+perf report -i "$out/perf.data" --dsos podlock --sort sym --stdio --no-children -g none 2>/dev/null |
+  grep -E '^ +[0-9]' | head -15
+step "etcd: hottest functions, self time (its kernel time included)"
+perf report -i "$out/perf.data" --comms etcd --sort sym --stdio --no-children -g none 2>/dev/null |
+  grep -E '^ +[0-9]' | head -15
