@@ -106,6 +106,18 @@ async fn podlock_only(n: usize, window: Duration) {
         r.p99_wait.as_secs_f64() * 1000.0,
         mean.as_secs_f64() * 1000.0 * n as f64
     );
+    let at = |p: f64| r.waits[((r.waits.len() as f64 * p) as usize).min(r.waits.len() - 1)];
+    let quantiles =
+        [0.5, 0.9, 0.99, 0.999, 1.0].map(|p| format!("{p}: {:.1} ms", at(p).as_secs_f64() * 1000.0));
+    println!("waits over {} grants: {}", r.waits.len(), quantiles.join(", "));
+    let slow = |ms: u64| {
+        r.waits
+            .iter()
+            .filter(|w| **w >= Duration::from_millis(ms))
+            .count()
+    };
+    let buckets = [20, 30, 50, 100, 200].map(|ms| format!(">= {ms} ms: {}", slow(ms)));
+    println!("slow waits: {}", buckets.join(", "));
 }
 
 impl Run {

@@ -89,6 +89,8 @@ pub struct Contended {
     pub grants: usize,
     /// The run's length in seconds.
     pub window_s: f64,
+    /// Every wait, request to grant, sorted.
+    pub waits: Vec<Duration>,
 }
 
 /// Every contender loops acquire → release for `window`, counting grants, handoffs and waits.
@@ -131,6 +133,7 @@ pub async fn contended(contenders: &[Arc<Podlock>], window: Duration) -> Contend
         ),
         grants: all.len(),
         window_s: elapsed,
+        waits: all,
     }
 }
 
