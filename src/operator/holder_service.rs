@@ -194,8 +194,12 @@ async fn endpoints(
     family: &str,
 ) -> Result<Vec<Value>, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let mut names: Vec<&str> = holders.iter().map(|h| h.pod.as_str()).collect();
-    names.dedup();
+    let mut names: Vec<&str> = vec![];
+    for h in holders {
+        if !names.contains(&h.pod.as_str()) {
+            names.push(&h.pod);
+        }
+    }
     let mut endpoints = Vec::new();
     for name in names {
         let Some(pod) = pods.get_opt(name).await? else {
