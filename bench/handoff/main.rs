@@ -118,6 +118,39 @@ async fn podlock_only(n: usize, window: Duration) {
     };
     let buckets = [20, 30, 50, 100, 200].map(|ms| format!(">= {ms} ms: {}", slow(ms)));
     println!("slow waits: {}", buckets.join(", "));
+    print_gaps(&r.grants_at);
+}
+
+/// The time between consecutive grants: a stall of the whole lock (every waiter's wait grows by
+/// it) shows as a long gap, a waiter served out of turn does not.
+fn print_gaps(grants_at: &[(Duration, usize)]) {
+    let mut gaps: Vec<(Duration, Duration)> = (grants_at.windows(2))
+        .map(|w| (w[1].0 - w[0].0, w[1].0))
+        .collect();
+    gaps.sort();
+    let Some(&(longest, _)) = gaps.last() else {
+        return;
+    };
+    let at = |p: f64| gaps[((gaps.len() as f64 * p) as usize).min(gaps.len() - 1)].0;
+    let quantiles = [0.5, 0.9, 0.99, 0.999].map(|p| format!("{p}: {:.1} ms", at(p).as_secs_f64() * 1000.0));
+    let long = |ms: u64| gaps.iter().filter(|g| g.0 >= Duration::from_millis(ms)).count();
+    println!(
+        "gaps between grants: {}, longest {:.1} ms; >= 10 ms: {}, >= 30 ms: {}",
+        quantiles.join(", "),
+        longest.as_secs_f64() * 1000.0,
+        long(10),
+        long(30)
+    );
+    let worst: Vec<_> = (gaps.iter().rev().take(8))
+        .map(|(g, t)| {
+            format!(
+                "{:.1} ms ending at {:.3} s",
+                g.as_secs_f64() * 1000.0,
+                t.as_secs_f64()
+            )
+        })
+        .collect();
+    println!("longest gaps: {}", worst.join("; "));
 }
 
 impl Run {

@@ -91,6 +91,8 @@ pub struct Contended {
     pub window_s: f64,
     /// Every wait, request to grant, sorted.
     pub waits: Vec<Duration>,
+    /// When each grant was answered (from the run's start) and to which contender, in order.
+    pub grants_at: Vec<(Duration, usize)>,
 }
 
 /// Every contender loops acquire → release for `window`, counting grants, handoffs and waits.
@@ -104,24 +106,28 @@ pub async fn contended(contenders: &[Arc<Podlock>], window: Duration) -> Contend
         .map(|(i, c)| {
             let (c, last, handoffs) = (c.clone(), last.clone(), handoffs.clone());
             tokio::spawn(async move {
-                let mut waits = vec![];
+                let (mut waits, mut at) = (vec![], vec![]);
                 while start.elapsed() < window {
                     let t = Instant::now();
                     c.acquire().await;
                     waits.push(t.elapsed());
+                    at.push((start.elapsed(), i));
                     if last.swap(i, Ordering::SeqCst) != i {
                         handoffs.fetch_add(1, Ordering::SeqCst);
                     }
                     c.release().await;
                 }
-                waits
+                (waits, at)
             })
         })
         .collect();
-    let mut per: Vec<Vec<Duration>> = vec![];
+    let (mut per, mut grants_at): (Vec<Vec<Duration>>, Vec<_>) = (vec![], vec![]);
     for t in tasks {
-        per.push(t.await.unwrap());
+        let (waits, at) = t.await.unwrap();
+        per.push(waits);
+        grants_at.extend(at);
     }
+    grants_at.sort();
     let elapsed = start.elapsed().as_secs_f64();
     let mut all: Vec<Duration> = per.iter().flatten().copied().collect();
     Contended {
@@ -134,6 +140,7 @@ pub async fn contended(contenders: &[Arc<Podlock>], window: Duration) -> Contend
         grants: all.len(),
         window_s: elapsed,
         waits: all,
+        grants_at,
     }
 }
 
