@@ -123,10 +123,8 @@ async fn podlock_only(n: usize, window: Duration) {
 
 /// The time between consecutive grants: a stall of the whole lock (every waiter's wait grows by
 /// it) shows as a long gap, a waiter served out of turn does not.
-fn print_gaps(grants_at: &[(Duration, usize)]) {
-    let mut gaps: Vec<(Duration, Duration)> = (grants_at.windows(2))
-        .map(|w| (w[1].0 - w[0].0, w[1].0))
-        .collect();
+fn print_gaps(grants_at: &[Duration]) {
+    let mut gaps: Vec<(Duration, Duration)> = (grants_at.windows(2)).map(|w| (w[1] - w[0], w[1])).collect();
     gaps.sort();
     let Some(&(longest, _)) = gaps.last() else {
         return;

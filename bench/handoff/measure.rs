@@ -91,8 +91,8 @@ pub struct Contended {
     pub window_s: f64,
     /// Every wait, request to grant, sorted.
     pub waits: Vec<Duration>,
-    /// When each grant was answered (from the run's start) and to which contender, in order.
-    pub grants_at: Vec<(Duration, usize)>,
+    /// When each grant was answered, from the run's start, in order.
+    pub grants_at: Vec<Duration>,
 }
 
 /// Every contender loops acquire → release for `window`, counting grants, handoffs and waits.
@@ -111,7 +111,7 @@ pub async fn contended(contenders: &[Arc<Podlock>], window: Duration) -> Contend
                     let t = Instant::now();
                     c.acquire().await;
                     waits.push(t.elapsed());
-                    at.push((start.elapsed(), i));
+                    at.push(start.elapsed());
                     if last.swap(i, Ordering::SeqCst) != i {
                         handoffs.fetch_add(1, Ordering::SeqCst);
                     }
@@ -121,7 +121,7 @@ pub async fn contended(contenders: &[Arc<Podlock>], window: Duration) -> Contend
             })
         })
         .collect();
-    let (mut per, mut grants_at): (Vec<Vec<Duration>>, Vec<_>) = (vec![], vec![]);
+    let (mut per, mut grants_at): (Vec<Vec<Duration>>, Vec<Duration>) = (vec![], vec![]);
     for t in tasks {
         let (waits, at) = t.await.unwrap();
         per.push(waits);
