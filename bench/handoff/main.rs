@@ -106,10 +106,8 @@ async fn podlock_only(n: usize, window: Duration) {
         r.p99_wait.as_secs_f64() * 1000.0,
         mean.as_secs_f64() * 1000.0 * n as f64
     );
-    let at = |p: f64| r.waits[((r.waits.len() as f64 * p) as usize).min(r.waits.len() - 1)];
-    let quantiles =
-        [0.5, 0.9, 0.99, 0.999, 1.0].map(|p| format!("{p}: {:.1} ms", at(p).as_secs_f64() * 1000.0));
-    println!("waits over {} grants: {}", r.waits.len(), quantiles.join(", "));
+    let quantiles = quantiles(&r.waits, &[0.5, 0.9, 0.99, 0.999, 1.0]);
+    println!("waits over {} grants: {quantiles}", r.waits.len());
     let slow = |ms: u64| {
         r.waits
             .iter()
@@ -129,12 +127,11 @@ fn print_gaps(grants_at: &[Duration]) {
     let Some(&(longest, _)) = gaps.last() else {
         return;
     };
-    let at = |p: f64| gaps[((gaps.len() as f64 * p) as usize).min(gaps.len() - 1)].0;
-    let quantiles = [0.5, 0.9, 0.99, 0.999].map(|p| format!("{p}: {:.1} ms", at(p).as_secs_f64() * 1000.0));
+    let sorted: Vec<Duration> = gaps.iter().map(|g| g.0).collect();
     let long = |ms: u64| gaps.iter().filter(|g| g.0 >= Duration::from_millis(ms)).count();
     println!(
         "gaps between grants: {}, longest {:.1} ms; >= 10 ms: {}, >= 30 ms: {}",
-        quantiles.join(", "),
+        quantiles(&sorted, &[0.5, 0.9, 0.99, 0.999]),
         longest.as_secs_f64() * 1000.0,
         long(10),
         long(30)
@@ -149,6 +146,15 @@ fn print_gaps(grants_at: &[Duration]) {
         })
         .collect();
     println!("longest gaps: {}", worst.join("; "));
+}
+
+/// `sorted`'s value at each of `ps`, as "p: x ms, ...".
+fn quantiles(sorted: &[Duration], ps: &[f64]) -> String {
+    let at = |p: f64| sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)];
+    let each: Vec<_> = (ps.iter())
+        .map(|&p| format!("{p}: {:.1} ms", at(p).as_secs_f64() * 1000.0))
+        .collect();
+    each.join(", ")
 }
 
 impl Run {
