@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use super::hold::{self, Hold, MarkWhen};
 use super::keys::{self, Entry, LockId, Mode, Settings, rfc3339};
 use super::model::{AcquireRequest, EventKind, Grant};
-use super::position::Position;
+use super::position::{Position, Standing};
 use super::queue::{self, Enqueued, Ticket};
 use super::registry::{Claimed, SlotKey};
 use super::session::Session;
@@ -31,15 +31,13 @@ struct Placed {
     ticket: Ticket,
     session: Arc<Session>,
     /// Where the key stands (`None`: not known without a read).
-    position: Option<Position>,
-    /// The revision at which that was read.
-    at: i64,
+    standing: Option<Standing>,
 }
 
 impl Placed {
-    /// Whether the key may hold the lock at once.
-    fn held(&self) -> bool {
-        self.position == Some(Position::Holder)
+    /// The revision at which the key may hold the lock at once, if it may.
+    fn held(&self) -> Option<i64> {
+        (self.standing.as_ref()).and_then(|s| (s.position == Position::Holder).then_some(s.revision))
     }
 }
 
@@ -74,10 +72,10 @@ impl Engine {
         let deadline = Instant::now() + req.wait;
         let mut declared = self.declared(&req.lock, false).await?;
         let placed = self.place(&req, &mut declared, &mut pending).await?;
-        let handed_on = !placed.held();
-        let (seen, mark) = if placed.held() {
+        let handed_on = placed.held().is_none();
+        let (seen, mark) = if let Some(at) = placed.held() {
             (
-                placed.at,
+                at,
                 MarkWhen::for_grant(true, declared.settings.max_holders, req.mode),
             )
         } else {
@@ -136,13 +134,12 @@ impl Engine {
                 async move { queue::enqueue(&etcd, &lock, &key, &entry, lease, rev, max).await }
             };
             match hold::enqueue_to_completion(self, &session, enqueue).await {
-                Ok(Enqueued::Placed { ticket, position, at }) => {
+                Ok(Enqueued::Placed { ticket, standing }) => {
                     pending.ticket = Some((ticket.clone(), session.clone()));
                     return Ok(Placed {
                         ticket,
                         session,
-                        position,
-                        at,
+                        standing,
                     });
                 }
                 Ok(Enqueued::SettingsChanged(kv)) => {
@@ -178,8 +175,8 @@ impl Engine {
         pending: &mut Pending<'_>,
         deadline: Instant,
     ) -> Result<i64, LockError> {
-        let start = placed.position.clone().map(|p| (p, placed.at));
-        let deadline = match (&placed.position, req.wait.is_zero()) {
+        let start = placed.standing.clone();
+        let deadline = match (start.as_ref().map(|s| &s.position), req.wait.is_zero()) {
             // Try-once with a free slot, behind a holder whose grant is still being recorded
             // (granted a moment ago): that is bookkeeping, not a held lock.
             (Some(Position::BehindUngranted(_)), true) => Instant::now() + RECORDING_GRACE,

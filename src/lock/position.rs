@@ -32,6 +32,33 @@ pub enum Position {
     BehindExclusive(Vec<u8>),
 }
 
+/// A queue at most this long lets its waiters in within etcd's watch catch-up period (100 ms),
+/// at the 1.5 to 3 ms a handoff takes on a 2-core machine (bench/README.md); behind more keys,
+/// a watch etcd serves late is synced long before it matters.
+const NEAR_QUEUE: i64 = 32;
+
+/// Where a ticket stood at a revision of its lock's queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Standing {
+    /// Where it stood.
+    pub position: Position,
+    /// The revision of the read.
+    pub revision: i64,
+    /// How many keys the queue held (ahead of the ticket and behind it).
+    pub queued: i64,
+}
+
+impl Standing {
+    /// Whether the ticket's turn may come within etcd's watch catch-up period: it is next to
+    /// be let in, or the queue is short. Such a waiter's watches must be served at once (see
+    /// [`Etcd::watch_keys_synced`]).
+    ///
+    /// [`Etcd::watch_keys_synced`]: super::etcd::Etcd::watch_keys_synced
+    pub fn turn_is_near(&self) -> bool {
+        !matches!(self.position, Position::Waiter(_)) || self.queued <= NEAR_QUEUE
+    }
+}
+
 /// Whether a queue entry records that it was granted (its `acquiredAt` is written). A grant
 /// waits until every key ahead of it in the window is granted, so that grants, and with them
 /// fencing tokens, follow the queue order however the window (`maxHolders`) changes. A value
@@ -150,6 +177,20 @@ mod tests {
             place_shared(&ahead, &[true, true], true),
             Position::BehindExclusive(b"r1".to_vec())
         );
+    }
+
+    #[test]
+    fn only_a_waiter_far_back_in_a_long_queue_has_its_turn_far_off() {
+        let standing = |position, queued| Standing {
+            position,
+            revision: 7,
+            queued,
+        };
+        let back = Position::Waiter(b"b".to_vec());
+        assert!(standing(back.clone(), NEAR_QUEUE).turn_is_near());
+        assert!(!standing(back, NEAR_QUEUE + 1).turn_is_near());
+        let first = Position::FirstWaiter(vec![b"a".to_vec()]);
+        assert!(standing(first, 1000).turn_is_near());
     }
 
     #[test]

@@ -11,8 +11,9 @@
 //!   the second waiter would sleep on after the first one got in, a lost wake-up.
 //!
 //! A release thus wakes one waiter, plus one more in a semaphore, whatever the queue length.
-//! Watches start at the current revision and the position is re-read once they are in place, so
-//! no change is missed and no watch waits in etcd's catch-up loop.
+//! Watches start at the current revision, checked to be served at once where the turn is near,
+//! and the changes since the position was read are covered ([`wait`](super::wait)), so no change
+//! is missed and a near turn does not wait for etcd's catch-up loop.
 
 use etcd_client::{
     Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
@@ -21,7 +22,7 @@ use etcd_client::{
 use super::LockError;
 use super::etcd::Etcd;
 use super::keys::{Entry, HolderInfo, LockId, Mode};
-use super::position::{self, Position};
+use super::position::{self, Standing};
 
 /// A contender's key in a queue.
 #[derive(Debug, Clone)]
@@ -36,12 +37,11 @@ pub struct Ticket {
 
 /// The outcome of putting a key into a queue.
 pub enum Enqueued {
-    /// The key is in the queue, where `position` says (read at revision `at` in the same
-    /// transaction; `None` for a key found already in place, sent again, which a read places).
+    /// The key is in the queue, where `standing` says (read in the same transaction; `None`
+    /// for a key found already in place, sent again, which a read places).
     Placed {
         ticket: Ticket,
-        position: Option<Position>,
-        at: i64,
+        standing: Option<Standing>,
     },
     /// The lock's settings changed since they were read: here is the new value (`None`:
     /// deleted) with its mod revision.
@@ -148,11 +148,14 @@ fn enqueued(
         lease,
     };
     if put {
-        let position = position::of_keys(ahead, get.more(), max_holders, mode);
+        let standing = Standing {
+            position: position::of_keys(ahead, get.more(), max_holders, mode),
+            revision: at,
+            queued: get.count(),
+        };
         return Enqueued::Placed {
             ticket,
-            position: Some(position),
-            at,
+            standing: Some(standing),
         };
     }
     if mine.value() != value {
@@ -160,8 +163,7 @@ fn enqueued(
     }
     Enqueued::Placed {
         ticket,
-        position: None,
-        at,
+        standing: None,
     }
 }
 

@@ -14,10 +14,13 @@
 //!   config key (the settings changed: read again).
 //!
 //! The keys that let it in are watched from "now", which keeps the watch on etcd's synced path
-//! (a watch from a past revision waits for etcd's 100 ms catch-up loop). Whatever changed
-//! between the read and the watches' start is covered in one of two ways (see [`Gap`]).
+//! (a watch from a past revision waits for etcd's 100 ms catch-up loop); a waiter whose turn is
+//! near also checks that etcd did put them there, as a write racing the watch's creation can
+//! leave it unsynced ([`Etcd::watch_keys_synced`]). Whatever changed between the read and the
+//! watches' start is covered in one of two ways (see [`Gap`]).
 //!
 //! [`granted`]: super::position::granted
+//! [`Etcd::watch_keys_synced`]: super::etcd::Etcd::watch_keys_synced
 
 use etcd_client::{GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 use std::time::Duration;
@@ -27,7 +30,7 @@ use tracing::warn;
 use super::LockError;
 use super::etcd::Etcd;
 use super::keys::{LockId, Mode};
-use super::position::{self, Position};
+use super::position::{self, Position, Standing};
 use super::queue::Ticket;
 use super::settings::Declared;
 use super::watch::{KeyWatch, Target};
@@ -44,35 +47,34 @@ pub enum Turn {
 }
 
 /// Waits until `ticket` may hold `lock`, its key is gone, or `deadline` passes, starting from
-/// where it stood at a revision (`start`, from the enqueue) or, without one, from a read.
-/// `declared` follows the lock's settings as they change and ends as the ones the turn was
-/// decided by.
+/// where it stood (`start`, from the enqueue) or, without that, from a read. `declared` follows
+/// the lock's settings as they change and ends as the ones the turn was decided by.
 pub async fn wait_turn(
     etcd: &Etcd,
     lock: &LockId,
     (ticket, mode): (&Ticket, Mode),
     declared: &mut Declared,
     deadline: Instant,
-    start: Option<(Position, i64)>,
+    start: Option<Standing>,
 ) -> Result<Turn, LockError> {
-    let position = async |declared: &mut Declared| position(etcd, lock, (ticket, mode), declared).await;
-    let (mut pos, mut rev) = match start {
+    let read = async |declared: &mut Declared| standing(etcd, lock, (ticket, mode), declared).await;
+    let mut now = match start {
         Some(start) => start,
-        None => position(declared).await?,
+        None => read(declared).await?,
     };
     loop {
-        match pos {
-            Position::Holder => return Ok(Turn::Granted(rev)),
+        match now.position {
+            Position::Holder => return Ok(Turn::Granted(now.revision)),
             Position::Gone => return Ok(Turn::Gone),
             _ => {}
         }
         let started = Instant::now();
-        let watched = watch_position(etcd, lock, (ticket, mode), declared, &pos, rev);
+        let watched = watch_position(etcd, lock, (ticket, mode), declared, &now);
         let mut watch = match timeout_at(deadline, watched).await {
             Err(_) => return Ok(Turn::TimedOut),
             Ok(Ok(Watched::Watching(watch))) => watch,
-            Ok(Ok(Watched::Moved(again, again_rev))) => {
-                (pos, rev) = (again, again_rev);
+            Ok(Ok(Watched::Moved(again))) => {
+                now = again;
                 continue;
             }
             // A member that cannot set up the watch (stalled, restarting): read again (the read
@@ -80,7 +82,7 @@ pub async fn wait_turn(
             Ok(Err(e)) => {
                 warn!(key = ticket.key, error = %e, "could not watch while waiting; re-reading");
                 sleep_until(started + WATCH_RETRY_GAP).await;
-                (pos, rev) = position(declared).await?;
+                now = read(declared).await?;
                 continue;
             }
         };
@@ -94,7 +96,7 @@ pub async fn wait_turn(
                 sleep_until(started + WATCH_RETRY_GAP).await;
             }
         }
-        (pos, rev) = position(declared).await?;
+        now = read(declared).await?;
     }
 }
 
@@ -107,17 +109,18 @@ const WATCH_RETRY_GAP: Duration = Duration::from_millis(100);
 enum Watched {
     /// Watching everything that can move it, with nothing missed since its position was read.
     Watching(Box<KeyWatch>),
-    /// A read to close the gap found it elsewhere (at this revision): watch anew.
-    Moved(Position, i64),
+    /// A read to close the gap found it elsewhere: watch anew.
+    Moved(Standing),
 }
 
 /// How a waiter covers the changes between the revision its position was read at and the start
 /// of its watches on the keys that let it in (watched from "now").
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Gap {
     /// Read the position again (its own key and the settings with it). For the first waiter,
     /// one behind an ungranted key and a reader behind a writer: what they watch is about to
-    /// change, and a change missed in the gap must not cost a moment.
+    /// change, and a change missed in the gap must not cost a moment. The same for any waiter
+    /// whose watches had to be made again: their start moved on by milliseconds.
     Read,
     /// Watch those keys a second time, from just after the read. A waiter further back watches
     /// a predecessor that is itself still waiting, which rarely moves within the few hundred
@@ -135,25 +138,44 @@ impl Gap {
     }
 }
 
-/// Watches what can move `ticket` from `pos` (read at `rev`), and covers the gap between the
-/// read and the watches' start (see [`Gap`]).
+/// Watches what can move `ticket` from where it stood (`now`), and covers the gap between the
+/// read and the watches' start (see [`Gap`]). A waiter whose turn is near has those watches
+/// checked to be on etcd's synced path ([`Etcd::watch_keys_synced`]); one far back does not
+/// pay for the check, as etcd syncs them long before its turn.
 async fn watch_position(
     etcd: &Etcd,
     lock: &LockId,
     (ticket, mode): (&Ticket, Mode),
     declared: &mut Declared,
-    pos: &Position,
-    rev: i64,
+    now: &Standing,
 ) -> Result<Watched, LockError> {
-    let max_holders = declared.settings.max_holders;
-    let (gap, lets_in) = (Gap::of(pos), lets_in(pos, max_holders));
+    let (pos, rev) = (&now.position, now.revision);
+    let lets_in = lets_in(pos, declared.settings.max_holders);
+    let mut gap = Gap::of(pos);
     // Its own key and the settings: from "now" where a read closes the gap anyway, else from
-    // just after the read (no read needed; a change to them may then wait for etcd's catch-up).
-    let from = (gap == Gap::SecondWatch).then_some(rev + 1);
-    let mut targets = lets_in.clone();
-    targets.push(Target::deletion(ticket.key.as_bytes()).from(from));
-    targets.push(Target::any_change(lock.config_key().as_bytes()).from(from));
-    let mut watch = etcd.watch_keys(&targets).await?;
+    // just after the read (no read needed; a change to them may then wait for etcd's catch-up,
+    // and they join the stream after its sync check, which they would fail until caught up).
+    let own = [
+        Target::deletion(ticket.key.as_bytes()),
+        Target::any_change(lock.config_key().as_bytes()),
+    ];
+    let (mut from_now, mut from_read) = (lets_in.clone(), vec![]);
+    match gap {
+        Gap::Read => from_now.extend(own),
+        Gap::SecondWatch => from_read.extend(own.map(|t| t.from(Some(rev + 1)))),
+    }
+    let mut watch = if now.turn_is_near() {
+        let (watch, remade) = etcd.watch_keys_synced(&from_now).await?;
+        if remade {
+            gap = Gap::Read;
+        }
+        watch
+    } else {
+        etcd.watch_keys(&from_now).await?
+    };
+    for t in &from_read {
+        watch.also(t).await?;
+    }
     // A member behind the read starts its watches before `rev`: then there is no gap.
     if watch.start_revision <= rev {
         return Ok(Watched::Watching(Box::new(watch)));
@@ -165,9 +187,9 @@ async fn watch_position(
             }
         }
         Gap::Read => {
-            let (again, again_rev) = position(etcd, lock, (ticket, mode), declared).await?;
-            if again != *pos {
-                return Ok(Watched::Moved(again, again_rev));
+            let again = standing(etcd, lock, (ticket, mode), declared).await?;
+            if again.position != *pos {
+                return Ok(Watched::Moved(again));
             }
         }
     }
@@ -190,14 +212,14 @@ fn lets_in(pos: &Position, max_holders: u32) -> Vec<Target> {
     }
 }
 
-/// Reads where `ticket` stands under the lock's current settings, and the revision of the
-/// read. If the settings changed since `declared`, it is updated and the position read again.
-async fn position(
+/// Reads where `ticket` stands under the lock's current settings. If the settings changed
+/// since `declared`, it is updated and the position read again.
+async fn standing(
     etcd: &Etcd,
     lock: &LockId,
     (ticket, mode): (&Ticket, Mode),
     declared: &mut Declared,
-) -> Result<(Position, i64), LockError> {
+) -> Result<Standing, LockError> {
     loop {
         let max = declared.settings.max_holders;
         let (needed, values) = position::keys_needed(max, mode);
@@ -224,15 +246,20 @@ async fn position(
         let (mine, config, ahead) = (gets.next(), gets.next(), gets.next());
         let (mine, config, ahead) = (mine.expect("own"), config.expect("config"), ahead.expect("queue"));
         // Field note: re-check our own key before granting; a waiter's lease may have expired.
+        let standing = |position| Standing {
+            position,
+            revision: rev,
+            queued: ahead.count(),
+        };
         if mine.kvs().first().map(|kv| kv.create_revision()) != Some(ticket.revision) {
-            return Ok((Position::Gone, rev));
+            return Ok(standing(Position::Gone));
         }
         match config.kvs().first().map(Declared::from_kv).transpose()? {
             Some(now) if now.revision != declared.revision => *declared = now,
-            None if declared.revision != 0 => return Ok((Position::Gone, rev)), // lock deleted
+            None if declared.revision != 0 => return Ok(standing(Position::Gone)), // lock deleted
             _ => {
                 let at = position::of_keys(ahead.kvs(), ahead.more(), max, mode);
-                return Ok((at, rev));
+                return Ok(standing(at));
             }
         }
     }

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tokio::time::timeout;
+use tracing::debug;
 
 use super::LockError;
 use super::etcd::{Etcd, Stats};
@@ -16,6 +17,14 @@ use super::members::Members;
 /// twice this, inside the 1 s the contract allows for a `lost` notice and a handoff. It costs one
 /// small message on the watch's stream per silent interval.
 const WATCH_SILENCE: Duration = Duration::from_millis(400);
+
+/// How long etcd may take to answer a progress request on a stream whose watches are all on its
+/// synced path (see [`Etcd::watch_keys_synced`]); on loopback it answers within a millisecond.
+const SYNC_CHECK: Duration = Duration::from_millis(10);
+
+/// How many times [`Etcd::watch_keys_synced`] makes its watches before it settles for watches
+/// etcd may serve up to 100 ms late.
+const SYNC_ATTEMPTS: u32 = 3;
 
 impl Etcd {
     /// Watches each of `targets` on one stream, each from its own revision on (see
@@ -70,6 +79,29 @@ impl Etcd {
             }
         }
         Ok(watch)
+    }
+
+    /// Like [`Etcd::watch_keys`] for targets watched from now, but makes sure etcd serves them on
+    /// its synced path; returns whether the watches had to be made again (so their start moved
+    /// on). etcd 3.5 registers a watch "from now" at a revision it read just before: a write
+    /// committed in between leaves the watch among the unsynced ones, which etcd's catch-up loop
+    /// serves only every 100 ms. About 2% of watches made on a busy lock met that race, and a
+    /// waiter woken late holds up everyone queued behind it (bench/README.md). etcd answers a
+    /// progress request only when every watch of the stream is synced (`progressIfSync`), so an
+    /// unanswered one says this stream met the race: make the watches again, on a new stream.
+    pub async fn watch_keys_synced(&self, targets: &[Target]) -> Result<(KeyWatch, bool), LockError> {
+        let mut made = 1;
+        loop {
+            let mut watch = self.watch_keys(targets).await?;
+            if made == SYNC_ATTEMPTS || watch.synced().await? {
+                return Ok((watch, made > 1));
+            }
+            debug!(
+                start_revision = watch.start_revision,
+                "etcd left a watch from now unsynced; making it again"
+            );
+            made += 1;
+        }
     }
 }
 
@@ -170,6 +202,26 @@ impl KeyWatch {
             self.fired = true;
         }
         Ok(resp)
+    }
+
+    /// Whether etcd serves every watch of this stream on its synced path: it answers a progress
+    /// request within [`SYNC_CHECK`] (see [`Etcd::watch_keys_synced`]). A change already
+    /// delivered counts as synced: the caller acts on it at once.
+    async fn synced(&mut self) -> Result<bool, LockError> {
+        if self.fired {
+            return Ok(true);
+        }
+        self.stream.request_progress().await?;
+        let answered = async {
+            loop {
+                let resp = self.next().await?;
+                let progress = resp.watch_id() == -1 && resp.events().is_empty();
+                if progress || self.fired {
+                    return Ok(true);
+                }
+            }
+        };
+        timeout(SYNC_CHECK, answered).await.unwrap_or(Ok(false))
     }
 
     /// Completes when any watched key changes (at once if one already did).

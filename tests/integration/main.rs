@@ -33,3 +33,4 @@ mod stalled_member;
 mod startup;
 mod status_size;
 mod truthful;
+mod watch_sync;

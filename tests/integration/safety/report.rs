@@ -72,10 +72,13 @@ fn holds(a: &Analysis) -> String {
     )
 }
 
-/// For each fault kind, how long the lock it hit took to make progress again.
+/// For each fault kind, how long the lock it hit took to make progress again, and the longest
+/// its injection took (a deletion waits for the operator's finalizer, a restart for the member
+/// to serve): where a run's time went.
 fn recoveries(a: &Analysis) -> String {
-    let mut out =
-        "\n  fault -> first accepted write of a later grant (maxHolders changes: next grant):".to_string();
+    let mut out = "\n  fault -> first accepted write of a later grant (maxHolders changes: next grant); the \
+         longest injection:"
+        .to_string();
     for k in Kind::CYCLE {
         let mut times: Vec<f64> = (a.recoveries.iter())
             .filter(|(f, _)| f.kind == k)
@@ -85,8 +88,12 @@ fn recoveries(a: &Analysis) -> String {
         let (Some(max), Some(median)) = (times.last(), times.get(times.len().saturating_sub(1) / 2)) else {
             continue;
         };
+        let injected = (a.recoveries.iter())
+            .filter(|(f, _)| f.kind == k)
+            .map(|(f, _)| f.until - f.at)
+            .fold(0.0, f64::max);
         out += &format!(
-            "\n    {:<44} max {max:.2} s, median {median:.2} s over {} (limit {:.1} s)",
+            "\n    {:<44} max {max:.2} s, median {median:.2} s over {} (limit {:.1} s); injected in {injected:.1} s",
             k.name(),
             times.len(),
             k.recovery_limit().as_secs_f64()
