@@ -104,6 +104,7 @@ async fn steady(plane: &common::kube::ControlPlane, operator: &Operator, sizes: 
         sidecars.push(load::sidecars(plane, &fleet::namespace(n), 2).await);
     }
     let (writes, cpu) = (ApiWrites::read(plane), usage(operator.pid()).1);
+    let reconciles = operator.reconciles().await;
     let started = Instant::now();
     let mut s = load::steady(plane, &sidecars, sizes.clients, sizes.hold, sizes.window).await;
     let secs = started.elapsed().as_secs_f64();
@@ -137,6 +138,14 @@ async fn steady(plane: &common::kube::ControlPlane, operator: &Operator, sizes: 
             "operator status writes per busy lock per second".into(),
             format!("{:.2} ({:.0}/s in all)", rate.status / busy_locks, rate.status),
             "≤ 1 per coalescing window",
+        ),
+        Row(
+            "operator reconciliations per grant".into(),
+            format!(
+                "{:.2}",
+                (operator.reconciles().await - reconciles) as f64 / s.grants as f64
+            ),
+            "",
         ),
         Row(
             "operator Events written per second".into(),

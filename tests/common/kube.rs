@@ -305,6 +305,16 @@ impl Operator {
             .any(|l| l == "podlock_operator_leader 1")
     }
 
+    /// Its successful reconciliations so far (`podlock_reconcile_total{result="ok"}`).
+    pub async fn reconciles(&self) -> u64 {
+        let metrics = self.metrics().await;
+        let ok = metrics
+            .lines()
+            .find(|l| l.starts_with("podlock_reconcile_total{result=\"ok\"}"));
+        ok.and_then(|l| l.split_whitespace().last()?.parse().ok())
+            .unwrap_or(0)
+    }
+
     /// Its /metrics text.
     pub async fn metrics(&self) -> String {
         reqwest::get(format!("{}/metrics", self.addr))

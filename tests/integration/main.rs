@@ -25,6 +25,7 @@ mod operator;
 mod pod_liveness;
 mod queue;
 mod rbac;
+mod reconcile_triggers;
 mod requests;
 mod restarts;
 mod safety;
