@@ -1,9 +1,11 @@
 //! etcd connection flags shared by every command that talks to etcd.
 
+use crate::etcd_transport;
 use clap::Args;
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{Certificate, Channel, Client, ConnectOptions, Identity, TlsOptions};
 use std::path::PathBuf;
 use std::time::Duration;
+use tonic::transport::Endpoint;
 
 /// How to reach etcd.
 #[derive(Debug, Clone, Args)]
@@ -55,27 +57,71 @@ impl EtcdArgs {
     }
 
     async fn connect_to(&self, endpoints: &[String]) -> anyhow::Result<Client> {
+        let tls = self.tls()?;
         let mut opts = ConnectOptions::new()
-            .with_connect_timeout(Duration::from_secs(2))
-            .with_timeout(Duration::from_secs(5))
-            .with_keep_alive(Duration::from_secs(3), Duration::from_secs(2))
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            .with_keep_alive(PING_EVERY, PING_TIMEOUT)
             .with_keep_alive_while_idle(true)
             .with_require_leader(true);
         if let (Some(user), Some(password)) = (&self.etcd_user, &self.etcd_password) {
             opts = opts.with_user(user, password);
         }
-        if self.etcd_ca_file.is_some() || self.etcd_cert_file.is_some() {
-            let mut tls = TlsOptions::new();
-            if let Some(ca) = &self.etcd_ca_file {
-                tls = tls.ca_certificate(Certificate::from_pem(std::fs::read(ca)?));
+        let connected = match (endpoints, tls) {
+            ([one], tls) => {
+                let channel = etcd_transport::channel(&endpoint(one, tls)?);
+                Client::from_channel(Channel::Tonic(channel), Some(opts)).await
             }
-            if let (Some(cert), Some(key)) = (&self.etcd_cert_file, &self.etcd_key_file) {
-                tls = tls.identity(Identity::from_pem(std::fs::read(cert)?, std::fs::read(key)?));
-            }
-            opts = opts.with_tls(tls);
-        }
-        Client::connect(endpoints, Some(opts))
-            .await
-            .map_err(|e| anyhow::anyhow!("cannot connect to etcd at {}: {e}", endpoints.join(",")))
+            (_, Some(tls)) => Client::connect(endpoints, Some(opts.with_tls(tls))).await,
+            (_, None) => Client::connect(endpoints, Some(opts)).await,
+        };
+        connected.map_err(|e| anyhow::anyhow!("cannot connect to etcd at {}: {e}", endpoints.join(",")))
     }
+
+    /// The TLS settings the flags ask for, if any.
+    fn tls(&self) -> anyhow::Result<Option<TlsOptions>> {
+        if self.etcd_ca_file.is_none() && self.etcd_cert_file.is_none() {
+            return Ok(None);
+        }
+        let mut tls = TlsOptions::new();
+        if let Some(ca) = &self.etcd_ca_file {
+            tls = tls.ca_certificate(Certificate::from_pem(std::fs::read(ca)?));
+        }
+        if let (Some(cert), Some(key)) = (&self.etcd_cert_file, &self.etcd_key_file) {
+            tls = tls.identity(Identity::from_pem(std::fs::read(cert)?, std::fs::read(key)?));
+        }
+        Ok(Some(tls))
+    }
+}
+
+/// Connecting to a member gives up after this.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// A request unanswered for this long fails, so an outage surfaces as an error, never a hang.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+/// HTTP/2 pings every `PING_EVERY`, unanswered for `PING_TIMEOUT`, end a dead connection.
+const PING_EVERY: Duration = Duration::from_secs(3);
+const PING_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The gRPC endpoint of one member, with the settings `etcd_client` gives the endpoints it
+/// makes itself (it makes none for a channel it is given). A URL without a scheme is https
+/// when TLS is configured, as `etcd_client` reads it.
+fn endpoint(url: &str, tls: Option<TlsOptions>) -> anyhow::Result<Endpoint> {
+    let url = match (url.contains("://"), tls.is_some()) {
+        (true, _) => url.to_string(),
+        (false, true) => format!("https://{url}"),
+        (false, false) => format!("http://{url}"),
+    };
+    let mut endpoint = Endpoint::from_shared(url.clone())
+        .map_err(|e| anyhow::anyhow!("etcd endpoint {url} is not a URL: {e}"))?
+        .connect_timeout(CONNECT_TIMEOUT)
+        .timeout(REQUEST_TIMEOUT)
+        .http2_keep_alive_interval(PING_EVERY)
+        .keep_alive_timeout(PING_TIMEOUT)
+        .keep_alive_while_idle(true);
+    match tls {
+        Some(tls) if url.starts_with("https://") => endpoint = endpoint.tls_config(tls)?,
+        Some(_) => anyhow::bail!("etcd endpoint {url}: TLS flags need an https:// URL"),
+        None => {}
+    }
+    Ok(endpoint)
 }

@@ -7,6 +7,7 @@
 pub mod cli;
 pub mod crd;
 pub mod etcd_args;
+pub mod etcd_transport;
 pub mod lock;
 pub mod metrics;
 pub mod operator;

@@ -24,6 +24,9 @@ pub struct SidecarMetrics {
     pub keepalive_failures: IntCounter,
     /// `podlock_etcd_requests_total`: unary etcd requests made (not keepalives).
     pub etcd_requests: IntCounter,
+    /// `podlock_etcd_requests_resent_total`: of those, attempts sent again after an earlier
+    /// one failed or went unanswered for 500 ms.
+    pub etcd_requests_resent: IntCounter,
     /// `podlock_watch_events_total`: etcd watch events received.
     pub watch_events: IntCounter,
     /// `podlock_etcd_watches_total`: etcd watches created (one per key watched).
@@ -74,6 +77,10 @@ impl SidecarMetrics {
             etcd_requests: counter(
                 "podlock_etcd_requests_total",
                 "Unary etcd requests made (not keepalives)",
+            ),
+            etcd_requests_resent: counter(
+                "podlock_etcd_requests_resent_total",
+                "Of the etcd requests, attempts sent again after an earlier one failed or went unanswered",
             ),
             watch_events: counter("podlock_watch_events_total", "etcd watch events received"),
             etcd_watches: counter(

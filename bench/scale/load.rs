@@ -125,8 +125,9 @@ pub async fn sidecars(plane: &ControlPlane, ns: &str, count: usize) -> Vec<Arc<S
 }
 
 /// `waiters` holder ids over `sidecars` queue for one lock behind a holder; then each one in
-/// turn is granted and releases. Returns the etcd requests per grant of all the sidecars.
-pub async fn long_queue(sidecars: &[Arc<Sidecar>], waiters: usize) -> f64 {
+/// turn is granted and releases. Returns the etcd requests per grant of all the sidecars, and
+/// of those the attempts sent again (a request unanswered for 500 ms: etcd overloaded).
+pub async fn long_queue(sidecars: &[Arc<Sidecar>], waiters: usize) -> (f64, f64) {
     let hot = lock(0);
     let first = &sidecars[0];
     first.must_acquire(&hot, json!({"holderId": "first"})).await;
@@ -146,7 +147,10 @@ pub async fn long_queue(sidecars: &[Arc<Sidecar>], waiters: usize) -> f64 {
     })
     .await;
     queued.expect("every waiter queued");
-    let before = requests(sidecars).await;
+    let before = (
+        requests(sidecars, "podlock_etcd_requests_total").await,
+        requests(sidecars, "podlock_etcd_requests_resent_total").await,
+    );
     assert_eq!(
         first.post(&hot, "release", json!({"holderId": "first"})).await.0,
         200
@@ -154,13 +158,20 @@ pub async fn long_queue(sidecars: &[Arc<Sidecar>], waiters: usize) -> f64 {
     for t in tasks {
         t.await.unwrap();
     }
-    (requests(sidecars).await - before) / waiters as f64
+    let per_grant = |after: f64, before: f64| (after - before) / waiters as f64;
+    (
+        per_grant(requests(sidecars, "podlock_etcd_requests_total").await, before.0),
+        per_grant(
+            requests(sidecars, "podlock_etcd_requests_resent_total").await,
+            before.1,
+        ),
+    )
 }
 
-async fn requests(sidecars: &[Arc<Sidecar>]) -> f64 {
+async fn requests(sidecars: &[Arc<Sidecar>], metric: &str) -> f64 {
     let mut sum = 0.0;
     for s in sidecars {
-        sum += s.metric("podlock_etcd_requests_total").await;
+        sum += s.metric(metric).await;
     }
     sum
 }

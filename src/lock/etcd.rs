@@ -39,8 +39,12 @@ const RETRY_PAUSE: Duration = Duration::from_millis(50);
 /// Counters of the etcd work this process caused.
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Unary requests (range, txn, lease grant/revoke), not counting keepalives.
+    /// Unary requests (range, txn, lease grant/revoke), not counting keepalives; every attempt
+    /// of a request sent again counts.
     pub requests: AtomicU64,
+    /// Of `requests`, the attempts sent again because an earlier one failed or went unanswered
+    /// for [`HEDGE`]: on an overloaded etcd they show up as extra requests per grant.
+    pub resent: AtomicU64,
     /// Watch events received.
     pub watch_events: AtomicU64,
     /// Watches created (one per key watched).
@@ -90,7 +94,7 @@ impl Etcd {
         request: impl Fn(Client) -> F,
     ) -> Result<T, LockError> {
         let previous = Mutex::new(None);
-        hedged(&self.stats.requests, || {
+        hedged(&self.stats, || {
             let mut previous = previous.lock().unwrap();
             if let Some(member) = *previous {
                 self.members
@@ -163,21 +167,25 @@ impl Etcd {
 
 /// Runs `request`: sends it again after a transient error, or when no attempt answered
 /// within [`HEDGE`]; the first answer wins. Fails after [`BUDGET`]. Counts each attempt in
-/// `sent`.
+/// `stats.requests`, and each after the first in `stats.resent` too.
 async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
-    sent: &AtomicU64,
+    stats: &Stats,
     request: impl Fn() -> F,
 ) -> Result<T, LockError> {
     let deadline = Instant::now() + BUDGET;
     let mut attempts: VecDeque<Pin<Box<F>>> = VecDeque::new();
-    let mut send_at = Instant::now();
+    let (mut send_at, mut first) = (Instant::now(), true);
     let mut error = LockError::Unavailable(format!("etcd did not answer within {BUDGET:?}"));
     while Instant::now() < deadline {
         if Instant::now() >= send_at {
             if attempts.len() == MAX_ATTEMPTS {
                 attempts.pop_front(); // the oldest is likeliest stuck on a dead member
             }
-            sent.fetch_add(1, Ordering::Relaxed);
+            stats.requests.fetch_add(1, Ordering::Relaxed);
+            if !first {
+                stats.resent.fetch_add(1, Ordering::Relaxed);
+            }
+            first = false;
             attempts.push_back(Box::pin(request()));
             send_at = Instant::now() + HEDGE;
         }
@@ -215,16 +223,22 @@ mod tests {
     /// Runs `hedged` over `answers` (the n-th attempt gets the n-th; later ones never answer);
     /// returns the result, how many attempts were sent, and how long it took (paused time).
     async fn run(answers: Vec<fn() -> Answer>) -> (Result<i32, LockError>, u64, Duration) {
-        let sent = AtomicU64::new(0);
+        let stats = Stats::default();
         let start = Instant::now();
-        let result = hedged(&sent, || {
-            let n = sent.load(Ordering::Relaxed) as usize - 1;
+        let result = hedged(&stats, || {
+            let n = stats.requests.load(Ordering::Relaxed) as usize - 1;
             answers
                 .get(n)
                 .map_or_else(|| Box::pin(pending()) as Answer, |a| a())
         })
         .await;
-        (result, sent.load(Ordering::Relaxed), start.elapsed())
+        let sent = stats.requests.load(Ordering::Relaxed);
+        assert_eq!(
+            stats.resent.load(Ordering::Relaxed),
+            sent - 1,
+            "all but the first resent"
+        );
+        (result, sent, start.elapsed())
     }
 
     fn silent() -> Answer {

@@ -180,6 +180,7 @@ pub async fn metrics(State(st): State<AppState>) -> Response {
     let stats = st.engine.stats();
     let counted = |c: &std::sync::atomic::AtomicU64| c.load(std::sync::atomic::Ordering::Relaxed);
     set_counter(&m.etcd_requests, counted(&stats.requests));
+    set_counter(&m.etcd_requests_resent, counted(&stats.resent));
     set_counter(&m.watch_events, counted(&stats.watch_events));
     set_counter(&m.etcd_watches, counted(&stats.watches));
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], m.render()).into_response()
