@@ -23,7 +23,7 @@ use common::{EtcdServer, declare};
 use failover::{Fault, TTL};
 use measure::{Podlock, cli_rate, contended, uncontended};
 use peers::{Peers, Redis};
-use table::{PEERS, Row, contended_rows, json_f64, ms, spread};
+use table::{PEERS, Row, contended_rows, json_f64, spread};
 
 /// One run of the benchmark: its sizes, and what every lock runs on.
 struct Run {
@@ -157,42 +157,55 @@ fn quantiles(sorted: &[Duration], ps: &[f64]) -> String {
     each.join(", ")
 }
 
+/// How many turns podlock and the peers take at the uncontended cycle.
+const UNCONTENDED_ROUNDS: usize = 5;
+
+/// Each of the three figures' median over the rounds.
+fn medians(rounds: &[[f64; 3]]) -> [f64; 3] {
+    [0, 1, 2].map(|i| {
+        let mut v: Vec<f64> = rounds.iter().map(|r| r[i]).collect();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    })
+}
+
 impl Run {
     fn endpoint(&self) -> &str {
         &self.etcd.endpoint
     }
 
-    /// Uncontended acquire + release: latency and rate; and the sidecar's RSS after it.
+    /// Uncontended acquire + release: latency and rate; and the sidecar's RSS after it. podlock
+    /// and the peers take turns over [`UNCONTENDED_ROUNDS`] rounds and each figure is the
+    /// median of its rounds: this shared machine's speed drifts within minutes, and measured one
+    /// after the other the ratios followed the drift (1.55x in one run, 1.92x in the next).
     async fn uncontended(&self) -> (Vec<Row>, f64) {
         declare(self.endpoint(), &["solo"]);
         let solo = Podlock::contenders(&self.etcd, "solo", 1).await;
-        let (p50, p99, rate) = uncontended(&solo[0], self.cycles).await;
-        let n = self.cycles.to_string();
+        let per_round = self.cycles / UNCONTENDED_ROUNDS;
+        let n = per_round.to_string();
         let args = ["-lock", "solo", "uncontended", &n];
-        let go = self
-            .peers
-            .measure("etcd-mutex", &[&self.go_flags()[..], &args].concat());
-        let rd = self
-            .peers
-            .measure("redis-lock", &[&self.redis_flags()[..], &args].concat());
-        let latency = |v: &serde_json::Value| {
-            let p50 = json_f64(v, "p50_ms");
-            (p50, format!("{p50:.2} ms / {:.2} ms", json_f64(v, "p99_ms")))
-        };
-        let (go_l, rd_l) = (latency(&go), latency(&rd));
-        let (go_r, rd_r) = (json_f64(&go, "cycles_per_s"), json_f64(&rd, "cycles_per_s"));
-        let p50_ms = p50.as_secs_f64() * 1000.0;
-        let rows = vec![
-            Row::new("uncontended acquire+release p50 / p99")
-                .set(0, p50_ms, format!("{} / {}", ms(p50), ms(p99)))
-                .set(1, go_l.0, go_l.1)
-                .set(2, rd_l.0, rd_l.1),
-            Row::new("uncontended cycles/s")
-                .set(0, rate, format!("{rate:.0}"))
-                .set(1, go_r, format!("{go_r:.0}"))
-                .set(2, rd_r, format!("{rd_r:.0}")),
-        ];
-        (rows, usage(solo[0].sidecar.pid()).0)
+        let [mut podlock, mut go, mut redis] = [vec![], vec![], vec![]];
+        for _ in 0..UNCONTENDED_ROUNDS {
+            let (p50, p99, rate) = uncontended(&solo[0], per_round).await;
+            podlock.push([p50.as_secs_f64() * 1000.0, p99.as_secs_f64() * 1000.0, rate]);
+            let peer = |v: serde_json::Value| ["p50_ms", "p99_ms", "cycles_per_s"].map(|k| json_f64(&v, k));
+            go.push(peer(
+                self.peers
+                    .measure("etcd-mutex", &[&self.go_flags()[..], &args].concat()),
+            ));
+            redis.push(peer(
+                self.peers
+                    .measure("redis-lock", &[&self.redis_flags()[..], &args].concat()),
+            ));
+        }
+        let [podlock, go, redis] = [podlock, go, redis].map(|rounds| medians(&rounds));
+        let mut latency = Row::new("uncontended acquire+release p50 / p99 (median of rounds)");
+        let mut rate = Row::new("uncontended cycles/s (median of rounds)");
+        for (column, [p50, p99, r]) in [podlock, go, redis].into_iter().enumerate() {
+            latency = latency.set(column, p50, format!("{p50:.2} ms / {p99:.2} ms"));
+            rate = rate.set(column, r, format!("{r:.0}"));
+        }
+        (vec![latency, rate], usage(solo[0].sidecar.pid()).0)
     }
 
     fn go_flags(&self) -> [&str; 2] {
