@@ -57,12 +57,14 @@ pub fn podlock_bin() -> &'static str {
 pub fn free_port() -> u16 {
     // Below the kernel's ephemeral range (32768 and up): a port from `bind(0)` comes from that
     // range, where every outgoing connection takes its local port, and one did take such a port
-    // between this call and etcd's bind ("address already in use"). The counter keeps this
-    // process's tests apart; its start, taken from the pid, keeps processes apart.
+    // between this call and etcd's bind ("address already in use"). Below Kubernetes' NodePort
+    // range (30000 to 32767) too, which kube-proxy serves on the node test's addresses. The
+    // counter keeps this process's tests apart; its start, taken from the pid, keeps processes
+    // apart.
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let start = 10_000 + std::process::id() % 1_000 * 20;
     loop {
-        let port = 10_000 + (start - 10_000 + NEXT.fetch_add(1, Ordering::Relaxed)) % 22_000;
+        let port = 10_000 + (start - 10_000 + NEXT.fetch_add(1, Ordering::Relaxed)) % 20_000;
         if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
             return port as u16;
         }
