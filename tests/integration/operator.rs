@@ -77,6 +77,19 @@ async fn the_crd_rejects_invalid_specs_naming_the_field_and_fills_defaults() {
     );
 }
 
+/// Applies DistributedLock `name` with `spec` in `ns` and waits until its status shows it Free
+/// (the operator has seen it).
+pub(crate) async fn declare_until_free(
+    plane: &ControlPlane,
+    api: &Api<DistributedLock>,
+    ns: &str,
+    name: &str,
+    spec: &str,
+) {
+    plane.kubectl_stdin(&["apply", "-f", "-"], &lock_yaml(ns, name, spec));
+    status_until(api, name, "Free", |s| s.phase.as_deref() == Some("Free")).await;
+}
+
 /// Polls the lock's status until `check` holds; returns how long that took.
 pub(crate) async fn status_until(
     api: &Api<DistributedLock>,
@@ -110,8 +123,7 @@ async fn status_follows_etcd_within_a_second() {
     let ns = plane.namespace("status");
     let _op = operator_for(plane, &ns).await;
     let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
-    plane.kubectl_stdin(&["apply", "-f", "-"], &lock_yaml(&ns, "work", "{ttlSeconds: 20}"));
-    status_until(&api, "work", "Free", |s| s.phase.as_deref() == Some("Free")).await;
+    declare_until_free(plane, &api, &ns, "work", "{ttlSeconds: 20}").await;
     let sidecar = |pod: &'static str| Sidecar::start(&plane.etcd.endpoint, pod, &["--namespace", "status"]);
     let (a, b) = (
         sidecar("pod-a").await,
@@ -202,8 +214,7 @@ async fn deleting_the_object_ends_holds_and_leaves_no_etcd_keys() {
     let ns = plane.namespace("deletion");
     let _op = operator_for(plane, &ns).await;
     let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
-    plane.kubectl_stdin(&["apply", "-f", "-"], &lock_yaml(&ns, "doomed", "{}"));
-    status_until(&api, "doomed", "Free", |s| s.phase.as_deref() == Some("Free")).await;
+    declare_until_free(plane, &api, &ns, "doomed", "{}").await;
     let a = Sidecar::start(&plane.etcd.endpoint, "pod-a", &["--namespace", "deletion"]).await;
     let mut events = reqwest::get(format!("{}/v1/locks/doomed/events", a.addr))
         .await
@@ -321,8 +332,7 @@ async fn of_two_replicas_one_leads_and_a_killed_leader_is_replaced_within_the_le
     .unwrap_or_else(|e| panic!("exactly one replica leads: {e}\nA:\n{}\nB:\n{}", a.log(), b.log()));
     let (mut leader, follower) = if a.leads().await { (a, b) } else { (b, a) };
     let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
-    plane.kubectl_stdin(&["apply", "-f", "-"], &lock_yaml(&ns, "first", "{}"));
-    status_until(&api, "first", "Free", |s| s.phase.as_deref() == Some("Free")).await;
+    declare_until_free(plane, &api, &ns, "first", "{}").await;
     let metrics = follower.metrics().await;
     for zero in [
         "podlock_reconcile_total{result=\"ok\"} 0",
@@ -345,8 +355,7 @@ async fn of_two_replicas_one_leads_and_a_killed_leader_is_replaced_within_the_le
         handover < Duration::from_secs(3 + 2),
         "handover took {handover:?}"
     );
-    plane.kubectl_stdin(&["apply", "-f", "-"], &lock_yaml(&ns, "second", "{}"));
-    status_until(&api, "second", "Free", |s| s.phase.as_deref() == Some("Free")).await;
+    declare_until_free(plane, &api, &ns, "second", "{}").await;
     eprintln!(
         "new leader reconciled a new lock {:?} after the kill",
         killed.elapsed()

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::common::kube::{Operator, with_crd};
 use crate::common::wait_until;
-use crate::operator::{lock_yaml, operator_for, status_until};
+use crate::operator::{declare_until_free, lock_yaml, operator_for, status_until};
 
 /// The count once it has not moved for a second.
 async fn settled_reconciles(op: &Operator) -> u64 {
@@ -31,11 +31,7 @@ async fn a_status_or_label_write_does_not_reconcile_a_lock_but_a_spec_change_doe
     let ns = plane.namespace("triggers");
     let op = operator_for(plane, &ns).await;
     let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
-    plane.kubectl_stdin(
-        &["apply", "-f", "-"],
-        &lock_yaml(&ns, "quiet", "{ttlSeconds: 20}"),
-    );
-    status_until(&api, "quiet", "Free", |s| s.phase.as_deref() == Some("Free")).await;
+    declare_until_free(plane, &api, &ns, "quiet", "{ttlSeconds: 20}").await;
     let before = settled_reconciles(&op).await;
 
     let (ok, _, err) = plane.kubectl(&["label", "dlock", "quiet", "-n", &ns, "team=a"]);

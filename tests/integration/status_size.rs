@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::common::Sidecar;
 use crate::common::kube::with_crd;
-use crate::operator::{lock_yaml, operator_for, status_until};
+use crate::operator::{declare_until_free, operator_for, status_until};
 
 #[tokio::test]
 async fn a_semaphore_with_300_holders_lists_100_and_counts_them_all() {
@@ -17,8 +17,7 @@ async fn a_semaphore_with_300_holders_lists_100_and_counts_them_all() {
     let _op = operator_for(plane, &ns).await;
     let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
     let spec = "{ttlSeconds: 30, maxHolders: 500}";
-    plane.kubectl_stdin(&["apply", "-f", "-"], &lock_yaml(&ns, "pool", spec));
-    status_until(&api, "pool", "Free", |s| s.phase.as_deref() == Some("Free")).await;
+    declare_until_free(plane, &api, &ns, "pool", spec).await;
     let sidecar = Sidecar::start(&plane.etcd.endpoint, "pod-a", &["--namespace", &ns]).await;
     let acquires =
         (0..300).map(|i| sidecar.must_acquire("pool", json!({"holderId": format!("holder-{i:03}")})));
