@@ -89,11 +89,14 @@ async fn count_ready(api: &Api<DistributedLock>) -> usize {
 }
 
 /// The operator's requests to the API server by kind, summed from the API server's own
-/// `apiserver_request_total` (the operator is the only client writing these here).
+/// `apiserver_request_total` and `apiserver_request_duration_seconds` (the operator is the only
+/// client writing these here).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ApiWrites {
     /// PATCHes of `distributedlocks/status`.
     pub status: f64,
+    /// The seconds the API server took over those PATCHes.
+    pub status_seconds: f64,
     /// Creates and patches of Events.
     pub events: f64,
 }
@@ -104,17 +107,24 @@ impl ApiWrites {
         let (ok, text, err) = plane.kubectl(&["get", "--raw", "/metrics"]);
         assert!(ok, "API server metrics: {err}");
         let mut w = ApiWrites::default();
-        for line in text.lines().filter(|l| l.starts_with("apiserver_request_total{")) {
+        for line in text.lines() {
             let value: f64 = line
                 .rsplit(' ')
                 .next()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0.0);
             let is = |label: &str| line.contains(label);
-            if is("resource=\"distributedlocks\"") && is("subresource=\"status\"") && is("verb=\"PATCH\"") {
-                w.status += value;
-            } else if is("resource=\"events\"") && (is("verb=\"POST\"") || is("verb=\"PATCH\"")) {
-                w.events += value;
+            let status_patch =
+                is("resource=\"distributedlocks\"") && is("subresource=\"status\"") && is("verb=\"PATCH\"");
+            let event_write = is("resource=\"events\"") && (is("verb=\"POST\"") || is("verb=\"PATCH\""));
+            if line.starts_with("apiserver_request_total{") {
+                if status_patch {
+                    w.status += value;
+                } else if event_write {
+                    w.events += value;
+                }
+            } else if line.starts_with("apiserver_request_duration_seconds_sum{") && status_patch {
+                w.status_seconds += value;
             }
         }
         w
@@ -124,6 +134,7 @@ impl ApiWrites {
     pub fn rate_since(&self, before: &ApiWrites, secs: f64) -> ApiWrites {
         ApiWrites {
             status: (self.status - before.status) / secs,
+            status_seconds: (self.status_seconds - before.status_seconds) / secs,
             events: (self.events - before.events) / secs,
         }
     }

@@ -6,10 +6,12 @@
 //! taking turns on 200 locks (about 100 handoffs/s) while a watch measures how long each grant
 //! takes to show in its lock's status; queues 1,000 waiters on one lock and lets each in turn;
 //! and has one sidecar take 200 holds. `-- --quick` does the same at a tenth of the size (a
-//! smoke run, no figure to quote). It prints one table: each figure beside issue #15's target.
+//! smoke run, no figure to quote). It prints one table, a row as soon as it is measured: each figure beside issue #15's
+//! target.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
+mod cpu;
 mod fleet;
 mod load;
 
@@ -17,7 +19,15 @@ use std::time::{Duration, Instant};
 
 use common::kube::{Operator, with_crd};
 use common::{percentile, usage};
+use cpu::Cpu;
 use fleet::ApiWrites;
+
+/// The operator's `podlock_reconcile_duration_seconds`: seconds spent reconciling, and how many
+/// reconciliations (failed ones too).
+const RECONCILE_SECONDS: [&str; 2] = [
+    "podlock_reconcile_duration_seconds_sum",
+    "podlock_reconcile_duration_seconds_count",
+];
 
 /// How big a run is.
 pub struct Sizes {
@@ -59,41 +69,40 @@ struct Row(String, String, &'static str);
 async fn main() {
     let sizes = Sizes::new(std::env::args().any(|a| a == "--quick"));
     let plane = with_crd();
-    let mut rows = vec![];
+    print_header();
 
     let took = fleet::create(plane, &sizes);
-    rows.push(Row(
+    print(&[Row(
         format!(
             "create {} DistributedLocks in {} namespaces (kubectl apply)",
             sizes.locks, sizes.namespaces
         ),
         format!("{:.1} s", took.as_secs_f64()),
         "",
-    ));
+    )]);
     let own_ns = plane.namespace("podlock-scale");
     let started = Instant::now();
     let operator = Operator::start_cluster_wide(plane, &own_ns, &[]).await;
     let ready = fleet::all_ready(plane, sizes.locks, Duration::from_secs(1800)).await;
     let (rss, cpu) = usage(operator.pid());
-    rows.push(Row(
+    print(&[Row(
         format!("operator start to {} locks Ready", sizes.locks),
         format!("{:.1} s (CPU {cpu:.1} s)", (ready - started).as_secs_f64()),
         "",
-    ));
-    rows.push(Row(
+    )]);
+    print(&[Row(
         "operator RSS, locks Ready".into(),
         format!("{rss:.1} MiB"),
         "≤ 256 MiB",
-    ));
+    )]);
 
-    rows.extend(steady(plane, &operator, &sizes).await);
-    rows.extend(queue_and_holds(plane, &sizes).await);
-    rows.push(Row(
+    print(&steady(plane, &operator, &sizes).await);
+    print(&queue_and_holds(plane, &sizes).await);
+    print(&[Row(
         "operator RSS, at the end".into(),
         format!("{:.1} MiB", usage(operator.pid()).0),
         "≤ 256 MiB",
-    ));
-    print(&rows);
+    )]);
 }
 
 /// The steady load's rows: status lag, API writes, operator CPU.
@@ -103,12 +112,23 @@ async fn steady(plane: &common::kube::ControlPlane, operator: &Operator, sizes: 
     for n in 0..sizes.sidecars / 2 {
         sidecars.push(load::sidecars(plane, &fleet::namespace(n), 2).await);
     }
-    let (writes, cpu) = (ApiWrites::read(plane), usage(operator.pid()).1);
+    let writes = ApiWrites::read(plane);
     let reconciles = operator.reconciles().await;
+    let reconciling = [
+        operator.metric(RECONCILE_SECONDS[0]).await,
+        operator.metric(RECONCILE_SECONDS[1]).await,
+    ];
+    let machine = Cpu::now(operator.pid());
     let started = Instant::now();
     let mut s = load::steady(plane, &sidecars, sizes.clients, sizes.hold, sizes.window).await;
     let secs = started.elapsed().as_secs_f64();
+    let machine = Cpu::now(operator.pid()).since(&machine, secs);
     let rate = ApiWrites::read(plane).rate_since(&writes, secs);
+    let reconciles = operator.reconciles().await - reconciles;
+    let reconciling = [
+        operator.metric(RECONCILE_SECONDS[0]).await - reconciling[0],
+        operator.metric(RECONCILE_SECONDS[1]).await - reconciling[1],
+    ];
     let busy_locks = (sizes.clients / 5) as f64;
     let (p50, p99) = match s.lags.is_empty() {
         true => (Duration::ZERO, Duration::ZERO),
@@ -141,21 +161,34 @@ async fn steady(plane: &common::kube::ControlPlane, operator: &Operator, sizes: 
         ),
         Row(
             "operator reconciliations per grant".into(),
+            format!("{:.2}", reconciles as f64 / s.grants as f64),
+            "",
+        ),
+        // Little's law: the time spent in reconciliations (or PATCHes) per second of the load is
+        // how many were under way on average; at the controller's bound, the backlog is its own.
+        Row(
+            "operator reconciliation: mean time, how many under way on average".into(),
             format!(
-                "{:.2}",
-                (operator.reconciles().await - reconciles) as f64 / s.grants as f64
+                "{:.0} ms, {:.1}",
+                1000.0 * reconciling[0] / reconciling[1].max(1.0),
+                reconciling[0] / secs
             ),
             "",
         ),
         Row(
+            "API server: status PATCH mean time, how many under way on average".into(),
+            format!(
+                "{:.0} ms, {:.1}",
+                1000.0 * rate.status_seconds / rate.status.max(1e-9),
+                rate.status_seconds
+            ),
+            "",
+        ),
+        Row("CPU during the load, in cores".into(), machine, ""),
+        Row(
             "operator Events written per second".into(),
             format!("{:.1}", rate.events),
             "rate-limited per lock",
-        ),
-        Row(
-            "operator CPU during the load".into(),
-            format!("{:.0}% of a core", 100.0 * (usage(operator.pid()).1 - cpu) / secs),
-            "",
         ),
     ]
 }
@@ -188,13 +221,18 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-fn print(rows: &[Row]) {
+/// The table's head; each row is printed as soon as it is measured, so a run that fails late
+/// keeps what it measured.
+fn print_header() {
     let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
     println!(
         "machine: {cores} cores; one etcd and one kube-apiserver, the operator watching every namespace\n"
     );
     println!("| measurement | podlock | target (issue #15) |");
     println!("|---|---|---|");
+}
+
+fn print(rows: &[Row]) {
     for Row(what, value, target) in rows {
         println!("| {what} | {value} | {target} |");
     }

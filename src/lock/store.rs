@@ -4,7 +4,7 @@
 //! namespace its etcd role. Every request goes through the engine's hedged, counted client;
 //! the key layout stays in [`keys`](super::keys).
 
-use etcd_client::{GetOptions, Permission, WatchOptions, WatchStream};
+use etcd_client::{GetOptions, Permission, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -41,11 +41,6 @@ impl Store {
         matches!(tokio::time::timeout(within, probe).await, Ok(Ok(_)))
     }
 
-    /// A lock's settings; `None` when undeclared.
-    pub async fn settings(&self, lock: &LockId) -> Result<Option<Settings>, LockError> {
-        Ok(settings::read(&self.0, lock).await?.map(|d| d.settings))
-    }
-
     /// Writes a lock's settings (creating or updating it).
     pub async fn declare(&self, lock: &LockId, s: &Settings) -> Result<(), LockError> {
         settings::declare(&self.0, lock, s).await
@@ -56,13 +51,34 @@ impl Store {
         settings::undeclare(&self.0, lock).await
     }
 
-    /// A lock's queue: its first `max_holders` entries as holders, and how many wait.
-    pub async fn queue(&self, lock: &LockId, max_holders: u32) -> Result<QueueState, LockError> {
-        let resp = self
-            .0
-            .get(lock.queue_prefix(), Some(queue::queue_order()))
+    /// A lock's settings (`None` when undeclared) and its queue (its first `max_holders`
+    /// entries as holders, and how many wait), read in one transaction: the operator reads
+    /// both on every reconciliation.
+    pub async fn lock_state(
+        &self,
+        lock: &LockId,
+        max_holders: u32,
+    ) -> Result<(Option<Settings>, QueueState), LockError> {
+        let resp = (self.0)
+            .txn(Txn::new().and_then([
+                TxnOp::get(lock.config_key(), None),
+                TxnOp::get(lock.queue_prefix(), Some(queue::queue_order())),
+            ]))
             .await?;
-        Ok(queue::split_queue(resp.kvs(), max_holders))
+        let mut gets = resp.op_responses().into_iter().filter_map(|op| match op {
+            TxnOpResponse::Get(g) => Some(g),
+            _ => None,
+        });
+        let (config, queue) = (gets.next().expect("config"), gets.next().expect("queue"));
+        let declared = config
+            .kvs()
+            .first()
+            .map(settings::Declared::from_kv)
+            .transpose()?;
+        Ok((
+            declared.map(|d| d.settings),
+            queue::split_queue(queue.kvs(), max_holders),
+        ))
     }
 
     /// Every lock with settings or queue keys in `namespace` (all when `None`).

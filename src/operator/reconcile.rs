@@ -121,29 +121,32 @@ async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) 
         .await
         .map_err(|e| Error::Isolation(e.into()))?;
     let want = dl.spec.settings();
-    if let Err(e) = publish_settings(ctx, &id, &want).await {
-        let old = dl.status.clone().unwrap_or_default();
-        let status = DistributedLockStatus {
-            phase: old.phase.clone().or(Some("Pending".into())),
-            conditions: vec![condition(dl, READY, "False", "EtcdUnavailable", &e.to_string())],
-            ..old
-        };
-        patch_status(api, dl, &status).await?;
-        return Err(e.into());
-    }
-    let state = ctx.store.queue(&id, want.max_holders).await?;
+    let state = match publish_settings(ctx, &id, &want).await {
+        Ok(state) => state,
+        Err(e) => {
+            let old = dl.status.clone().unwrap_or_default();
+            let status = DistributedLockStatus {
+                phase: old.phase.clone().or(Some("Pending".into())),
+                conditions: vec![condition(dl, READY, "False", "EtcdUnavailable", &e.to_string())],
+                ..old
+            };
+            patch_status(api, dl, &status).await?;
+            return Err(e.into());
+        }
+    };
     mirror_status(dl, api, ctx, &id, state).await?;
     Ok(Action::requeue(RESYNC))
 }
 
-/// Writes `want` to etcd unless it is there already.
-async fn publish_settings(ctx: &Context, id: &LockId, want: &Settings) -> Result<(), LockError> {
-    if ctx.store.settings(id).await? == Some(*want) {
-        return Ok(());
+/// Writes `want` to etcd unless it is there already; returns the lock's queue, read with the
+/// settings.
+async fn publish_settings(ctx: &Context, id: &LockId, want: &Settings) -> Result<QueueState, LockError> {
+    let (published, state) = ctx.store.lock_state(id, want.max_holders).await?;
+    if published != Some(*want) {
+        ctx.store.declare(id, want).await?;
+        info!(lock = %id, ?want, "published settings");
     }
-    ctx.store.declare(id, want).await?;
-    info!(lock = %id, ?want, "published settings");
-    Ok(())
+    Ok(state)
 }
 
 /// Mirrors the queue into the object's `status` and the lock's gauges; records an Event when
@@ -199,7 +202,7 @@ async fn mirror_status(
             ),
             None => "free".into(),
         };
-        publish(ctx, dl, "HolderChanged", note).await;
+        publish(ctx, dl, "HolderChanged", note);
     }
     route.failed.map_or(Ok(()), |e| Err(e.into()))
 }
@@ -309,8 +312,7 @@ async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         dl,
         "Deleted",
         format!("removed from etcd; {ended} holds and waits ended"),
-    )
-    .await;
+    );
     Ok(Action::await_change())
 }
 
@@ -348,7 +350,9 @@ async fn patch_status(
     Ok(())
 }
 
-async fn publish(ctx: &Context, dl: &DistributedLock, reason: &str, note: String) {
+/// Records an Event for people, in the background: a reconciliation does not wait for it, as
+/// it holds one of the controller's few slots and other locks' status writes queue behind it.
+fn publish(ctx: &Context, dl: &DistributedLock, reason: &str, note: String) {
     let event = Event {
         type_: EventType::Normal,
         reason: reason.into(),
@@ -356,9 +360,12 @@ async fn publish(ctx: &Context, dl: &DistributedLock, reason: &str, note: String
         action: reason.into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &dl.object_ref(&())).await {
-        warn!(lock = %dl.name_any(), error = %e, "could not publish a Kubernetes Event");
-    }
+    let (recorder, object, lock) = (ctx.recorder.clone(), dl.object_ref(&()), dl.name_any());
+    tokio::spawn(async move {
+        if let Err(e) = recorder.publish(&event, &object).await {
+            warn!(%lock, error = %e, "could not publish a Kubernetes Event");
+        }
+    });
 }
 
 #[cfg(test)]

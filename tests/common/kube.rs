@@ -307,12 +307,17 @@ impl Operator {
 
     /// Its successful reconciliations so far (`podlock_reconcile_total{result="ok"}`).
     pub async fn reconciles(&self) -> u64 {
+        self.metric("podlock_reconcile_total{result=\"ok\"}").await as u64
+    }
+
+    /// The value of one series of its metrics (name and labels as printed), 0 if absent.
+    pub async fn metric(&self, series: &str) -> f64 {
         let metrics = self.metrics().await;
-        let ok = metrics
+        let line = metrics
             .lines()
-            .find(|l| l.starts_with("podlock_reconcile_total{result=\"ok\"}"));
-        ok.and_then(|l| l.split_whitespace().last()?.parse().ok())
-            .unwrap_or(0)
+            .find(|l| l.strip_prefix(series).is_some_and(|rest| rest.starts_with(' ')));
+        line.and_then(|l| l.split_whitespace().last()?.parse().ok())
+            .unwrap_or(0.0)
     }
 
     /// Its /metrics text.
