@@ -14,6 +14,7 @@ mod failover;
 mod floor;
 mod measure;
 mod peers;
+mod profile;
 mod table;
 
 use std::time::Duration;
@@ -21,7 +22,7 @@ use std::time::Duration;
 use common::usage;
 use common::{EtcdServer, declare};
 use failover::{Fault, TTL};
-use measure::{Podlock, cli_rate, contended, uncontended};
+use measure::{Podlock, cli_rate, contended, uncontended, warm_up};
 use peers::{Peers, Redis};
 use table::{PEERS, Row, contended_rows, json_f64, spread};
 
@@ -47,7 +48,7 @@ async fn main() {
         let (Some(n), Some(secs)) = (number(i + 1), number(i + 2)) else {
             panic!("usage: --podlock-only CONTENDERS SECONDS");
         };
-        return podlock_only(n as usize, Duration::from_secs(secs)).await;
+        return profile::podlock_only(n as usize, Duration::from_secs(secs)).await;
     }
     let quick = args.iter().any(|a| a == "--quick");
     let (cycles, window, trials, pod_trials) = if quick {
@@ -85,76 +86,6 @@ async fn main() {
     for r in &rows {
         r.print();
     }
-}
-
-/// `--podlock-only N SECONDS`: podlock alone, `n` contenders for `window`, for a profiler to
-/// watch (`scripts/profile-handoff.sh`); prints one line.
-async fn podlock_only(n: usize, window: Duration) {
-    let etcd = EtcdServer::start().await;
-    declare(&etcd.endpoint, &["profiled"]);
-    let cs = Podlock::contenders(&etcd, "profiled", n).await;
-    println!(
-        "podlock, {n} contenders, etcd pid {}: running for {window:?}",
-        etcd.pid()
-    );
-    let r = contended(&cs, window).await;
-    let mean = Duration::from_secs_f64(1.0 / r.handoffs_per_s.max(1e-9));
-    println!(
-        "handoffs/s {:.0}, mean handoff {:.2} ms, p99 wait {:.1} ms (FIFO predicts about {:.1} ms: {n} handoffs)",
-        r.handoffs_per_s,
-        mean.as_secs_f64() * 1000.0,
-        r.p99_wait.as_secs_f64() * 1000.0,
-        mean.as_secs_f64() * 1000.0 * n as f64
-    );
-    let quantiles = quantiles(&r.waits, &[0.5, 0.9, 0.99, 0.999, 1.0]);
-    println!("waits over {} grants: {quantiles}", r.waits.len());
-    let slow = |ms: u64| {
-        r.waits
-            .iter()
-            .filter(|w| **w >= Duration::from_millis(ms))
-            .count()
-    };
-    let buckets = [20, 30, 50, 100, 200].map(|ms| format!(">= {ms} ms: {}", slow(ms)));
-    println!("slow waits: {}", buckets.join(", "));
-    print_gaps(&r.grants_at);
-}
-
-/// The time between consecutive grants: a stall of the whole lock (every waiter's wait grows by
-/// it) shows as a long gap, a waiter served out of turn does not.
-fn print_gaps(grants_at: &[Duration]) {
-    let mut gaps: Vec<(Duration, Duration)> = (grants_at.windows(2)).map(|w| (w[1] - w[0], w[1])).collect();
-    gaps.sort();
-    let Some(&(longest, _)) = gaps.last() else {
-        return;
-    };
-    let sorted: Vec<Duration> = gaps.iter().map(|g| g.0).collect();
-    let long = |ms: u64| gaps.iter().filter(|g| g.0 >= Duration::from_millis(ms)).count();
-    println!(
-        "gaps between grants: {}, longest {:.1} ms; >= 10 ms: {}, >= 30 ms: {}",
-        quantiles(&sorted, &[0.5, 0.9, 0.99, 0.999]),
-        longest.as_secs_f64() * 1000.0,
-        long(10),
-        long(30)
-    );
-    let worst: Vec<_> = (gaps.iter().rev().take(8))
-        .map(|(g, t)| {
-            format!(
-                "{:.1} ms ending at {:.3} s",
-                g.as_secs_f64() * 1000.0,
-                t.as_secs_f64()
-            )
-        })
-        .collect();
-    println!("longest gaps: {}", worst.join("; "));
-}
-
-/// `sorted`'s value at each of `ps`, as "p: x ms, ...".
-fn quantiles(sorted: &[Duration], ps: &[f64]) -> String {
-    let at = |p: f64| sorted[((sorted.len() as f64 * p) as usize).min(sorted.len() - 1)];
-    let each: Vec<_> = (ps.iter())
-        .map(|&p| format!("{p}: {:.1} ms", at(p).as_secs_f64() * 1000.0))
-        .collect();
-    each.join(", ")
 }
 
 /// How many turns podlock and the peers take at the uncontended cycle.
@@ -216,66 +147,84 @@ impl Run {
         ["-addr", &self.redis.addr]
     }
 
-    /// `n` contenders loop acquire → release for the window, on podlock, then on each peer and
-    /// the floor: handoffs, waits, fairness, CPU and etcd work per grant; and the largest
-    /// sidecar RSS.
+    /// `n` contenders loop acquire → release for the window, podlock, each peer and the floor
+    /// taking turns over [`CONTENDED_ROUNDS`] rounds: handoffs, waits, fairness, CPU and etcd
+    /// work per grant, each lock's from its median round; and the largest sidecar RSS.
     async fn contended(&self, n: usize) -> (Vec<Row>, f64) {
         let lock = format!("c{n}");
         declare(self.endpoint(), &[&lock]);
         let cs = Podlock::contenders(&self.etcd, &lock, n).await;
-        let before = EtcdWork::of(&cs).await;
-        let cpu_before: f64 = cs.iter().map(|c| usage(c.sidecar.pid()).1).sum();
-        let etcd_before = usage(self.etcd.pid()).1;
-        let r = contended(&cs, self.window).await;
-        let etcd_cpu = usage(self.etcd.pid()).1 - etcd_before;
-        let cpu: f64 = cs.iter().map(|c| usage(c.sidecar.pid()).1).sum::<f64>() - cpu_before;
-        let work = EtcdWork::of(&cs).await.minus(&before);
-        let rss = cs.iter().map(|c| usage(c.sidecar.pid()).0).fold(0.0, f64::max);
-        drop(cs); // stop these sidecars before the peers run
+        warm_up(&cs).await;
         let (count, secs) = (n.to_string(), self.window.as_secs_f64().to_string());
         let contend = ["-lock", lock.as_str(), "contend", &count, &secs];
-        let etcd_before = usage(self.etcd.pid()).1;
-        let go = self
-            .peers
-            .measure("etcd-mutex", &[&self.go_flags()[..], &contend].concat());
-        let go_etcd_cpu = usage(self.etcd.pid()).1 - etcd_before;
-        let redis_before = usage(self.redis.pid()).1;
-        let rd = self
-            .peers
-            .measure("redis-lock", &[&self.redis_flags()[..], &contend].concat());
-        let redis_cpu = usage(self.redis.pid()).1 - redis_before;
-        let floor = match n {
-            1 => None,
-            _ => Some(floor::handoffs_per_s(self.endpoint(), n, self.window).await),
+        let go_args = [&self.go_flags()[..], &contend].concat();
+        let redis_args = [&self.redis_flags()[..], &contend].concat();
+        let (mut podlock, mut floor) = (vec![], vec![]);
+        let (mut go, mut redis) = (vec![], vec![]);
+        for _ in 0..CONTENDED_ROUNDS {
+            podlock.push(self.podlock_round(&cs).await);
+            go.push(self.peer_round("etcd-mutex", &go_args, self.etcd.pid()));
+            redis.push(self.peer_round("redis-lock", &redis_args, self.redis.pid()));
+            if n > 1 {
+                floor.push(floor::handoffs_per_s(self.endpoint(), n, self.window).await);
+            }
+        }
+        let rss = cs.iter().map(|c| usage(c.sidecar.pid()).0).fold(0.0, f64::max);
+        drop(cs);
+        let key = if n == 1 { "grants_per_s" } else { "handoffs_per_s" };
+        let p = median_by(podlock, |r| r.run.rate(n));
+        let (go, go_cpu) = median_by(go, |(v, _)| json_f64(v, key));
+        let (rd, rd_cpu) = median_by(redis, |(v, _)| json_f64(v, key));
+        let floor = (n > 1).then(|| median_by(floor, |f| *f));
+        let mut rows = contended_rows(n, &p.run, &go, &rd, floor);
+        let per = |cpu: f64, grants: f64| 1000.0 * cpu / grants.max(1.0);
+        let grants = |v: &serde_json::Value| json_f64(v, "grants_per_s") * self.window.as_secs_f64();
+        let cpu_row = |name: String, [a, b, c]: [f64; 3]| {
+            (Row::new(name).set(0, a, format!("{a:.2}")))
+                .set(1, b, format!("{b:.2}"))
+                .set(2, c, format!("{c:.2}"))
         };
-        let mut rows = contended_rows(n, &r, &go, &rd, floor);
-        let secs = self.window.as_secs_f64();
-        let per = |grants: f64| 1000.0 / grants.max(1.0);
-        let (grants, go_grants, rd_grants) = (
-            r.grants as f64,
-            json_f64(&go, "grants_per_s") * secs,
-            json_f64(&rd, "grants_per_s") * secs,
-        );
-        let cpu_row = |name: String, p: f64, g: f64, rd_v: f64| {
-            Row::new(name)
-                .set(0, p * per(grants), format!("{:.2}", p * per(grants)))
-                .set(1, g * per(go_grants), format!("{:.2}", g * per(go_grants)))
-                .set(2, rd_v * per(rd_grants), format!("{:.2}", rd_v * per(rd_grants)))
-        };
+        let g = p.run.grants as f64;
         rows.push(cpu_row(
             format!("client CPU s per 1,000 grants, {n} contender(s) (podlock: sidecars)"),
-            cpu,
-            json_f64(&go, "cpu_s"),
-            json_f64(&rd, "cpu_s"),
+            [
+                per(p.sidecar_cpu, g),
+                per(json_f64(&go, "cpu_s"), grants(&go)),
+                per(json_f64(&rd, "cpu_s"), grants(&rd)),
+            ],
         ));
         rows.push(cpu_row(
             format!("server CPU s per 1,000 grants, {n} contender(s) (etcd / redis-server)"),
-            etcd_cpu,
-            go_etcd_cpu,
-            redis_cpu,
+            [
+                per(p.etcd_cpu, g),
+                per(go_cpu, grants(&go)),
+                per(rd_cpu, grants(&rd)),
+            ],
         ));
-        rows.push(work.row(n, grants));
+        rows.push(p.work.row(n, g));
         (rows, rss)
+    }
+
+    /// One contended run of podlock on `cs`: what it measured, and the CPU and etcd work it took.
+    async fn podlock_round(&self, cs: &[std::sync::Arc<Podlock>]) -> PodlockRound {
+        let before = EtcdWork::of(cs).await;
+        let sidecars = || cs.iter().map(|c| usage(c.sidecar.pid()).1).sum::<f64>();
+        let (sidecar_cpu, etcd_cpu) = (sidecars(), usage(self.etcd.pid()).1);
+        let run = contended(cs, self.window).await;
+        PodlockRound {
+            run,
+            sidecar_cpu: sidecars() - sidecar_cpu,
+            etcd_cpu: usage(self.etcd.pid()).1 - etcd_cpu,
+            work: EtcdWork::of(cs).await.minus(&before),
+        }
+    }
+
+    /// One contended run of a peer (its own process) with `args`: what it printed, and the CPU
+    /// its server (`server_pid`) spent meanwhile.
+    fn peer_round(&self, peer: &str, args: &[&str], server_pid: i32) -> (serde_json::Value, f64) {
+        let before = usage(server_pid).1;
+        let out = self.peers.measure(peer, args);
+        (out, usage(server_pid).1 - before)
     }
 
     /// The holder goes away while a waiter queues: the time until the waiter is granted.
@@ -341,6 +290,25 @@ impl Run {
         }
         rows
     }
+}
+
+/// How many turns podlock, the peers and the floor take at each contended size: as at the
+/// uncontended cycle, so that the machine's drift over minutes hits every column alike.
+const CONTENDED_ROUNDS: usize = 3;
+
+/// One contended run of podlock and what it cost.
+struct PodlockRound {
+    run: measure::Contended,
+    /// CPU seconds of the sidecars and of etcd during the run.
+    sidecar_cpu: f64,
+    etcd_cpu: f64,
+    work: EtcdWork,
+}
+
+/// The round whose `rate` is the median of `rounds`'.
+fn median_by<T>(mut rounds: Vec<T>, rate: impl Fn(&T) -> f64) -> T {
+    rounds.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
+    rounds.swap_remove(rounds.len() / 2)
 }
 
 /// The etcd work podlock's sidecars counted: unary requests, watches created, watch events.

@@ -80,6 +80,16 @@ pub async fn uncontended(c: &Podlock, cycles: usize) -> (Duration, Duration, f64
     )
 }
 
+/// Every contender takes one turn, so that the sessions (each sidecar's lease) and connections
+/// are made before a run is measured, as the peers make theirs before their clocks start.
+pub async fn warm_up(contenders: &[Arc<Podlock>]) {
+    let turns = contenders.iter().map(|c| async move {
+        c.acquire().await;
+        c.release().await;
+    });
+    futures::future::join_all(turns).await;
+}
+
 /// What a contended run measured.
 pub struct Contended {
     /// Grants to a contender other than the previous holder, per second.
@@ -93,6 +103,16 @@ pub struct Contended {
     pub waits: Vec<Duration>,
     /// When each grant was answered, from the run's start, in order.
     pub grants_at: Vec<Duration>,
+}
+
+impl Contended {
+    /// The run's rate: grants per second with one contender, else handoffs per second.
+    pub fn rate(&self, contenders: usize) -> f64 {
+        match contenders {
+            1 => self.grants as f64 / self.window_s,
+            _ => self.handoffs_per_s,
+        }
+    }
 }
 
 /// Every contender loops acquire → release for `window`, counting grants, handoffs and waits.

@@ -92,11 +92,7 @@ pub fn contended_rows(
     floor: Option<f64>,
 ) -> Vec<Row> {
     let key = if n == 1 { "grants_per_s" } else { "handoffs_per_s" };
-    let podlock = if n == 1 {
-        r.grants as f64 / r.window_s
-    } else {
-        r.handoffs_per_s
-    };
+    let podlock = r.rate(n);
     let what = if n == 1 {
         "grants/s, 1 contender"
     } else {
