@@ -8,6 +8,7 @@ use kube::runtime::{WatchStreamExt, watcher};
 use podlock::crd::DistributedLock;
 use serde_json::json;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -124,20 +125,37 @@ pub async fn sidecars(plane: &ControlPlane, ns: &str, count: usize) -> Vec<Arc<S
     out
 }
 
+/// What the long queue measured.
+pub struct LongQueue {
+    /// etcd requests per grant, all the sidecars'.
+    pub per_grant: f64,
+    /// Of those, the attempts sent again (a request unanswered for 500 ms: etcd overloaded).
+    pub resent: f64,
+    /// Acquires answered 503 (etcd did not answer in time) while the waiters queued, and sent
+    /// again, as a client does.
+    pub retried: usize,
+}
+
 /// `waiters` holder ids over `sidecars` queue for one lock behind a holder; then each one in
-/// turn is granted and releases. Returns the etcd requests per grant of all the sidecars, and
-/// of those the attempts sent again (a request unanswered for 500 ms: etcd overloaded).
-pub async fn long_queue(sidecars: &[Arc<Sidecar>], waiters: usize) -> (f64, f64) {
+/// turn is granted and releases.
+pub async fn long_queue(sidecars: &[Arc<Sidecar>], waiters: usize) -> LongQueue {
     let hot = lock(0);
     let first = &sidecars[0];
     first.must_acquire(&hot, json!({"holderId": "first"})).await;
+    let retried = Arc::new(AtomicUsize::new(0));
     let tasks: Vec<_> = (0..waiters)
         .map(|w| {
-            let (s, hot) = (sidecars[w % sidecars.len()].clone(), hot.clone());
+            let (s, hot, retried) = (sidecars[w % sidecars.len()].clone(), hot.clone(), retried.clone());
             tokio::spawn(async move {
                 let holder = format!("waiter-{w}");
-                s.must_acquire(&hot, json!({"holderId": holder, "waitSeconds": 3600}))
-                    .await;
+                let acquire = json!({"holderId": holder, "waitSeconds": 3600});
+                loop {
+                    match s.post(&hot, "acquire", acquire.clone()).await {
+                        (200, _) => break,
+                        (503, _) => retried.fetch_add(1, Ordering::Relaxed),
+                        (status, body) => panic!("acquire {hot} on {}: {status} {body}", s.pod),
+                    };
+                }
                 assert_eq!(s.post(&hot, "release", json!({"holderId": holder})).await.0, 200);
             })
         })
@@ -159,13 +177,14 @@ pub async fn long_queue(sidecars: &[Arc<Sidecar>], waiters: usize) -> (f64, f64)
         t.await.unwrap();
     }
     let per_grant = |after: f64, before: f64| (after - before) / waiters as f64;
-    (
-        per_grant(requests(sidecars, "podlock_etcd_requests_total").await, before.0),
-        per_grant(
+    LongQueue {
+        per_grant: per_grant(requests(sidecars, "podlock_etcd_requests_total").await, before.0),
+        resent: per_grant(
             requests(sidecars, "podlock_etcd_requests_resent_total").await,
             before.1,
         ),
-    )
+        retried: retried.load(Ordering::Relaxed),
+    }
 }
 
 async fn requests(sidecars: &[Arc<Sidecar>], metric: &str) -> f64 {

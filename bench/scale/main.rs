@@ -197,7 +197,7 @@ async fn steady(plane: &common::kube::ControlPlane, operator: &Operator, sizes: 
 async fn queue_and_holds(plane: &common::kube::ControlPlane, sizes: &Sizes) -> Vec<Row> {
     let ns = fleet::namespace(sizes.namespaces - 1);
     let sidecars = load::sidecars(plane, &ns, 10).await;
-    let (per_grant, resent) = load::long_queue(&sidecars, sizes.waiters).await;
+    let queue = load::long_queue(&sidecars, sizes.waiters).await;
     let ns = plane.namespace("scale-holds");
     fleet::create_in(plane, &ns, sizes.holds);
     fleet::all_ready(plane, sizes.locks + sizes.holds, Duration::from_secs(300)).await;
@@ -206,7 +206,10 @@ async fn queue_and_holds(plane: &common::kube::ControlPlane, sizes: &Sizes) -> V
     vec![
         Row(
             format!("etcd requests per grant, {} waiters on one lock", sizes.waiters),
-            format!("{per_grant:.2} (of which sent again after 500 ms unanswered: {resent:.2})"),
+            format!(
+                "{:.2} (of which sent again after 500 ms unanswered: {:.2}; acquires answered 503 while queueing, and retried: {})",
+                queue.per_grant, queue.resent, queue.retried
+            ),
             "flat in queue length",
         ),
         Row(

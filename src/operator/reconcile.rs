@@ -202,7 +202,7 @@ async fn mirror_status(
             ),
             None => "free".into(),
         };
-        publish(ctx, dl, "HolderChanged", note);
+        publish(ctx, dl, "HolderChanged", note).await;
     }
     route.failed.map_or(Ok(()), |e| Err(e.into()))
 }
@@ -312,7 +312,8 @@ async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         dl,
         "Deleted",
         format!("removed from etcd; {ended} holds and waits ended"),
-    );
+    )
+    .await;
     Ok(Action::await_change())
 }
 
@@ -350,9 +351,7 @@ async fn patch_status(
     Ok(())
 }
 
-/// Records an Event for people, in the background: a reconciliation does not wait for it, as
-/// it holds one of the controller's few slots and other locks' status writes queue behind it.
-fn publish(ctx: &Context, dl: &DistributedLock, reason: &str, note: String) {
+async fn publish(ctx: &Context, dl: &DistributedLock, reason: &str, note: String) {
     let event = Event {
         type_: EventType::Normal,
         reason: reason.into(),
@@ -360,12 +359,9 @@ fn publish(ctx: &Context, dl: &DistributedLock, reason: &str, note: String) {
         action: reason.into(),
         secondary: None,
     };
-    let (recorder, object, lock) = (ctx.recorder.clone(), dl.object_ref(&()), dl.name_any());
-    tokio::spawn(async move {
-        if let Err(e) = recorder.publish(&event, &object).await {
-            warn!(%lock, error = %e, "could not publish a Kubernetes Event");
-        }
-    });
+    if let Err(e) = ctx.recorder.publish(&event, &dl.object_ref(&())).await {
+        warn!(lock = %dl.name_any(), error = %e, "could not publish a Kubernetes Event");
+    }
 }
 
 #[cfg(test)]
