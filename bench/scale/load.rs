@@ -125,6 +125,9 @@ pub async fn sidecars(plane: &ControlPlane, ns: &str, count: usize) -> Vec<Arc<S
     out
 }
 
+/// How often a waiter of the long queue sends its acquire before it gives up.
+const MAX_ATTEMPTS: u32 = 5;
+
 /// What the long queue measured.
 pub struct LongQueue {
     /// etcd requests per grant, all the sidecars'.
@@ -149,12 +152,13 @@ pub async fn long_queue(sidecars: &[Arc<Sidecar>], waiters: usize) -> LongQueue 
             tokio::spawn(async move {
                 let holder = format!("waiter-{w}");
                 let acquire = json!({"holderId": holder, "waitSeconds": 3600});
-                loop {
+                for attempt in 1.. {
                     match s.post(&hot, "acquire", acquire.clone()).await {
                         (200, _) => break,
-                        (503, _) => retried.fetch_add(1, Ordering::Relaxed),
+                        (503, _) if attempt < MAX_ATTEMPTS => retried.fetch_add(1, Ordering::Relaxed),
                         (status, body) => panic!("acquire {hot} on {}: {status} {body}", s.pod),
                     };
+                    tokio::time::sleep(Duration::from_millis(100)).await;
                 }
                 assert_eq!(s.post(&hot, "release", json!({"holderId": holder})).await.0, 200);
             })

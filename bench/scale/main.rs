@@ -6,8 +6,8 @@
 //! taking turns on 200 locks (about 100 handoffs/s) while a watch measures how long each grant
 //! takes to show in its lock's status; queues 1,000 waiters on one lock and lets each in turn;
 //! and has one sidecar take 200 holds. `-- --quick` does the same at a tenth of the size (a
-//! smoke run, no figure to quote). It prints one table, a row as soon as it is measured: each figure beside issue #15's
-//! target.
+//! smoke run, no figure to quote). It prints one table, each row as soon as it is measured:
+//! each figure beside issue #15's target.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -105,7 +105,7 @@ async fn main() {
     )]);
 }
 
-/// The steady load's rows: status lag, API writes, operator CPU.
+/// The steady load's rows: status lag, API writes, where the lag's time and the CPU went.
 async fn steady(plane: &common::kube::ControlPlane, operator: &Operator, sizes: &Sizes) -> Vec<Row> {
     // Two sidecars (pods) per namespace, so that the holder ids of a lock contend across pods.
     let mut sidecars = vec![];
