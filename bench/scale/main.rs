@@ -114,10 +114,7 @@ async fn steady(plane: &common::kube::ControlPlane, operator: &Operator, sizes: 
     }
     let writes = ApiWrites::read(plane);
     let reconciles = operator.reconciles().await;
-    let reconciling = [
-        operator.metric(RECONCILE_SECONDS[0]).await,
-        operator.metric(RECONCILE_SECONDS[1]).await,
-    ];
+    let reconciling = operator.metric_values(RECONCILE_SECONDS).await;
     let machine = Cpu::now(operator.pid());
     let started = Instant::now();
     let mut s = load::steady(plane, &sidecars, sizes.clients, sizes.hold, sizes.window).await;
@@ -125,10 +122,8 @@ async fn steady(plane: &common::kube::ControlPlane, operator: &Operator, sizes: 
     let machine = Cpu::now(operator.pid()).since(&machine, secs);
     let rate = ApiWrites::read(plane).rate_since(&writes, secs);
     let reconciles = operator.reconciles().await - reconciles;
-    let reconciling = [
-        operator.metric(RECONCILE_SECONDS[0]).await - reconciling[0],
-        operator.metric(RECONCILE_SECONDS[1]).await - reconciling[1],
-    ];
+    let [seconds, count] = operator.metric_values(RECONCILE_SECONDS).await;
+    let reconciling = [seconds - reconciling[0], count - reconciling[1]];
     let busy_locks = (sizes.clients / 5) as f64;
     let (p50, p99) = match s.lags.is_empty() {
         true => (Duration::ZERO, Duration::ZERO),

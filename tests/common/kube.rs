@@ -307,17 +307,22 @@ impl Operator {
 
     /// Its successful reconciliations so far (`podlock_reconcile_total{result="ok"}`).
     pub async fn reconciles(&self) -> u64 {
-        self.metric("podlock_reconcile_total{result=\"ok\"}").await as u64
+        let [ok] = self
+            .metric_values(["podlock_reconcile_total{result=\"ok\"}"])
+            .await;
+        ok as u64
     }
 
-    /// The value of one series of its metrics (name and labels as printed), 0 if absent.
-    pub async fn metric(&self, series: &str) -> f64 {
+    /// The values of some series of its metrics (name and labels as printed), from one scrape;
+    /// 0 for one that is absent.
+    pub async fn metric_values<const N: usize>(&self, series: [&str; N]) -> [f64; N] {
         let metrics = self.metrics().await;
-        let line = metrics
-            .lines()
-            .find(|l| l.strip_prefix(series).is_some_and(|rest| rest.starts_with(' ')));
-        line.and_then(|l| l.split_whitespace().last()?.parse().ok())
-            .unwrap_or(0.0)
+        series.map(|name| {
+            let line =
+                (metrics.lines()).find(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ')));
+            line.and_then(|l| l.split_whitespace().last()?.parse().ok())
+                .unwrap_or(0.0)
+        })
     }
 
     /// Its /metrics text.
