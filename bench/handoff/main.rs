@@ -24,7 +24,7 @@ use common::{EtcdServer, declare};
 use failover::{Fault, TTL};
 use measure::{Podlock, cli_rate, contended, uncontended, warm_up};
 use peers::{Peers, Redis};
-use table::{PEERS, Row, contended_rows, json_f64, spread};
+use table::{PEERS, Row, contended_rows, json_f64, rate_key, spread};
 
 /// One run of the benchmark: its sizes, and what every lock runs on.
 struct Run {
@@ -171,7 +171,7 @@ impl Run {
         }
         let rss = cs.iter().map(|c| usage(c.sidecar.pid()).0).fold(0.0, f64::max);
         drop(cs);
-        let key = if n == 1 { "grants_per_s" } else { "handoffs_per_s" };
+        let key = rate_key(n);
         let p = median_by(podlock, |r| r.run.rate(n));
         let (go, go_cpu) = median_by(go, |(v, _)| json_f64(v, key));
         let (rd, rd_cpu) = median_by(redis, |(v, _)| json_f64(v, key));

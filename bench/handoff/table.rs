@@ -83,6 +83,15 @@ pub fn spread(mut d: Vec<Duration>) -> (f64, String) {
     (p50.as_secs_f64(), text)
 }
 
+/// The key of a peer's rate in its output, as [`Contended::rate`] is podlock's: grants per
+/// second with one contender, else handoffs per second.
+pub fn rate_key(contenders: usize) -> &'static str {
+    match contenders {
+        1 => "grants_per_s",
+        _ => "handoffs_per_s",
+    }
+}
+
 /// The rows of one contended run: handoffs, waits, fairness.
 pub fn contended_rows(
     n: usize,
@@ -91,7 +100,7 @@ pub fn contended_rows(
     rd: &serde_json::Value,
     floor: Option<f64>,
 ) -> Vec<Row> {
-    let key = if n == 1 { "grants_per_s" } else { "handoffs_per_s" };
+    let key = rate_key(n);
     let podlock = r.rate(n);
     let what = if n == 1 {
         "grants/s, 1 contender"

@@ -2,7 +2,7 @@
 //! can show that etcd work per release stays flat as a queue grows, and sends each request to a
 //! member that answers (see [`Members`]). Watches are in [`watch`](super::watch).
 
-use etcd_client::{Client, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn, TxnResponse};
+use etcd_client::{Client, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn, TxnOpResponse, TxnResponse};
 use std::collections::VecDeque;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
@@ -211,6 +211,15 @@ async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
         }
     }
     Err(error)
+}
+
+/// The answers of a transaction's get operations, in their order (its other operations
+/// skipped): the reads the engine folds into one transaction.
+pub(super) fn gets(ops: Vec<TxnOpResponse>) -> impl Iterator<Item = GetResponse> {
+    ops.into_iter().filter_map(|op| match op {
+        TxnOpResponse::Get(g) => Some(g),
+        _ => None,
+    })
 }
 
 #[cfg(test)]

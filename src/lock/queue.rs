@@ -20,7 +20,7 @@ use etcd_client::{
 };
 
 use super::LockError;
-use super::etcd::Etcd;
+use super::etcd::{self, Etcd};
 use super::keys::{Entry, HolderInfo, LockId, Mode};
 use super::position::{self, Standing};
 
@@ -134,10 +134,7 @@ fn enqueued(
         unreachable!("nested txn")
     };
     let put = inner.succeeded();
-    let Some(get) = (inner.op_responses().into_iter()).find_map(|op| match op {
-        TxnOpResponse::Get(g) => Some(g),
-        _ => None,
-    }) else {
+    let Some(get) = etcd::gets(inner.op_responses()).next() else {
         unreachable!("one get")
     };
     let (mine, ahead) = get.kvs().split_first().expect("the key was just put or found");

@@ -4,12 +4,12 @@
 //! namespace its etcd role. Every request goes through the engine's hedged, counted client;
 //! the key layout stays in [`keys`](super::keys).
 
-use etcd_client::{GetOptions, Permission, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream};
+use etcd_client::{GetOptions, Permission, Txn, TxnOp, WatchOptions, WatchStream};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::LockError;
-use super::etcd::Etcd;
+use super::etcd::{self, Etcd};
 use super::keys::{self, LockId, Settings};
 use super::queue::{self, QueueState, Ticket};
 use super::settings;
@@ -65,10 +65,7 @@ impl Store {
                 TxnOp::get(lock.queue_prefix(), Some(queue::queue_order())),
             ]))
             .await?;
-        let mut gets = resp.op_responses().into_iter().filter_map(|op| match op {
-            TxnOpResponse::Get(g) => Some(g),
-            _ => None,
-        });
+        let mut gets = etcd::gets(resp.op_responses());
         let (config, queue) = (gets.next().expect("config"), gets.next().expect("queue"));
         let declared = config
             .kvs()

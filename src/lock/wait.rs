@@ -22,13 +22,13 @@
 //! [`granted`]: super::position::granted
 //! [`Etcd::watch_keys_synced`]: super::etcd::Etcd::watch_keys_synced
 
-use etcd_client::{GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{GetOptions, SortOrder, SortTarget, Txn, TxnOp};
 use std::time::Duration;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::warn;
 
 use super::LockError;
-use super::etcd::Etcd;
+use super::etcd::{self, Etcd};
 use super::keys::{LockId, Mode};
 use super::position::{self, Position, Standing};
 use super::queue::Ticket;
@@ -239,10 +239,7 @@ async fn standing(
             ]))
             .await?;
         let rev = resp.header().map_or(0, |h| h.revision());
-        let mut gets = resp.op_responses().into_iter().filter_map(|op| match op {
-            TxnOpResponse::Get(g) => Some(g),
-            _ => None,
-        });
+        let mut gets = etcd::gets(resp.op_responses());
         let (mine, config, ahead) = (gets.next(), gets.next(), gets.next());
         let (mine, config, ahead) = (mine.expect("own"), config.expect("config"), ahead.expect("queue"));
         // Field note: re-check our own key before granting; a waiter's lease may have expired.
