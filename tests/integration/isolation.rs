@@ -125,7 +125,8 @@ async fn a_namespace_cannot_take_or_break_another_namespaces_lock() {
 
     // x's credentials work for x's own lock.
     let own = sidecar("pod-x2", x.clone(), ux, px).await;
-    assert_eq!(own.post("shared", "acquire", json!({})).await.0, 200);
+    let (status, body) = own.post("shared", "acquire", json!({})).await;
+    assert_eq!(status, 200, "x's own acquire: {body}");
 }
 
 #[tokio::test]
