@@ -38,7 +38,7 @@ pub struct LockArgs {
     /// The sidecar's address.
     #[arg(long, env = "PODLOCK_ADDR", default_value = "http://127.0.0.1:4040")]
     pub addr: String,
-    /// Holder id to use (default: host name and process id, unique to this run).
+    /// Holder id to use (default: the host name and a random suffix, unique to this process).
     #[arg(long, env = "PODLOCK_HOLDER_ID")]
     pub holder_id: Option<String>,
     /// This app container's name (the injector sets PODLOCK_CONTAINER): the operator then ends
@@ -239,13 +239,11 @@ fn exit_code(status: ExitStatus) -> i32 {
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
 }
 
+/// A holder id of this process alone: the hostname (the pod's name) and a random suffix, as
+/// containers of one pod share the hostname and may each run their command as PID 1.
 fn default_holder() -> String {
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "podlock".into());
-    let host: String = host
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '.')
-        .collect();
-    format!("{host}:{}", std::process::id())
+    crate::lock::unique_holder_id(&host)
 }
 
 #[cfg(test)]

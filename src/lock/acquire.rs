@@ -54,14 +54,15 @@ impl Engine {
             keys::HEARTBEAT.check(window)?;
         }
         let slot: SlotKey = (req.lock.clone(), req.holder_id.clone());
-        if let Some(hold) = self.0.registry.held(&slot)
-            && let Some(grant) = self.regrant(&hold).await?
-        {
-            return Ok(grant);
+        if let Some(hold) = self.0.registry.held(&slot) {
+            check_rejoin(&req, &hold)?;
+            if let Some(grant) = self.regrant(&hold).await? {
+                return Ok(grant);
+            }
         }
         let mut pending = match self.0.registry.claim(&slot) {
             Ok(()) => Pending::new(self, slot),
-            Err(Claimed::Holds(hold)) => return Ok(Grant::of(&hold)),
+            Err(Claimed::Holds(hold)) => return check_rejoin(&req, &hold).map(|()| Grant::of(&hold)),
             Err(Claimed::Waits) => {
                 return Err(LockError::AlreadyWaiting {
                     lock: req.lock,
@@ -128,6 +129,7 @@ impl Engine {
             let session = self.0.sessions.get(ttl).await?;
             let entry = self.entry(req, ttl, s);
             let key = req.lock.entry_key(session.id, &req.holder_id);
+            self.0.registry.placing(&pending.slot, &key);
             let enqueue = {
                 let (etcd, lock, rev) = (self.0.etcd.clone(), req.lock.clone(), declared.revision);
                 let (lease, max) = (session.id, s.max_holders);
@@ -260,6 +262,8 @@ impl Engine {
             Duration::from_secs(heartbeat.into()),
         );
         hold.acquired_at = acquired_at;
+        hold.mode = req.mode;
+        hold.connection_bound = req.connection_bound;
         let hold = Arc::new(hold);
         pending.ticket = None;
         self.0.registry.hold(pending.slot.clone(), hold.clone());
@@ -296,6 +300,33 @@ impl Engine {
             ),
         }
     }
+}
+
+/// Whether an acquire by a holder id that already holds may be answered with that hold: only
+/// an acquire in the same mode, with neither side bound to a connection (a connection's hold
+/// is its own, see the contract's "Holder identity").
+fn check_rejoin(req: &AcquireRequest, hold: &Hold) -> Result<(), LockError> {
+    if req.connection_bound || hold.connection_bound {
+        let why = if hold.connection_bound {
+            "; that hold is bound to another connection (POST .../hold)"
+        } else {
+            "; a hold bound to a connection (POST .../hold) cannot take over a held holder id"
+        };
+        return Err(LockError::HolderInUse {
+            lock: req.lock.clone(),
+            holder: req.holder_id.clone(),
+            why: why.into(),
+        });
+    }
+    if req.mode != hold.mode {
+        return Err(LockError::ModeConflict {
+            lock: req.lock.clone(),
+            holder: req.holder_id.clone(),
+            held: hold.mode,
+            asked: req.mode,
+        });
+    }
+    Ok(())
 }
 
 /// Shared holds need a reader-writer lock (`maxHolders` 1): in a semaphore every hold already

@@ -1,7 +1,7 @@
 //! The engine's error type. It knows nothing of HTTP: the sidecar maps it to status codes in
 //! one place (`sidecar::error`).
 
-use super::keys::{HolderInfo, LockId};
+use super::keys::{HolderInfo, LockId, Mode};
 
 /// Why a lock operation did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +38,37 @@ pub enum LockError {
         lock: LockId,
         /// The holder id named in the request.
         holder: String,
+    },
+
+    /// The holder id's hold (or acquire in progress) belongs to a connection-bound hold, or a
+    /// connection-bound hold was asked for a holder id that already holds: one connection's
+    /// hold is never shared with, or ended by, another request.
+    #[error(
+        "{holder} already holds lock {lock}{why}; use another holderId (POST .../hold without one makes a unique id)"
+    )]
+    HolderInUse {
+        /// The lock that was asked for.
+        lock: LockId,
+        /// The holder id named in the request.
+        holder: String,
+        /// Which side is bound to a connection, starting with "; ".
+        why: String,
+    },
+
+    /// The holder id holds the lock in the other mode: a re-acquire never changes a hold's mode.
+    #[error(
+        "{holder} holds lock {lock} in mode {held}, not {asked}; release it first, then acquire in mode {asked}",
+        held = .held.as_str(), asked = .asked.as_str()
+    )]
+    ModeConflict {
+        /// The lock that was asked for.
+        lock: LockId,
+        /// The holder id named in the request.
+        holder: String,
+        /// The mode of the hold it has.
+        held: Mode,
+        /// The mode it asked for.
+        asked: Mode,
     },
 
     /// The holder id does not hold this lock (never did, or already released).

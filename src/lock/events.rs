@@ -64,6 +64,7 @@ mod tests {
             namespace: lock.namespace.clone(),
             holder_id: "h".into(),
             fencing_token: 1,
+            mode: crate::lock::Mode::Exclusive,
             reason: None,
             at: String::new(),
         }

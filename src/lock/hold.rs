@@ -38,6 +38,11 @@ pub struct Hold {
     pub acquired_at: SystemTime,
     /// The heartbeat window (zero: none).
     pub heartbeat: Duration,
+    /// Exclusive, or shared with other shared holds.
+    pub mode: Mode,
+    /// Bound to the HTTP connection that asked for it (`POST .../hold`): that connection owns
+    /// it, so no other request may take it over by naming its holder id.
+    pub connection_bound: bool,
     deadline: watch::Sender<Instant>,
     /// Cancelled when the hold ends, by release or loss.
     pub ended: CancellationToken,
@@ -62,6 +67,8 @@ impl Hold {
             session,
             acquired_at: SystemTime::now(),
             heartbeat,
+            mode: Mode::Exclusive,
+            connection_bound: false,
             deadline,
             ended: CancellationToken::new(),
         }
@@ -156,10 +163,24 @@ async fn record_grant(engine: &Engine, hold: &Hold, mark: MarkWhen, entry: Entry
         MarkWhen::Later => sleep(MARK_DELAY).await,
         MarkWhen::Background => {}
     }
-    // Guarded by the key's create revision: landing after the release changes nothing.
-    if let Err(e) = queue::mark_acquired(engine.etcd(), &hold.ticket, &entry).await {
-        warn!(error = %e, "could not record acquiredAt");
+    // Guarded by the key's create revision: landing after the release changes nothing. Retried
+    // until it lands (the monitor drops this future when the hold ends): an unrecorded grant
+    // holds back every key behind it in a semaphore's or readers' window.
+    for pause in backoff() {
+        match queue::mark_acquired(engine.etcd(), &hold.ticket, &entry).await {
+            Ok(_) => return,
+            Err(e) => warn!(error = %e, "could not record acquiredAt; retrying"),
+        }
+        sleep(pause).await;
     }
+}
+
+/// The pauses between attempts of a write that must land while etcd is unreachable: from
+/// 100 ms, doubling up to 2 s, for ever.
+fn backoff() -> impl Iterator<Item = Duration> {
+    std::iter::successors(Some(Duration::from_millis(100)), |d| {
+        Some((*d * 2).min(Duration::from_secs(2)))
+    })
 }
 
 /// How long a hold runs before its key is watched. Most holds of a busy lock are shorter, and
@@ -275,8 +296,7 @@ impl Drop for Answer {
 /// is (then etcd deletes it). Used for abandoned waits and holds that end without release.
 pub fn spawn_removal(engine: Engine, ticket: Ticket, session: Arc<Session>) {
     tokio::spawn(async move {
-        let mut backoff = Duration::from_millis(100);
-        loop {
+        for pause in backoff() {
             match queue::remove(engine.etcd(), &ticket).await {
                 Ok(_) => return,
                 Err(e) if session.is_lost() => {
@@ -285,8 +305,7 @@ pub fn spawn_removal(engine: Engine, ticket: Ticket, session: Arc<Session>) {
                 }
                 Err(e) => warn!(key = ticket.key, error = %e, "could not remove queue key; retrying"),
             }
-            sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(2));
+            sleep(pause).await;
         }
     });
 }

@@ -158,6 +158,18 @@ pub fn check_holder_id(value: &str) -> Result<(), LockError> {
     Ok(())
 }
 
+/// `base` made unique to one connection or process: `base:` and 16 random hex digits, `base`
+/// cut short (and stripped of characters a holder id may not have) to keep the id valid.
+/// Containers of one pod share a hostname and may share PIDs, so neither alone is unique.
+pub fn unique_holder_id(base: &str) -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("the OS random source works");
+    let suffix: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let ok_char = |c: &char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':');
+    let base: String = base.chars().filter(ok_char).take(253 - 17).collect();
+    format!("{base}:{suffix}")
+}
+
 /// A lock's settings, as declared by a DistributedLock or `podlock declare`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]

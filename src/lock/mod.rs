@@ -26,7 +26,7 @@ mod watch;
 
 pub use error::LockError;
 pub use etcd::Stats;
-pub use keys::{Entry, HolderInfo, LockId, Mode, PodRef, Settings};
+pub use keys::{Entry, HolderInfo, LockId, Mode, PodRef, Settings, unique_holder_id};
 pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo};
 pub use queue::QueueState;
 pub use store::{Revoked, Store};
@@ -152,6 +152,7 @@ impl Engine {
             namespace: hold.lock.namespace.clone(),
             holder_id: hold.holder_id.clone(),
             fencing_token: hold.token(),
+            mode: hold.mode,
             reason,
             at: rfc3339(SystemTime::now()),
         };

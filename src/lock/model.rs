@@ -23,6 +23,9 @@ pub struct AcquireRequest {
     pub container: Option<String>,
     /// Exclusive, or shared with other shared holders (a lock with `maxHolders` 1).
     pub mode: Mode,
+    /// The hold will be bound to the asking connection (`POST .../hold`): it may not take over
+    /// a hold of the same holder id, nor be taken over.
+    pub connection_bound: bool,
 }
 
 /// A granted hold, as the API reports it.
@@ -45,6 +48,8 @@ pub struct Grant {
     pub heartbeat_timeout_seconds: u32,
     /// When the hold began (RFC 3339).
     pub acquired_at: String,
+    /// `exclusive` or `shared`: what the hold allows, stated on every grant.
+    pub mode: Mode,
     /// Granted after waiting in the queue for an earlier holder: a handoff (for metrics; not
     /// part of the API).
     #[serde(skip)]
@@ -62,6 +67,7 @@ impl Grant {
             ttl_seconds: hold.session.ttl,
             heartbeat_timeout_seconds: hold.heartbeat.as_secs() as u32,
             acquired_at: rfc3339(hold.acquired_at),
+            mode: hold.mode,
             handed_on: false,
         }
     }
@@ -94,6 +100,8 @@ pub struct HoldEvent {
     pub holder_id: String,
     /// The hold's fencing token.
     pub fencing_token: i64,
+    /// The hold's mode.
+    pub mode: Mode,
     /// Why a hold was lost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,

@@ -24,12 +24,14 @@ pub enum Position {
     FirstWaiter(Vec<Vec<u8>>),
     /// Further back: the key right ahead of it.
     Waiter(Vec<u8>),
-    /// Inside the window, behind a key that has not recorded its grant yet.
+    /// Inside the window, behind keys that have not recorded their grants yet: the oldest of
+    /// them.
     BehindUngranted(Vec<u8>),
-    /// A shared key behind an exclusive one (the nearest ahead of it), holding or waiting: it
-    /// waits for that key to go, so that a waiting writer is never overtaken by later readers.
-    /// (Behind more shared keys than a page, it waits for the farthest of the page.)
-    BehindExclusive(Vec<u8>),
+    /// Behind a key of the other mode (the nearest ahead of it), holding or waiting: it waits
+    /// for that key to go. Shared and exclusive holds never hold together, and a waiting writer
+    /// is never overtaken by later readers. (A shared key behind more shared keys than a page
+    /// waits for the farthest of the page.)
+    BehindOtherMode(Vec<u8>),
 }
 
 /// A queue at most this long lets its waiters in within etcd's watch catch-up period (100 ms),
@@ -59,69 +61,97 @@ impl Standing {
     }
 }
 
-/// Whether a queue entry records that it was granted (its `acquiredAt` is written). A grant
-/// waits until every key ahead of it in the window is granted, so that grants, and with them
-/// fencing tokens, follow the queue order however the window (`maxHolders`) changes. A value
-/// that is not an entry (or a key read without its value) blocks nobody.
-pub(crate) fn granted(kv: &KeyValue) -> bool {
-    serde_json::from_slice::<Entry>(kv.value()).map_or(true, |e| e.acquired_at.is_some())
+/// A key ahead of the one being placed, as the rule sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ahead {
+    /// The queue key.
+    pub key: Vec<u8>,
+    /// Whether its entry records its grant (`acquiredAt` written). A grant waits until every
+    /// key ahead of it in the window is granted, so that grants, and with them fencing tokens,
+    /// follow the queue order however the window (`maxHolders`) changes.
+    pub granted: bool,
+    /// Its mode.
+    pub mode: Mode,
 }
 
-/// The mode of a queue entry (a value that is not an entry counts as exclusive).
-fn mode(kv: &KeyValue) -> Mode {
-    serde_json::from_slice::<Entry>(kv.value()).map_or(Mode::Exclusive, |e| e.mode)
+impl Ahead {
+    /// A key as read from etcd. A value that is not an entry (or a key read without its value)
+    /// blocks nobody and counts as exclusive.
+    fn of(kv: &KeyValue) -> Self {
+        let entry = serde_json::from_slice::<Entry>(kv.value()).ok();
+        Ahead {
+            key: kv.key().to_vec(),
+            granted: entry.as_ref().is_none_or(|e| e.acquired_at.is_some()),
+            mode: entry.map_or(Mode::Exclusive, |e| e.mode),
+        }
+    }
 }
 
 /// How many keys ahead of a key in `mode` its position needs, and whether their values.
 pub fn keys_needed(max_holders: u32, mode: Mode) -> (u32, bool) {
     match (max_holders, mode) {
-        (1, Mode::Shared) => (SHARED_PAGE, true),
+        (_, Mode::Shared) => (SHARED_PAGE, true),
         (1, Mode::Exclusive) => (1, false), // a mutex's exclusive grant needs no one's value
-        (max, _) => (max, true),
+        (max, Mode::Exclusive) => (max, true),
     }
 }
 
-/// The position of a key in `mode` with `ahead` before it, nearest first (as many as
-/// [`keys_needed`] says); `more` if further keys are ahead of those.
+/// The position of a key in `mode` with `ahead` before it, read from etcd nearest first (as
+/// many as [`keys_needed`] says); `more` if further keys are ahead of those.
 pub fn of_keys(ahead: &[KeyValue], more: bool, max_holders: u32, mode: Mode) -> Position {
-    let keyed: Vec<_> = (ahead.iter())
-        .map(|kv| (kv.key().to_vec(), granted(kv)))
-        .collect();
-    if max_holders == 1 && mode == Mode::Shared {
-        let shared: Vec<_> = ahead.iter().map(|kv| self::mode(kv) == Mode::Shared).collect();
-        return place_shared(&keyed, &shared, more);
-    }
-    place(&keyed, more, max_holders)
+    let ahead: Vec<Ahead> = ahead.iter().map(Ahead::of).collect();
+    decide(&ahead, more, max_holders, mode)
 }
 
-/// The position of a shared key in a reader-writer lock: it holds once every key ahead of it
-/// is shared and granted (grants, and tokens, in queue order), else it waits for the nearest
-/// exclusive key ahead to go. `shared[i]` is the mode of `ahead[i]`.
-fn place_shared(ahead: &[(Vec<u8>, bool)], shared: &[bool], more: bool) -> Position {
-    if let Some(i) = shared.iter().position(|s| !s) {
-        return Position::BehindExclusive(ahead[i].0.clone());
-    }
-    match ahead.last() {
-        Some((farthest, _)) if more => Position::BehindExclusive(farthest.clone()),
-        _ => match ahead.iter().find(|(_, granted)| !granted) {
-            Some((key, _)) => Position::BehindUngranted(key.clone()),
-            None => Position::Holder,
+/// The queue's rule, for any `max_holders`: a shared key holds once every key ahead of it is
+/// shared and granted; an exclusive key holds once fewer than `max_holders` keys are ahead of
+/// it, all exclusive and granted. At `max_holders` 1 that is a reader-writer lock, without
+/// shared keys a semaphore; and when `maxHolders` changes under queued keys of both modes, a
+/// writer is still never granted beside a reader. `ahead` is nearest first, as many as
+/// [`keys_needed`] says; `more` if further keys are ahead of those.
+pub fn decide(ahead: &[Ahead], more: bool, max_holders: u32, mode: Mode) -> Position {
+    let in_window = ahead.len() < max_holders as usize;
+    match mode {
+        Mode::Shared => place_shared(ahead, more),
+        Mode::Exclusive => match ahead.iter().find(|a| a.mode == Mode::Shared) {
+            Some(reader) if in_window => Position::BehindOtherMode(reader.key.clone()),
+            _ => place(ahead, more, max_holders),
         },
     }
 }
 
-/// The position of a key with `ahead` before it: (key, granted), nearest first, at most
-/// `max_holders`; `more` if further keys are ahead of those.
-fn place(ahead: &[(Vec<u8>, bool)], more: bool, max_holders: u32) -> Position {
+/// The position of a shared key: it holds once every key ahead of it is shared and granted
+/// (grants, and tokens, in queue order), else it waits for the nearest exclusive key ahead to
+/// go.
+fn place_shared(ahead: &[Ahead], more: bool) -> Position {
+    if let Some(writer) = ahead.iter().find(|a| a.mode == Mode::Exclusive) {
+        return Position::BehindOtherMode(writer.key.clone());
+    }
+    match ahead.last() {
+        Some(farthest) if more => Position::BehindOtherMode(farthest.key.clone()),
+        _ => first_ungranted(ahead),
+    }
+}
+
+/// The position of a key with `ahead` before it, nearest first, at most `max_holders`; `more`
+/// if further keys are ahead of those.
+fn place(ahead: &[Ahead], more: bool, max_holders: u32) -> Position {
     if ahead.len() < max_holders as usize {
-        match ahead.iter().find(|(_, granted)| !granted) {
-            Some((key, _)) => Position::BehindUngranted(key.clone()),
-            None => Position::Holder,
-        }
+        first_ungranted(ahead)
     } else if !more {
-        Position::FirstWaiter(ahead.iter().map(|(key, _)| key.clone()).collect())
+        Position::FirstWaiter(ahead.iter().map(|a| a.key.clone()).collect())
     } else {
-        Position::Waiter(ahead[0].0.clone())
+        Position::Waiter(ahead[0].key.clone())
+    }
+}
+
+/// Holder if every key ahead (all inside the window) is granted, else behind the oldest one
+/// that is not: the next grant in queue order, which a waiter records itself if its owner does
+/// not (see `wait`).
+fn first_ungranted(ahead: &[Ahead]) -> Position {
+    match ahead.iter().rev().find(|a| !a.granted) {
+        Some(a) => Position::BehindUngranted(a.key.clone()),
+        None => Position::Holder,
     }
 }
 
@@ -129,53 +159,77 @@ fn place(ahead: &[(Vec<u8>, bool)], more: bool, max_holders: u32) -> Position {
 mod tests {
     use super::*;
 
-    fn keys(spec: &[(&str, bool)]) -> Vec<(Vec<u8>, bool)> {
-        spec.iter().map(|(k, g)| (k.as_bytes().to_vec(), *g)).collect()
+    const X: Mode = Mode::Exclusive;
+    const S: Mode = Mode::Shared;
+
+    /// Keys ahead, nearest first: (key, granted, mode).
+    fn keys(spec: &[(&str, bool, Mode)]) -> Vec<Ahead> {
+        (spec.iter())
+            .map(|&(k, granted, mode)| Ahead {
+                key: k.as_bytes().to_vec(),
+                granted,
+                mode,
+            })
+            .collect()
+    }
+
+    fn key(k: &str) -> Vec<u8> {
+        k.as_bytes().to_vec()
     }
 
     #[test]
     fn a_mutex_is_held_by_the_first_key_only() {
-        assert_eq!(place(&[], false, 1), Position::Holder);
-        assert_eq!(
-            place(&keys(&[("a", true)]), false, 1),
-            Position::FirstWaiter(vec![b"a".to_vec()])
-        );
-        assert_eq!(
-            place(&keys(&[("b", false)]), true, 1),
-            Position::Waiter(b"b".to_vec())
-        );
+        assert_eq!(decide(&[], false, 1, X), Position::Holder);
+        let ahead = keys(&[("a", true, X)]);
+        assert_eq!(decide(&ahead, false, 1, X), Position::FirstWaiter(vec![key("a")]));
+        let ahead = keys(&[("b", false, X)]);
+        assert_eq!(decide(&ahead, true, 1, X), Position::Waiter(key("b")));
     }
 
     #[test]
     fn a_semaphore_grants_in_queue_order() {
         // Inside the window of 3, but the key ahead has not recorded its grant yet.
-        let ahead = keys(&[("b", false), ("a", true)]);
-        assert_eq!(place(&ahead, false, 3), Position::BehindUngranted(b"b".to_vec()));
-        let ahead = keys(&[("b", true), ("a", true)]);
-        assert_eq!(place(&ahead, false, 3), Position::Holder);
+        let ahead = keys(&[("b", false, X), ("a", true, X)]);
+        assert_eq!(decide(&ahead, false, 3, X), Position::BehindUngranted(key("b")));
+        let ahead = keys(&[("b", true, X), ("a", true, X)]);
+        assert_eq!(decide(&ahead, false, 3, X), Position::Holder);
+        // Behind several unrecorded grants: the oldest is the next in queue order.
+        let ahead = keys(&[("c", false, X), ("b", false, X), ("a", true, X)]);
+        assert_eq!(decide(&ahead, false, 4, X), Position::BehindUngranted(key("b")));
     }
 
     #[test]
     fn shared_keys_share_but_never_overtake_an_exclusive_one() {
         // Readers ahead, all granted: in. One not yet granted: after it.
-        let ahead = keys(&[("r2", true), ("r1", true)]);
-        assert_eq!(place_shared(&ahead, &[true, true], false), Position::Holder);
-        let ahead = keys(&[("r2", false), ("r1", true)]);
-        assert_eq!(
-            place_shared(&ahead, &[true, true], false),
-            Position::BehindUngranted(b"r2".to_vec())
-        );
+        let ahead = keys(&[("r2", true, S), ("r1", true, S)]);
+        assert_eq!(decide(&ahead, false, 1, S), Position::Holder);
+        let ahead = keys(&[("r2", false, S), ("r1", true, S)]);
+        assert_eq!(decide(&ahead, false, 1, S), Position::BehindUngranted(key("r2")));
         // A writer ahead (waiting behind a reader, or holding): wait for it to go.
-        let ahead = keys(&[("w", false), ("r1", true)]);
-        assert_eq!(
-            place_shared(&ahead, &[false, true], false),
-            Position::BehindExclusive(b"w".to_vec())
-        );
+        let ahead = keys(&[("w", false, X), ("r1", true, S)]);
+        assert_eq!(decide(&ahead, false, 1, S), Position::BehindOtherMode(key("w")));
         // More readers ahead than a page: the farthest of the page first.
-        let ahead = keys(&[("r2", true), ("r1", true)]);
+        let ahead = keys(&[("r2", true, S), ("r1", true, S)]);
+        assert_eq!(decide(&ahead, true, 1, S), Position::BehindOtherMode(key("r1")));
+    }
+
+    /// Finding 4 of the safety review: `maxHolders` raised to 2 while a reader holds and a
+    /// writer waits used to admit the writer beside the reader (every key counted one slot).
+    #[test]
+    fn a_raised_max_holders_never_puts_a_writer_beside_a_reader() {
+        let reader = keys(&[("r1", true, S)]);
+        assert_eq!(decide(&reader, false, 2, X), Position::BehindOtherMode(key("r1")));
+        let writer = keys(&[("w", true, X)]);
+        assert_eq!(decide(&writer, false, 2, S), Position::BehindOtherMode(key("w")));
+        // Writers still share a semaphore's slots with writers, readers with readers.
+        assert_eq!(decide(&writer, false, 2, X), Position::Holder);
+        let readers = keys(&[("r2", true, S), ("r1", true, S)]);
+        assert_eq!(decide(&readers, false, 2, S), Position::Holder);
+        // Behind a full window the count decides first, as in any semaphore.
+        let full = keys(&[("w", true, X), ("r1", true, S)]);
         assert_eq!(
-            place_shared(&ahead, &[true, true], true),
-            Position::BehindExclusive(b"r1".to_vec())
+            decide(&full, false, 2, X),
+            Position::FirstWaiter(vec![key("w"), key("r1")])
         );
     }
 
@@ -186,18 +240,18 @@ mod tests {
             revision: 7,
             queued,
         };
-        let back = Position::Waiter(b"b".to_vec());
+        let back = Position::Waiter(key("b"));
         assert!(standing(back.clone(), NEAR_QUEUE).turn_is_near());
         assert!(!standing(back, NEAR_QUEUE + 1).turn_is_near());
-        let first = Position::FirstWaiter(vec![b"a".to_vec()]);
+        let first = Position::FirstWaiter(vec![key("a")]);
         assert!(standing(first, 1000).turn_is_near());
     }
 
     #[test]
     fn behind_a_full_window_waiters_watch_holders_or_their_predecessor() {
-        let ahead = keys(&[("b", true), ("a", true)]);
-        let first = Position::FirstWaiter(vec![b"b".to_vec(), b"a".to_vec()]);
-        assert_eq!(place(&ahead, false, 2), first);
-        assert_eq!(place(&ahead, true, 2), Position::Waiter(b"b".to_vec()));
+        let ahead = keys(&[("b", true, X), ("a", true, X)]);
+        let first = Position::FirstWaiter(vec![key("b"), key("a")]);
+        assert_eq!(decide(&ahead, false, 2, X), first);
+        assert_eq!(decide(&ahead, true, 2, X), Position::Waiter(key("b")));
     }
 }

@@ -19,9 +19,11 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 
+use tracing::warn;
+
 use super::LockError;
 use super::etcd::{self, Etcd};
-use super::keys::{Entry, HolderInfo, LockId, Mode};
+use super::keys::{Entry, HolderInfo, LockId, Mode, rfc3339};
 use super::position::{self, Standing};
 
 /// A contender's key in a queue.
@@ -173,6 +175,40 @@ pub async fn mark_acquired(etcd: &Etcd, ticket: &Ticket, entry: &Entry) -> Resul
     if_still_ours(etcd, ticket, TxnOp::put(ticket.key.as_str(), value, Some(put))).await
 }
 
+/// Records the grant of `key`, a key ahead of a waiter that the queue's rule admits but whose
+/// owner has not recorded it for [`RECORD_GRACE`](super::wait::RECORD_GRACE): its sidecar may
+/// have died between the grant and the record, and every key behind it in the window would
+/// otherwise wait for its lease to end. Guarded by the key's mod revision (it was not recorded
+/// or changed meanwhile) and the settings' (`settings_rev`: the window it was admitted in still
+/// stands); the waiter reads its position again either way. The key's owner, if alive, finds
+/// itself granted as it would have been, with the token it would have had.
+pub async fn record_for(etcd: &Etcd, lock: &LockId, key: &[u8], settings_rev: i64) -> Result<(), LockError> {
+    let resp = etcd.get(key, None).await?;
+    let Some(kv) = resp.kvs().first() else {
+        return Ok(()); // gone meanwhile
+    };
+    let Ok(mut entry) = serde_json::from_slice::<Entry>(kv.value()) else {
+        return Ok(()); // not an entry: it blocks nobody
+    };
+    if entry.acquired_at.is_some() {
+        return Ok(());
+    }
+    entry.acquired_at = Some(rfc3339(std::time::SystemTime::now()));
+    let value = serde_json::to_vec(&entry).expect("entry serializes");
+    let put = etcd_client::PutOptions::new().with_lease(kv.lease());
+    let unchanged = [
+        Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision()),
+        Compare::mod_revision(lock.config_key(), CompareOp::Equal, settings_rev),
+    ];
+    let txn = Txn::new()
+        .when(unchanged)
+        .and_then([TxnOp::put(key, value, Some(put))]);
+    if etcd.txn(txn).await?.succeeded() {
+        warn!(lock = %lock, key = %String::from_utf8_lossy(key), "recorded the grant of a key ahead whose owner did not");
+    }
+    Ok(())
+}
+
 /// Whether `ticket`'s key is still in place (same create revision).
 pub async fn is_ours(etcd: &Etcd, ticket: &Ticket) -> Result<bool, LockError> {
     let resp = etcd.get(ticket.key.as_str(), None).await?;
@@ -203,17 +239,19 @@ pub struct QueueState {
     pub waiters: usize,
 }
 
-/// Splits a queue range (sorted by create revision) into holders and waiters: the first
-/// `max_holders` keys, or in a reader-writer lock (`max_holders` 1) the leading run of shared
-/// keys when the first one is shared.
+/// Splits a queue range (sorted by create revision) into holders and waiters by the rule of
+/// [`position::of_keys`]: the leading run of shared keys when the first one is shared, else the
+/// leading run of exclusive keys, at most `max_holders` of them.
 pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32) -> QueueState {
     let entries: Vec<HolderInfo> = kvs.iter().filter_map(HolderInfo::from_kv).collect();
-    let held = match entries.first() {
-        Some(first) if max_holders == 1 && first.mode == Mode::Shared => {
-            entries.iter().take_while(|e| e.mode == Mode::Shared).count()
-        }
-        _ => max_holders as usize,
+    let first_mode = entries.first().map_or(Mode::Exclusive, |e| e.mode);
+    let limit = match first_mode {
+        Mode::Shared => usize::MAX,
+        Mode::Exclusive => max_holders as usize,
     };
+    let held = (entries.iter().take(limit))
+        .take_while(|e| e.mode == first_mode)
+        .count();
     QueueState {
         waiters: kvs.len().saturating_sub(held),
         holders: entries.into_iter().take(held).collect(),

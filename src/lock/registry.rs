@@ -21,8 +21,9 @@ const LOST_MEMORY: Duration = Duration::from_secs(600);
 pub(crate) type SlotKey = (LockId, String);
 
 enum Slot {
-    /// An acquire is in progress (enqueueing or waiting).
-    Waiting,
+    /// An acquire is in progress (enqueueing or waiting), with the queue key it is placing or
+    /// has placed (`None` before its first enqueue).
+    Waiting(Option<String>),
     Held(Arc<Hold>),
     Lost {
         token: i64,
@@ -50,18 +51,26 @@ impl Registry {
         let mut map = self.0.lock().unwrap();
         match map.get(slot) {
             Some(Slot::Held(h)) => Err(Claimed::Holds(h.clone())),
-            Some(Slot::Waiting) => Err(Claimed::Waits),
+            Some(Slot::Waiting(_)) => Err(Claimed::Waits),
             _ => {
-                map.insert(slot.clone(), Slot::Waiting);
+                map.insert(slot.clone(), Slot::Waiting(None));
                 Ok(())
             }
+        }
+    }
+
+    /// Records the queue key that the acquire waiting in `slot` is about to put, so that the
+    /// orphan sweep knows it (and only it) as this acquire's.
+    pub fn placing(&self, slot: &SlotKey, key: &str) {
+        if let Some(Slot::Waiting(placing)) = self.0.lock().unwrap().get_mut(slot) {
+            *placing = Some(key.to_string());
         }
     }
 
     /// Clears `slot` if it is still waiting (the acquire ended without a hold).
     pub fn unclaim(&self, slot: &SlotKey) {
         let mut map = self.0.lock().unwrap();
-        if matches!(map.get(slot), Some(Slot::Waiting)) {
+        if matches!(map.get(slot), Some(Slot::Waiting(_))) {
             map.remove(slot);
         }
     }
@@ -119,11 +128,11 @@ impl Registry {
             .collect()
     }
 
-    /// Whether `slot` is waiting (its key may be in flight) or holds `key`: a queue key of
-    /// this sidecar's that the registry knows by neither is an orphan.
+    /// Whether `slot` is placing, waits with, or holds `key`: a queue key of this sidecar's
+    /// that the registry knows by none of them is an orphan.
     pub fn knows(&self, slot: &SlotKey, key: &str) -> bool {
         match self.0.lock().unwrap().get(slot) {
-            Some(Slot::Waiting) => true,
+            Some(Slot::Waiting(placing)) => placing.as_deref() == Some(key),
             Some(Slot::Held(h)) => h.ticket.key == key,
             _ => false,
         }
@@ -137,7 +146,7 @@ impl Registry {
             .filter_map(|((lock, holder), slot)| {
                 let (state, fencing_token) = match slot {
                     Slot::Held(h) => ("held", Some(h.token())),
-                    Slot::Waiting => ("waiting", None),
+                    Slot::Waiting(_) => ("waiting", None),
                     Slot::Lost { .. } => return None,
                 };
                 Some(LocalEntry {
@@ -175,7 +184,7 @@ fn not_held(lock: &LockId, holder: &str, slot: Option<&Slot>) -> LockError {
             holder: holder.into(),
             reason: format!("{reason} (token {token})"),
         },
-        Some(Slot::Waiting) => LockError::NotHolder {
+        Some(Slot::Waiting(_)) => LockError::NotHolder {
             lock: lock.clone(),
             holder: holder.into(),
             why: "; it is still waiting".into(),
@@ -248,5 +257,19 @@ mod tests {
             registry.get_held(&lock, "b"),
             Err(LockError::NotHolder { .. })
         ));
+    }
+
+    /// Finding 5 of the safety review: while an acquire of a slot was in progress, the sweep
+    /// took every key of that slot as the acquire's, so an orphan of the same holder on a lease
+    /// of another TTL lived as long as the holder kept retrying.
+    #[test]
+    fn a_waiting_slot_knows_only_the_key_it_places() {
+        let registry = Registry::default();
+        let slot = (LockId::new("ns", "l").unwrap(), "h".to_string());
+        registry.claim(&slot).ok().unwrap();
+        assert!(!registry.knows(&slot, "lease-1/h"), "nothing placed yet");
+        registry.placing(&slot, "lease-2/h");
+        assert!(registry.knows(&slot, "lease-2/h"));
+        assert!(!registry.knows(&slot, "lease-1/h"), "an orphan of another lease");
     }
 }

@@ -14,7 +14,7 @@ use super::AppState;
 use super::error::ApiError;
 use super::request::{AcquireOptions, HolderOptions, lock_id, options};
 use crate::lock::keys::rfc3339;
-use crate::lock::{AcquireRequest, Grant};
+use crate::lock::{AcquireRequest, Grant, unique_holder_id};
 use crate::metrics::set_counter;
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -91,9 +91,17 @@ async fn try_acquire(
         // The open connection is the hold's heartbeat; a window asked for explicitly still applies.
         Binding::Connection => opts.heartbeat_timeout_seconds.or(Some(0)),
     };
+    // A connection's hold is its own: without a holderId it gets one no other request has.
+    let wait = opts.wait()?;
+    let holder_id = match (opts.holder_id, binding) {
+        (Some(id), _) => id,
+        (None, Binding::Request) => st.default_holder.clone(),
+        (None, Binding::Connection) => unique_holder_id(&st.default_holder),
+    };
     let req = AcquireRequest {
-        wait: opts.wait()?,
-        holder_id: opts.holder_id.unwrap_or_else(|| st.default_holder.clone()),
+        wait,
+        holder_id,
+        connection_bound: binding == Binding::Connection,
         ttl_seconds: opts.ttl_seconds,
         heartbeat_timeout_seconds: heartbeat,
         container: opts.container,

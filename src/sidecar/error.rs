@@ -51,6 +51,8 @@ impl From<LockError> for ApiError {
             LockError::AlreadyWaiting { .. } => {
                 ApiError::new(StatusCode::CONFLICT, "already_waiting", message)
             }
+            LockError::HolderInUse { .. } => ApiError::new(StatusCode::CONFLICT, "holder_in_use", message),
+            LockError::ModeConflict { .. } => ApiError::new(StatusCode::CONFLICT, "mode_conflict", message),
             LockError::NotHolder { .. } => ApiError::new(StatusCode::CONFLICT, "not_holder", message),
             LockError::Lost { .. } => ApiError::new(StatusCode::GONE, "lock_lost", message),
             LockError::Forbidden(_) => ApiError::new(StatusCode::FORBIDDEN, "forbidden", message),

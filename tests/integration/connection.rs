@@ -166,3 +166,70 @@ async fn idle_streams_get_keep_alive_comments_and_bad_options_a_clear_400() {
         assert!(body["message"].as_str().unwrap().contains(field), "{body}");
     }
 }
+
+/// POSTs `verb`; returns its status and, unless it opened a hold's stream (200 to `hold`, which
+/// stays open), its JSON body.
+async fn answer(s: &Sidecar, lock: &str, verb: &str, body: Value) -> (u16, Value) {
+    let url = format!("{}/v1/locks/{lock}/{verb}", s.addr);
+    let resp = reqwest::Client::new().post(url).json(&body).send().await.unwrap();
+    let status = resp.status().as_u16();
+    if status == 200 && verb == "hold" {
+        return (status, Value::Null);
+    }
+    (status, resp.json().await.unwrap_or(Value::Null))
+}
+
+/// Finding 1 of the safety review: two `/hold` streams of one pod without a holderId (two
+/// containers, the default holder id = the pod's name) were both told `acquired` with one
+/// token. Each connection is now a holder of its own and queues like any other.
+#[tokio::test]
+async fn two_holds_of_one_pod_without_a_holder_id_are_two_holders() {
+    let (_etcd, a, _b) = two_pods("twice").await;
+    let (first, token) = HoldStream::open(&a, "twice", "").await;
+    let (status, body) = answer(&a, "twice", "hold", json!({"waitSeconds": 0})).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("lock_held")),
+        "a second connection of the same pod shared the first one's hold: {body}"
+    );
+    drop(first);
+    let (_second, next) = HoldStream::open(&a, "twice", "?waitSeconds=5").await;
+    assert!(next > token);
+    let (_, info) = a.get("/v1/locks/twice").await;
+    assert_eq!(info["holders"].as_array().unwrap().len(), 1, "{info}");
+    assert_ne!(
+        info["holders"][0]["holderId"], "pod-a",
+        "a holder id of its own: {info}"
+    );
+}
+
+/// The contract's "Holder identity": a holder id that a connection holds is that connection's;
+/// another `/hold` or an acquire naming it is refused, and the first hold lives on.
+#[tokio::test]
+async fn a_holder_id_held_by_a_connection_is_refused_to_every_other_request() {
+    let (etcd, a, _b) = two_pods("owned").await;
+    declare(&etcd.endpoint, &["owned-too"]);
+    let (mut stream, token) = HoldStream::open(&a, "owned", "?holderId=job").await;
+    for verb in ["hold", "acquire"] {
+        let (status, body) = answer(&a, "owned", verb, json!({"holderId": "job", "waitSeconds": 0})).await;
+        assert_eq!(
+            (status, body["error"].as_str()),
+            (409, Some("holder_in_use")),
+            "{verb}: {body}"
+        );
+    }
+    // A request-bound hold is not taken over by a connection either.
+    a.must_acquire("owned-too", json!({"holderId": "app"})).await;
+    let (status, body) = answer(&a, "owned-too", "hold", json!({"holderId": "app"})).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("holder_in_use")),
+        "{body}"
+    );
+    // The refusals ended nothing: the first stream still holds.
+    let (_, info) = a.get("/v1/locks/owned").await;
+    assert_eq!(info["fencingToken"], token, "{info}");
+    let (status, _) = a.post("owned", "release", json!({"holderId": "job"})).await;
+    assert_eq!(status, 200);
+    assert_eq!(stream.event("released").await["fencingToken"], token);
+}

@@ -181,3 +181,41 @@ async fn kill_9_of_podlock_lock_frees_the_lock_at_once_and_stops_the_command() {
     .await;
     assert!(gone.is_ok(), "the command outlived podlock lock and its hold");
 }
+
+/// Finding 1 of the safety review, for `podlock lock`: its default holder id was `HOSTNAME:pid`,
+/// the same for two containers of a pod whose commands each run as PID 1. Two runs that share
+/// a hostname and are each PID 1 (each in a PID namespace of its own, as in a container) are
+/// two holders: the second waits for the first.
+#[tokio::test]
+async fn two_runs_as_pid_1_with_one_hostname_are_two_holders() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["once"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let as_pid_1 = |args: &[&str]| {
+        let mut cmd = Command::new("unshare");
+        cmd.args(["--pid", "--fork", podlock_bin(), "lock"])
+            .args(args)
+            .env("PODLOCK_ADDR", &s.addr)
+            .env("HOSTNAME", "pod-a")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        cmd
+    };
+    let mut first = as_pid_1(&["once", "--", "sleep", "3"]).spawn().unwrap();
+    crate::common::wait_until(Duration::from_secs(5), || async {
+        s.get("/v1/locks/once").await.1["held"] == true
+    })
+    .await
+    .expect("the first run holds");
+    let second = as_pid_1(&["once", "--wait", "0", "--", "true"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(
+        second.status.code(),
+        Some(1),
+        "a second run with the same hostname and PID shared the first one's hold: {}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    assert!(first.wait().await.unwrap().success());
+}

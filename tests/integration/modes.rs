@@ -128,3 +128,94 @@ async fn a_mode_that_cannot_apply_is_refused_naming_the_field() {
     assert_eq!(status, 400, "{body}");
     assert!(body["message"].as_str().unwrap().contains("mode"), "{body}");
 }
+
+/// Finding 2 of the safety review: `r1` holding shared and acquiring again as exclusive was
+/// answered 200 with its shared grant, so it wrote while `r2` read. Every grant now states its
+/// mode, and a re-acquire in the other mode is refused.
+#[tokio::test]
+async fn a_reacquire_in_the_other_mode_is_refused() {
+    let (_etcd, s) = one_sidecar("rw").await;
+    let r1 = s.must_acquire("rw", shared("r1", 0.0)).await;
+    s.must_acquire("rw", shared("r2", 0.0)).await;
+    let (status, body) = s
+        .post("rw", "acquire", json!({"holderId": "r1", "mode": "exclusive"}))
+        .await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("mode_conflict")),
+        "r1 was told it may write while r2 reads: {body}"
+    );
+    let (status, grant) = s.post("rw", "acquire", shared("r1", 0.0)).await;
+    assert_eq!(
+        (status, grant["fencingToken"].as_i64()),
+        (200, Some(r1)),
+        "{grant}"
+    );
+    assert_eq!(grant["mode"], "shared", "{grant}");
+    let (_, grant) = s
+        .post("rw", "acquire", json!({"holderId": "solo", "waitSeconds": 0}))
+        .await;
+    assert_eq!(grant["error"], "lock_held", "{grant}");
+}
+
+/// Finding 4 of the safety review: raising `maxHolders` to 2 while a reader held and a writer
+/// waited granted the writer beside the reader. Shared and exclusive holds never mix, whatever
+/// `maxHolders` becomes.
+#[tokio::test]
+async fn raising_max_holders_never_puts_a_writer_beside_a_reader() {
+    let (etcd, s) = one_sidecar("grow").await;
+    let r1 = s.must_acquire("grow", shared("r1", 0.0)).await;
+    let writer = later(&s, "grow", json!({"holderId": "w", "waitSeconds": 10}));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    declare(&etcd.endpoint, &["grow", "--max-holders", "2"]);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!writer.is_finished(), "the writer was granted beside the reader");
+    release(&s, "grow", "r1").await;
+    let (w, _) = writer.await.unwrap();
+    assert!(w > r1);
+    let (_, info) = s.get("/v1/locks/grow").await;
+    assert_eq!(info["holders"].as_array().unwrap().len(), 1, "{info}");
+}
+
+/// Finding 3 of the safety review: a grant its owner never recorded (a reader whose sidecar died
+/// between its grant and the record) held back every reader behind it until its lease ended.
+/// A waiter behind it now records it after a short grace and is let in beside it.
+#[tokio::test]
+async fn a_grant_its_owner_never_recorded_holds_back_no_one_for_long() {
+    let (etcd, s) = one_sidecar("rw").await;
+    let mut client = etcd.client().await;
+    let lease = client.lease_grant(600, None).await.unwrap().id();
+    let lock = podlock::lock::LockId::new("default", "rw").unwrap();
+    let dead = podlock::lock::Entry {
+        holder_id: "dead".into(),
+        pod: podlock::lock::PodRef {
+            namespace: "default".into(),
+            name: "pod-dead".into(),
+            uid: String::new(),
+        },
+        requested_at: "2026-01-01T00:00:00Z".into(),
+        acquired_at: None,
+        ttl_seconds: 600,
+        heartbeat_timeout_seconds: 0,
+        container: None,
+        mode: podlock::lock::Mode::Shared,
+    };
+    let put = etcd_client::PutOptions::new().with_lease(lease);
+    let value = serde_json::to_vec(&dead).unwrap();
+    client
+        .put(lock.entry_key(lease, "dead"), value, Some(put))
+        .await
+        .unwrap();
+
+    let asked = Instant::now();
+    let (status, body) = s.post("rw", "acquire", shared("r1", 10.0)).await;
+    let waited = asked.elapsed();
+    assert_eq!(status, 200, "{body}");
+    eprintln!("a reader behind an unrecorded grant (lease 600 s) was granted after {waited:?}");
+    assert!(
+        waited < Duration::from_secs(5),
+        "waited {waited:?} behind a dead reader's key"
+    );
+    let (_, info) = s.get("/v1/locks/rw").await;
+    assert_eq!(info["holders"].as_array().unwrap().len(), 2, "{info}");
+}
