@@ -74,6 +74,11 @@ pub fn readiness_key() -> String {
     format!("{ROOT}/readyz")
 }
 
+/// The key of the operator's etcd round trip on `lease` (see `Store::round_trip`).
+pub fn check_key(lease: i64) -> String {
+    format!("{ROOT}/check/{lease:016x}")
+}
+
 /// The lock and holder id of a queue key written by [`LockId::entry_key`].
 pub fn parse_entry_key(key: &str) -> Option<(LockId, String)> {
     let rest = key.strip_prefix(ROOT)?.strip_prefix("/queue/")?;

@@ -29,6 +29,20 @@ pub enum Revoked {
     Foreign(String),
 }
 
+/// The lease TTL of [`Store::round_trip`]: its key goes with the lease even if the revoke fails.
+const CHECK_TTL: u32 = 10;
+
+/// Which step of [`Store::round_trip`] failed, and why.
+#[derive(Debug, thiserror::Error)]
+#[error("could not {step}: {source}")]
+pub struct RoundTripError {
+    /// The step.
+    pub step: &'static str,
+    /// What etcd said.
+    #[source]
+    pub source: LockError,
+}
+
 impl Store {
     /// A store on `client`.
     pub fn new(client: etcd_client::Client) -> Self {
@@ -39,6 +53,27 @@ impl Store {
     pub async fn ready(&self, within: Duration) -> bool {
         let probe = self.0.get(keys::readiness_key(), None);
         matches!(tokio::time::timeout(within, probe).await, Ok(Ok(_)))
+    }
+
+    /// What a lock does in etcd, once, with these credentials: a lease granted, a key put on
+    /// it and read back in one transaction, the lease revoked (removing the key). The error
+    /// names the step that failed.
+    pub async fn round_trip(&self) -> Result<(), RoundTripError> {
+        let step = |step: &'static str| move |source| RoundTripError { step, source };
+        let lease = self
+            .0
+            .lease_grant(CHECK_TTL)
+            .await
+            .map_err(step("grant a lease"))?;
+        let key = keys::check_key(lease);
+        let put = etcd_client::PutOptions::new().with_lease(lease);
+        let txn = Txn::new().and_then([
+            TxnOp::put(key.as_str(), "check", Some(put)),
+            TxnOp::get(key.as_str(), None),
+        ]);
+        let written = self.0.txn(txn).await.map_err(step("put and read a key on it"));
+        let revoked = self.0.lease_revoke(lease).await.map_err(step("revoke the lease"));
+        written.and(revoked).map(|_| ())
     }
 
     /// Writes a lock's settings (creating or updating it).

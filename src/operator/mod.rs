@@ -207,7 +207,8 @@ fn context(
     }))
 }
 
-/// Binds `--listen` and returns the server of `/healthz`, `/readyz` and `/metrics` on it.
+/// Binds `--listen` and returns the server of `/healthz`, `/readyz`, `/checkz` and `/metrics`
+/// on it.
 async fn health_server(
     args: &OperatorArgs,
     store: Store,
@@ -220,6 +221,7 @@ async fn health_server(
     let http = Router::new()
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(readiness::readyz))
+        .route("/checkz", get(readiness::checkz))
         .route(
             "/metrics",
             get(|State(m): State<OperatorMetrics>| async move { m.render() }).with_state(metrics),

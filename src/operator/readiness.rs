@@ -55,3 +55,27 @@ pub async fn readyz(State((readiness, store)): State<(Arc<Readiness>, Store)>) -
     };
     (StatusCode::OK, format!("ready ({etcd})"))
 }
+
+/// `GET /checkz`: what `helm test` asks. 200 once a lock's round trip through etcd with the
+/// operator's credentials works (lease, key, read, revoke); 503 naming the step and etcd's
+/// answer otherwise. Unlike `/readyz`, this fails while etcd is down.
+pub async fn checkz(State((_, store)): State<(Arc<Readiness>, Store)>) -> (StatusCode, String) {
+    let started = std::time::Instant::now();
+    match tokio::time::timeout(CHECK_WITHIN, store.round_trip()).await {
+        Ok(Ok(())) => (
+            StatusCode::OK,
+            format!(
+                "etcd round trip with the operator's credentials in {:?}",
+                started.elapsed()
+            ),
+        ),
+        Ok(Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("etcd: {e}")),
+        Err(_) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("etcd: no answer within {CHECK_WITHIN:?} (is it up, and reachable from the operator?)"),
+        ),
+    }
+}
+
+/// How long `/checkz` waits for etcd.
+const CHECK_WITHIN: Duration = Duration::from_secs(3);

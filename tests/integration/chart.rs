@@ -316,3 +316,48 @@ async fn the_rendered_objects_are_accepted_by_a_real_api_server() {
         }
     }
 }
+
+/// The first Kubernetes minor version (1.x) that serves each API version and kind the chart
+/// renders; a kind not listed fails the test, so a new one comes with the version it needs.
+fn first_minor(api_version: &str, kind: &str) -> u32 {
+    match (api_version, kind) {
+        (
+            "admissionregistration.k8s.io/v1",
+            "ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding",
+        ) => 30,
+        ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration")
+        | ("apps/v1", "Deployment" | "StatefulSet")
+        | ("policy/v1", "PodDisruptionBudget")
+        | ("networking.k8s.io/v1", "NetworkPolicy")
+        | ("rbac.authorization.k8s.io/v1", _)
+        | ("v1", "ConfigMap" | "Pod" | "Secret" | "Service" | "ServiceAccount" | "Namespace") => 25,
+        _ => panic!("first_minor: add {api_version} {kind} with the first Kubernetes version that serves it"),
+    }
+}
+
+/// Finding 4 of the day-two review: `kubeVersion` admits 1.29, but the default values rendered a
+/// ValidatingAdmissionPolicy, which 1.29 does not serve.
+#[test]
+fn every_admitted_minor_renders_only_apis_it_serves() {
+    for minor in 29..=34 {
+        let version = format!("1.{minor}.0");
+        for extra in [&[][..], &["--set", "etcd.bundled.enabled=true"]] {
+            let mut args = vec!["template", "podlock", CHART, "--namespace", "podlock"];
+            args.extend(["--kube-version", version.as_str()]);
+            args.extend_from_slice(extra);
+            let (ok, out, err) = helm(&args);
+            assert!(ok, "helm template for {version} {extra:?}: {err}");
+            for doc in serde_yaml::Deserializer::from_str(&out) {
+                let doc = serde_yaml::Value::deserialize(doc).unwrap();
+                let (Some(api), Some(kind)) = (doc["apiVersion"].as_str(), doc["kind"].as_str()) else {
+                    continue;
+                };
+                assert!(
+                    first_minor(api, kind) <= minor,
+                    "the chart renders {api} {kind} for Kubernetes {version} {extra:?}, which serves it only from 1.{}",
+                    first_minor(api, kind)
+                );
+            }
+        }
+    }
+}

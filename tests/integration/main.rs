@@ -8,6 +8,7 @@ mod api;
 mod certs;
 mod chart;
 mod chart_etcd;
+mod checkz;
 mod connection;
 mod dashboards;
 mod drain;
