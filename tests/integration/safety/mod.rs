@@ -30,11 +30,21 @@
 //! waiting by disconnecting), no queue key remained in etcd. While they ran, no queue key
 //! stayed unknown to every sidecar's registry for more than 15 s ([`orphans`]).
 //!
+//! Every operation the workers perform is recorded with its invocation and answer on one
+//! monotonic clock ([`history`]): acquires (token, mode), releases, heartbeats, the holds' ends
+//! as their clients were told, the fault loop's changes of `maxHolders`; an operation without
+//! answer is ambiguous, never dropped. Porcupine checks each lock's history against a model of
+//! a reader-writer semaphore with fencing tokens ([`linearizability`]); a violation fails the
+//! test with the path of its visualization.
+//!
 //! `cargo test --test integration safety -- --nocapture` runs the CI form: every fault kind
 //! twice. `PODLOCK_SAFETY_SECONDS=300` goes on injecting faults for 300 s.
 
 mod check;
+mod client;
 mod faults;
+mod history;
+mod linearizability;
 mod objects;
 mod orphans;
 mod overlap;
@@ -42,14 +52,17 @@ mod report;
 mod rig;
 mod worker;
 
-use std::time::{Duration, SystemTime};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::store::FencedStore;
 use crate::common::wait_until;
 use check::Analysis;
 use faults::Kind;
+use history::History;
 use rig::Rig;
+use worker::Spec;
 
 /// The locks' TTL: short, to make every fault bite.
 const TTL: Duration = Duration::from_secs(2);
@@ -66,16 +79,29 @@ const POOL_SLOTS: u32 = 2;
 /// What [`Kind::PoolLowered`] lowers the semaphore's `maxHolders` to.
 const POOL_LOWERED: u32 = 1;
 
-/// The lock each worker takes, each on its own sidecar: three contend for the mutex, and
-/// three for the semaphore's two slots, so that a waiter always queues behind a full window.
-const WORKERS: [&str; 6] = [COUNTER, COUNTER, COUNTER, POOL, POOL, POOL];
+/// The sidecars, each of its own pod.
+const SIDECARS: usize = 6;
 
-/// Wall-clock seconds since the Unix epoch: the store logs its writes in the same clock.
+/// The workers, each on its own sidecar: three contend for the mutex, and three for the
+/// semaphore's two slots, so that a waiter always queues behind a full window.
+const WORKERS: [Spec; 6] = [
+    Spec::acquire(COUNTER, 0),
+    Spec::acquire(COUNTER, 1),
+    Spec::acquire(COUNTER, 2),
+    Spec::acquire(POOL, 3),
+    Spec::acquire(POOL, 4),
+    Spec::acquire(POOL, 5),
+];
+
+/// Seconds since the Unix epoch, on one monotonic clock shared by the workers and the fault
+/// loop: the wall clock read once, then an [`Instant`] (so that the history's order is real
+/// time's). The store logs its writes in the wall clock, which it follows within a run.
 fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
+    static ORIGIN: LazyLock<(Instant, f64)> = LazyLock::new(|| {
+        let wall = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap();
+        (Instant::now(), wall.as_secs_f64())
+    });
+    ORIGIN.1 + ORIGIN.0.elapsed().as_secs_f64()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,10 +113,12 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     let mut rig = Rig::start().await;
     let store = FencedStore::start().await;
     let stop = CancellationToken::new();
-    let workers: Vec<_> = (rig.slots.iter().enumerate())
-        .map(|(i, s)| {
+    let history = Arc::new(History::new(&[(COUNTER, 1), (POOL, POOL_SLOTS)]));
+    let workers: Vec<_> = (rig.slots.iter().zip(WORKERS).enumerate())
+        .map(|(i, (s, spec))| {
             let store = (s.lock == COUNTER).then(|| store.url.clone());
-            tokio::spawn(worker::run(i, s.clone(), store, stop.clone()))
+            let run = worker::run((i, spec), s.clone(), store, history.clone(), stop.clone());
+            tokio::spawn(run)
         })
         .collect();
 
@@ -125,7 +153,13 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
         .flat_map(|s| s.holds.lock().unwrap().clone())
         .collect();
     let a = check::analyze(&holds, &store.accepted(), &faults);
+    for f in faults.iter().filter(|f| f.kind.max_holders().is_some()) {
+        history.limit_changed(POOL, f);
+    }
+    let ops = history.ops(&faults, rig.slots.len());
+    let verdict = linearizability::check(&ops, &linearizability::run_dir());
     eprintln!("{}", report::report(&a, start, elapsed, &state, &drained));
+    eprintln!("{}", report::histories(&ops, &verdict));
     eprintln!("  {}", orphans.summary());
     let deleted = faults.iter().filter(|f| f.kind == Kind::PodDeleted).count();
     let ended = pod_deletion_ends(&rig.operator.metrics().await);
@@ -133,6 +167,11 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     assert!(
         deleted == 0 || ended >= 1,
         "pods were deleted but the operator ended nothing"
+    );
+    assert_eq!(
+        verdict.result, "Ok",
+        "a history is not linearizable: see {:?}",
+        verdict.visualization
     );
     assert_verdict(&a, &state, start);
     let orphaned = orphans.violations();
