@@ -63,6 +63,14 @@ impl LockClient {
         self.holder.as_deref().unwrap_or(&self.pod)
     }
 
+    /// The same client under holder id `holder` (as a hold's grant named it).
+    pub fn with_holder(&self, holder: &str) -> LockClient {
+        LockClient {
+            holder: Some(holder.into()),
+            ..self.clone()
+        }
+    }
+
     /// The holder identity the history knows it by: the pod, and the holder id.
     pub fn client(&self) -> String {
         format!("{}/{}", self.pod, self.holder_id())
@@ -221,6 +229,11 @@ impl Notices {
             .into_iter()
             .flatten()
             .reduce(f64::min)
+    }
+
+    /// When the hold with `token` was said released, if it was.
+    pub fn released(&self, token: i64) -> Option<f64> {
+        self.released.get(&token).copied()
     }
 }
 

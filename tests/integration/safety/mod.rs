@@ -1,8 +1,13 @@
 //! Safety under faults, the way Jepsen checks lock services. On a 3-member etcd cluster, three
 //! workers, each on its own sidecar, take a mutex (TTL 2 s) over and over and increment a
 //! fenced counter once per hold; three more, each on its own sidecar too, take a semaphore
-//! (`maxHolders` 2, TTL 2 s) and hold it for 20 to 80 ms each time. All are correct clients:
-//! each follows its sidecar's events stream and stops counting a hold as its own once told it
+//! (`maxHolders` 2, TTL 2 s) and hold it for 20 to 80 ms each time, with a heartbeat halfway
+//! (one of them through `POST .../hold`, ending each hold by closing its connection). Five more
+//! take a reader-writer lock (`maxHolders` 1) on the sidecars of the semaphore: two readers
+//! naming the same holder id on one sidecar (one holder, as the contract says), a reader and a
+//! writer through `/hold` without holder id on another (two holders), and a writer through
+//! `podlock lock rw -- sh -c ...`, the real binary. All are correct clients: each follows its
+//! sidecar's events stream (or its hold's) and stops counting a hold as its own once told it
 //! is lost. A fault loop injects, one at a time and each only once the mutex has made progress
 //! again: kill -9 of the holder's sidecar
 //! (then a new sidecar for its pod); a pause of a holder past the TTL (the worker stalls between
@@ -40,6 +45,7 @@
 //! `cargo test --test integration safety -- --nocapture` runs the CI form: every fault kind
 //! twice. `PODLOCK_SAFETY_SECONDS=300` goes on injecting faults for 300 s.
 
+mod apis;
 mod check;
 mod client;
 mod faults;
@@ -62,7 +68,7 @@ use check::Analysis;
 use faults::Kind;
 use history::History;
 use rig::Rig;
-use worker::Spec;
+use worker::{Api, Spec};
 
 /// The locks' TTL: short, to make every fault bite.
 const TTL: Duration = Duration::from_secs(2);
@@ -79,18 +85,29 @@ const POOL_SLOTS: u32 = 2;
 /// What [`Kind::PoolLowered`] lowers the semaphore's `maxHolders` to.
 const POOL_LOWERED: u32 = 1;
 
+/// The reader-writer lock (`maxHolders` 1): shared holds and exclusive ones.
+const RW: &str = "rw";
+
 /// The sidecars, each of its own pod.
 const SIDECARS: usize = 6;
 
-/// The workers, each on its own sidecar: three contend for the mutex, and three for the
-/// semaphore's two slots, so that a waiter always queues behind a full window.
-const WORKERS: [Spec; 6] = [
+/// The workers. Three contend for the mutex, each on its own sidecar (the fault loop's victims),
+/// and three for the semaphore's two slots, so that a waiter always queues behind a full
+/// window, one of them through `/hold`. On the reader-writer lock: two readers on one sidecar
+/// naming the same holder id (one holder, as the contract says), a reader and a writer through
+/// `/hold` on another without one (two holders), and a writer through `podlock lock`.
+const WORKERS: [Spec; 11] = [
     Spec::acquire(COUNTER, 0),
     Spec::acquire(COUNTER, 1),
     Spec::acquire(COUNTER, 2),
     Spec::acquire(POOL, 3),
     Spec::acquire(POOL, 4),
-    Spec::acquire(POOL, 5),
+    Spec::with(POOL, 5, Api::Hold, "exclusive", None),
+    Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
+    Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
+    Spec::with(RW, 4, Api::Hold, "shared", None),
+    Spec::with(RW, 4, Api::Hold, "exclusive", None),
+    Spec::with(RW, 5, Api::LockCmd, "exclusive", None),
 ];
 
 /// Seconds since the Unix epoch, on one monotonic clock shared by the workers and the fault
@@ -113,7 +130,7 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     let mut rig = Rig::start().await;
     let store = FencedStore::start().await;
     let stop = CancellationToken::new();
-    let history = Arc::new(History::new(&[(COUNTER, 1), (POOL, POOL_SLOTS)]));
+    let history = Arc::new(History::new(&[(COUNTER, 1), (POOL, POOL_SLOTS), (RW, 1)]));
     let workers: Vec<_> = (rig.slots.iter().zip(WORKERS).enumerate())
         .map(|(i, (s, spec))| {
             let store = (s.lock == COUNTER).then(|| store.url.clone());

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::objects::{NAMESPACE, apply_lock, pods, published_limit};
 use super::worker::Slot;
-use super::{COUNTER, POOL, POOL_SLOTS, SIDECARS, WORKERS};
+use super::{COUNTER, POOL, POOL_SLOTS, RW, SIDECARS, WORKERS};
 use crate::common::kube::{ControlPlane, Operator, running_pod, with_crd};
 use crate::common::members::leader_of;
 use crate::common::netns::MemberNet;
@@ -47,7 +47,7 @@ impl Rig {
             .join(",");
         let plane = with_crd();
         plane.namespace(NAMESPACE);
-        let locks = [(COUNTER, 1), (POOL, POOL_SLOTS)];
+        let locks = [(COUNTER, 1), (POOL, POOL_SLOTS), (RW, 1)];
         for (lock, limit) in locks {
             apply_lock(plane, lock, limit);
         }

@@ -11,6 +11,7 @@ use std::time::Duration;
 use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
+use super::apis;
 use super::client::{Grant, LockClient};
 use super::history::{History, OpKind, Outcome};
 use super::{TTL, now};
@@ -201,6 +202,10 @@ impl Worker {
 pub enum Api {
     /// `POST .../acquire`, then release (and for a semaphore's worker, a heartbeat between).
     Acquire,
+    /// `POST .../hold`, ended by closing the connection.
+    Hold,
+    /// `podlock lock NAME -- CMD`, the real binary.
+    LockCmd,
 }
 
 /// One worker: the lock it takes, on which sidecar, how, in which mode, and the holder id it
@@ -268,6 +273,8 @@ pub async fn run(
     };
     match spec.api {
         Api::Acquire => acquire_loop(Worker { slot, store, c }, stop).await,
+        Api::Hold => apis::hold_loop(&c, &slot, stop).await,
+        Api::LockCmd => apis::lock_cmd_loop(&c, &slot, stop).await,
     }
 }
 
