@@ -40,7 +40,8 @@
 //! as their clients were told, the fault loop's changes of `maxHolders`; an operation without
 //! answer is ambiguous, never dropped. Porcupine checks each lock's history against a model of
 //! a reader-writer semaphore with fencing tokens ([`linearizability`]); a violation fails the
-//! test with the path of its visualization.
+//! test with the path of its visualization. The grants are also checked against etcd's own
+//! log, replayed in revision order ([`eventlog`]).
 //!
 //! `cargo test --test integration safety -- --nocapture` runs the CI form: every fault kind
 //! twice. `PODLOCK_SAFETY_SECONDS=300` goes on injecting faults for 300 s.
@@ -48,6 +49,7 @@
 mod apis;
 mod check;
 mod client;
+mod eventlog;
 mod faults;
 mod history;
 mod linearizability;
@@ -58,6 +60,7 @@ mod report;
 mod rig;
 mod worker;
 
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
@@ -130,6 +133,9 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     let mut rig = Rig::start().await;
     let store = FencedStore::start().await;
     let stop = CancellationToken::new();
+    // From revision 1, before any worker: the log holds every key the workers' grants made.
+    let end = Arc::new(AtomicI64::new(i64::MAX));
+    let log = tokio::spawn(eventlog::record(rig.endpoints.clone(), end.clone()));
     let history = Arc::new(History::new(&[(COUNTER, 1), (POOL, POOL_SLOTS), (RW, 1)]));
     let workers: Vec<_> = (rig.slots.iter().zip(WORKERS).enumerate())
         .map(|(i, (s, spec))| {
@@ -164,6 +170,8 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     for s in &mut rig.sidecars {
         s.terminate();
     }
+    end.store(rig.etcd[0].revision().await, Ordering::Relaxed);
+    let log = log.await.unwrap();
 
     let state = store.state().await;
     let holds: Vec<_> = (rig.slots.iter())
@@ -175,8 +183,11 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     }
     let ops = history.ops(&faults, rig.slots.len());
     let verdict = linearizability::check(&ops, &linearizability::run_dir());
+    let mut replay = eventlog::replay(&log);
+    let grants = replay.check_grants(&ops, &log.arrivals);
     eprintln!("{}", report::report(&a, start, elapsed, &state, &drained));
     eprintln!("{}", report::histories(&ops, &verdict));
+    eprintln!("  {}", replay.summary(log.events.len(), grants));
     eprintln!("  {}", orphans.summary());
     let deleted = faults.iter().filter(|f| f.kind == Kind::PodDeleted).count();
     let ended = pod_deletion_ends(&rig.operator.metrics().await);
@@ -189,6 +200,11 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
         verdict.result, "Ok",
         "a history is not linearizable: see {:?}",
         verdict.visualization
+    );
+    assert!(
+        replay.violations.is_empty(),
+        "etcd's log: {:#?}",
+        replay.violations
     );
     assert_verdict(&a, &state, start);
     let orphaned = orphans.violations();
