@@ -85,6 +85,11 @@ const POOL: &str = "pool";
 /// The semaphore's `maxHolders`.
 const POOL_SLOTS: u32 = 2;
 
+/// How long one injection may take: a Pod deletion waits up to twice the TTL for the lock to
+/// move, then for the Pod to go; a lock deletion waits for the operator's finalizer. Longer,
+/// the run is a few faults rather than many (once, a lock deletion took 346 s).
+const INJECTION_LIMIT: f64 = 20.0;
+
 /// What [`Kind::PoolLowered`] lowers the semaphore's `maxHolders` to.
 const POOL_LOWERED: u32 = 1;
 
@@ -242,6 +247,15 @@ fn assert_verdict(a: &Analysis, state: &serde_json::Value, start: f64) {
         ),
         "the semaphore never filled its {POOL_SLOTS} slots, or never granted while lowered: {pool:?}"
     );
+    for (f, _) in &a.recoveries {
+        assert!(
+            f.until - f.at <= INJECTION_LIMIT,
+            "a {} at {:.3} took {:.1} s to inject (limit {INJECTION_LIMIT} s): the run starves",
+            f.kind.name(),
+            f.at - start,
+            f.until - f.at
+        );
+    }
     for (f, took) in &a.recoveries {
         let limit = f.kind.recovery_limit().as_secs_f64();
         assert!(
