@@ -88,18 +88,17 @@ func (s lockState) without(client string) lockState {
 	return next
 }
 
-// admits says whether a new hold in mode may be granted now. While maxHolders changes, grants
-// already decided under the old value may still land, so the larger of the two binds. With
-// maxHolders 1 the lock is a reader-writer lock: shared holds together, an exclusive one
-// alone. With more, every hold takes a slot, and exclusive and shared holds never mix.
+// admits says whether a new hold in mode may be granted now: shared holds only beside shared
+// ones, however many; exclusive ones only beside exclusive ones, up to maxHolders (with
+// maxHolders 1, a reader-writer lock). While maxHolders changes, grants already decided under
+// the old value may still land, so the larger of the two binds.
 func (s lockState) admits(mode string) bool {
-	limit := max(s.limit, s.pending)
 	for _, h := range s.holders {
-		if h.mode != mode || mode == "exclusive" && limit == 1 {
+		if h.mode != mode {
 			return false
 		}
 	}
-	return limit == 1 && mode == "shared" || len(s.holders) < limit
+	return mode == "shared" || len(s.holders) < max(s.limit, s.pending)
 }
 
 // acquire steps an acquire (or a hold, or `podlock lock`): the states it may leave.

@@ -1,14 +1,14 @@
 //! The grants against etcd's own log. While the workers run, a watch over every podlock key
 //! (from revision 1: the settings and the queues) records each event and when it arrived;
 //! afterwards the log is replayed in revision order. At each revision a queue key is admitted
-//! when the protocol's rule ([`podlock::lock`]'s `position`) makes it a holder: a mutex's
-//! first key; a shared key of a reader-writer lock once every key ahead of it is shared and
-//! has recorded its grant; in a semaphore, a key with fewer than `maxHolders` keys ahead, all
-//! granted. Admitted keys stay admitted until deleted. The replay checks that
+//! when the protocol's rule (`src/lock/position.rs`) makes it a holder: a shared key once every
+//! key ahead of it is shared and has recorded its grant (`acquiredAt`); an exclusive key once
+//! fewer than `maxHolders` keys are ahead of it, all exclusive and granted (a mutex's: none
+//! ahead). Admitted keys stay admitted until deleted. The replay checks that
 //!
-//! * at every revision the admitted keys fit: never more than the largest `maxHolders` in
-//!   force since the oldest of them was admitted (a lowering binds new grants only), never an
-//!   exclusive key of a reader-writer lock beside another;
+//! * at every revision the admitted keys fit: exclusive ones never more than the largest
+//!   `maxHolders` in force since the oldest of them was admitted (a lowering binds new grants
+//!   only), and never beside shared ones;
 //! * every key that recorded its grant (`acquiredAt`) had been admitted by then;
 //! * every token a client was granted is the create revision of a key of its lock and holder
 //!   id that was admitted at a revision after the client asked (later than every revision the
@@ -130,10 +130,10 @@ impl Lock {
         for (i, c) in live.iter().enumerate() {
             let ahead: Vec<&Key> = live[..i].iter().map(|a| &self.keys[a]).collect();
             let k = &self.keys[c];
-            let holder = match (limit, k.shared) {
-                (1, false) => ahead.is_empty(),
-                (1, true) => ahead.iter().all(|a| a.shared && a.granted),
-                (n, _) => ahead.len() < n as usize && ahead.iter().all(|a| a.granted),
+            let holder = if k.shared {
+                ahead.iter().all(|a| a.shared && a.granted)
+            } else {
+                ahead.len() < limit as usize && ahead.iter().all(|a| !a.shared && a.granted)
             };
             if holder && k.admitted.is_none() {
                 self.keys.get_mut(c).unwrap().admitted = Some(revision);
@@ -155,12 +155,9 @@ impl Lock {
             .map(|(_, l)| *l)
             .max()
             .unwrap_or(1);
-        // With maxHolders 1 shared keys share, an exclusive one stands alone.
-        let exclusive = admitted.iter().any(|(_, k)| !k.shared);
-        let over = match bound {
-            1 => exclusive && admitted.len() > 1,
-            n => admitted.len() > n as usize,
-        };
+        // Shared keys share, however many; exclusive ones, up to maxHolders; never both.
+        let exclusive = admitted.iter().filter(|(_, k)| !k.shared).count();
+        let over = exclusive > bound as usize || (exclusive > 0 && exclusive < admitted.len());
         over.then(|| {
             let tokens: Vec<&i64> = admitted.iter().map(|(c, _)| *c).collect();
             format!("{name} at revision {revision}: keys {tokens:?} admitted together (maxHolders {bound})")
