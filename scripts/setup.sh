@@ -7,6 +7,8 @@
 #   ip, iptables      Debian's iproute2 and iptables (the safety checker's etcd partitions)
 #   perf              Debian's linux-perf (scripts/profile-handoff.sh)
 #   etcd, etcdctl     built from the Go module go.etcd.io/etcd (server/v3, etcdctl/v3)
+#   Porcupine         the Go module github.com/anishathalye/porcupine, downloaded for the safety
+#                     run's linearizability checker (tests/linearizability/, built by the test)
 #   with --kubernetes: kube-apiserver and kube-controller-manager, built from the Go module
 #                     k8s.io/kubernetes (about 3 + 3 minutes of compile on 2 cores), and helm
 #                     from helm.sh/helm/v3 (about 2 minutes), and promtool and prometheus from
@@ -106,6 +108,8 @@ build_go_cmd() {
 
 build_go_cmd etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
 build_go_cmd etcdctl go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdctl/v3
+step "the linearizability checker's Go modules (tests/linearizability/go.mod)"
+(cd "$(dirname "$0")/../tests/linearizability" && go mod download)
 
 # build_kube_cmds CMD...: builds k8s.io/kubernetes/cmd/CMD at KUBE_VERSION. `go install` refuses
 # that module (its go.mod replaces every k8s.io staging module with a local directory), so a

@@ -14,6 +14,8 @@ step "cargo fmt --check"
 cargo fmt --all -- --check
 step "cargo clippy --all-targets -- -D warnings"
 cargo clippy --all-targets -- -D warnings
+step "gofmt, go vet and go test of tests/linearizability (the safety run's checker)"
+(cd tests/linearizability && test -z "$(gofmt -l .)" && go vet ./... && go test ./...)
 step "hadolint Dockerfile"
 hadolint Dockerfile
 # The image cannot be built here (no Docker engine): build the binary with the Dockerfile's own

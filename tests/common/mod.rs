@@ -94,6 +94,13 @@ impl EtcdAt {
         let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
         self.client().await.get(prefix, Some(opts)).await.unwrap().count()
     }
+
+    /// Its current revision.
+    pub async fn revision(&self) -> i64 {
+        let opts = etcd_client::GetOptions::new().with_count_only();
+        let resp = self.client().await.get("/", Some(opts)).await.unwrap();
+        resp.header().expect("a response header").revision()
+    }
 }
 
 /// A single-member etcd server; killed on drop.

@@ -171,9 +171,7 @@ impl Rig {
     async fn kill_sidecar(&mut self, round: usize) -> (usize, f64) {
         let i = self.holder().await.unwrap_or(round % self.counter_workers());
         let at = now();
-        self.sidecars[i].kill9();
-        self.sidecars[i] = self.start_sidecar(i).await;
-        *self.slots[i].addr.lock().unwrap() = self.sidecars[i].addr.clone();
+        self.replace_sidecar(i).await;
         (i, at)
     }
 

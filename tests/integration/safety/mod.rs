@@ -1,8 +1,13 @@
 //! Safety under faults, the way Jepsen checks lock services. On a 3-member etcd cluster, three
 //! workers, each on its own sidecar, take a mutex (TTL 2 s) over and over and increment a
 //! fenced counter once per hold; three more, each on its own sidecar too, take a semaphore
-//! (`maxHolders` 2, TTL 2 s) and hold it for 20 to 80 ms each time. All are correct clients:
-//! each follows its sidecar's events stream and stops counting a hold as its own once told it
+//! (`maxHolders` 2, TTL 2 s) and hold it for 20 to 80 ms each time, with a heartbeat halfway
+//! (one of them through `POST .../hold`, ending each hold by closing its connection). Five more
+//! take a reader-writer lock (`maxHolders` 1) on the sidecars of the semaphore: two readers
+//! naming the same holder id on one sidecar (one holder, as the contract says), a reader and a
+//! writer through `/hold` without holder id on another (two holders), and a writer through
+//! `podlock lock rw -- sh -c ...`, the real binary. All are correct clients: each follows its
+//! sidecar's events stream (or its hold's) and stops counting a hold as its own once told it
 //! is lost. A fault loop injects, one at a time and each only once the mutex has made progress
 //! again: kill -9 of the holder's sidecar
 //! (then a new sidecar for its pod); a pause of a holder past the TTL (the worker stalls between
@@ -30,11 +35,24 @@
 //! waiting by disconnecting), no queue key remained in etcd. While they ran, no queue key
 //! stayed unknown to every sidecar's registry for more than 15 s ([`orphans`]).
 //!
+//! Every operation the workers perform is recorded with its invocation and answer on one
+//! monotonic clock ([`history`]): acquires (token, mode), releases, heartbeats, the holds' ends
+//! as their clients were told, the fault loop's changes of `maxHolders`; an operation without
+//! answer is ambiguous, never dropped. Porcupine checks each lock's history against a model of
+//! a reader-writer semaphore with fencing tokens ([`linearizability`]); a violation fails the
+//! test with the path of its visualization. The grants are also checked against etcd's own
+//! log, replayed in revision order ([`eventlog`]).
+//!
 //! `cargo test --test integration safety -- --nocapture` runs the CI form: every fault kind
 //! twice. `PODLOCK_SAFETY_SECONDS=300` goes on injecting faults for 300 s.
 
+mod apis;
 mod check;
+mod client;
+mod eventlog;
 mod faults;
+mod history;
+mod linearizability;
 mod objects;
 mod orphans;
 mod overlap;
@@ -42,14 +60,18 @@ mod report;
 mod rig;
 mod worker;
 
-use std::time::{Duration, SystemTime};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, LazyLock};
+use std::time::{Duration, Instant, SystemTime};
 use tokio_util::sync::CancellationToken;
 
 use crate::common::store::FencedStore;
 use crate::common::wait_until;
 use check::Analysis;
 use faults::Kind;
+use history::History;
 use rig::Rig;
+use worker::{Api, Spec};
 
 /// The locks' TTL: short, to make every fault bite.
 const TTL: Duration = Duration::from_secs(2);
@@ -63,19 +85,48 @@ const POOL: &str = "pool";
 /// The semaphore's `maxHolders`.
 const POOL_SLOTS: u32 = 2;
 
+/// How long one injection may take: a Pod deletion waits up to twice the TTL for the lock to
+/// move, then for the Pod to go; a lock deletion waits for the operator's finalizer. Longer,
+/// the run is a few faults rather than many (once, a lock deletion took 346 s).
+const INJECTION_LIMIT: f64 = 20.0;
+
 /// What [`Kind::PoolLowered`] lowers the semaphore's `maxHolders` to.
 const POOL_LOWERED: u32 = 1;
 
-/// The lock each worker takes, each on its own sidecar: three contend for the mutex, and
-/// three for the semaphore's two slots, so that a waiter always queues behind a full window.
-const WORKERS: [&str; 6] = [COUNTER, COUNTER, COUNTER, POOL, POOL, POOL];
+/// The reader-writer lock (`maxHolders` 1): shared holds and exclusive ones.
+const RW: &str = "rw";
 
-/// Wall-clock seconds since the Unix epoch: the store logs its writes in the same clock.
+/// The sidecars, each of its own pod.
+const SIDECARS: usize = 6;
+
+/// The workers. Three contend for the mutex, each on its own sidecar (the fault loop's victims),
+/// and three for the semaphore's two slots, so that a waiter always queues behind a full
+/// window, one of them through `/hold`. On the reader-writer lock: two readers on one sidecar
+/// naming the same holder id (one holder, as the contract says), a reader and a writer through
+/// `/hold` on another without one (two holders), and a writer through `podlock lock`.
+const WORKERS: [Spec; 11] = [
+    Spec::acquire(COUNTER, 0),
+    Spec::acquire(COUNTER, 1),
+    Spec::acquire(COUNTER, 2),
+    Spec::acquire(POOL, 3),
+    Spec::acquire(POOL, 4),
+    Spec::with(POOL, 5, Api::Hold, "exclusive", None),
+    Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
+    Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
+    Spec::with(RW, 4, Api::Hold, "shared", None),
+    Spec::with(RW, 4, Api::Hold, "exclusive", None),
+    Spec::with(RW, 5, Api::LockCmd, "exclusive", None),
+];
+
+/// Seconds since the Unix epoch, on one monotonic clock shared by the workers and the fault
+/// loop: the wall clock read once, then an [`Instant`] (so that the history's order is real
+/// time's). The store logs its writes in the wall clock, which it follows within a run.
 fn now() -> f64 {
-    SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .unwrap()
-        .as_secs_f64()
+    static ORIGIN: LazyLock<(Instant, f64)> = LazyLock::new(|| {
+        let wall = SystemTime::now().duration_since(SystemTime::UNIX_EPOCH).unwrap();
+        (Instant::now(), wall.as_secs_f64())
+    });
+    ORIGIN.1 + ORIGIN.0.elapsed().as_secs_f64()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -87,10 +138,15 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     let mut rig = Rig::start().await;
     let store = FencedStore::start().await;
     let stop = CancellationToken::new();
-    let workers: Vec<_> = (rig.slots.iter().enumerate())
-        .map(|(i, s)| {
+    // From revision 1, before any worker: the log holds every key the workers' grants made.
+    let end = Arc::new(AtomicI64::new(i64::MAX));
+    let log = tokio::spawn(eventlog::record(rig.endpoints.clone(), end.clone()));
+    let history = Arc::new(History::new(&[(COUNTER, 1), (POOL, POOL_SLOTS), (RW, 1)]));
+    let workers: Vec<_> = (rig.slots.iter().zip(WORKERS).enumerate())
+        .map(|(i, (s, spec))| {
             let store = (s.lock == COUNTER).then(|| store.url.clone());
-            tokio::spawn(worker::run(i, s.clone(), store, stop.clone()))
+            let run = worker::run((i, spec), s.clone(), store, history.clone(), stop.clone());
+            tokio::spawn(run)
         })
         .collect();
 
@@ -119,13 +175,24 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     for s in &mut rig.sidecars {
         s.terminate();
     }
+    end.store(rig.etcd[0].revision().await, Ordering::Relaxed);
+    let log = log.await.unwrap();
 
     let state = store.state().await;
     let holds: Vec<_> = (rig.slots.iter())
         .flat_map(|s| s.holds.lock().unwrap().clone())
         .collect();
     let a = check::analyze(&holds, &store.accepted(), &faults);
+    for f in faults.iter().filter(|f| f.kind.max_holders().is_some()) {
+        history.limit_changed(POOL, f);
+    }
+    let ops = history.ops(&faults, rig.slots.len());
+    let verdict = linearizability::check(&ops, &linearizability::run_dir());
+    let mut replay = eventlog::replay(&log);
+    let grants = replay.check_grants(&ops, &log.arrivals);
     eprintln!("{}", report::report(&a, start, elapsed, &state, &drained));
+    eprintln!("{}", report::histories(&ops, &verdict));
+    eprintln!("  {}", replay.summary(log.events.len(), grants));
     eprintln!("  {}", orphans.summary());
     let deleted = faults.iter().filter(|f| f.kind == Kind::PodDeleted).count();
     let ended = pod_deletion_ends(&rig.operator.metrics().await);
@@ -133,6 +200,16 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     assert!(
         deleted == 0 || ended >= 1,
         "pods were deleted but the operator ended nothing"
+    );
+    assert_eq!(
+        verdict.result, "Ok",
+        "a history is not linearizable: see {:?}",
+        verdict.visualization
+    );
+    assert!(
+        replay.violations.is_empty(),
+        "etcd's log: {:#?}",
+        replay.violations
     );
     assert_verdict(&a, &state, start);
     let orphaned = orphans.violations();
@@ -170,6 +247,15 @@ fn assert_verdict(a: &Analysis, state: &serde_json::Value, start: f64) {
         ),
         "the semaphore never filled its {POOL_SLOTS} slots, or never granted while lowered: {pool:?}"
     );
+    for (f, _) in &a.recoveries {
+        assert!(
+            f.until - f.at <= INJECTION_LIMIT,
+            "a {} at {:.3} took {:.1} s to inject (limit {INJECTION_LIMIT} s): the run starves",
+            f.kind.name(),
+            f.at - start,
+            f.until - f.at
+        );
+    }
     for (f, took) in &a.recoveries {
         let limit = f.kind.recovery_limit().as_secs_f64();
         assert!(

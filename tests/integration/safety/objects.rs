@@ -72,10 +72,9 @@ impl Rig {
             self.pods.get_opt(&pod).await.unwrap().is_none()
         });
         gone.await.expect("the deleted pod is gone");
-        self.sidecars[i].kill9();
+        self.sidecars[i].kill9(); // before its pod comes back: it never serves the new uid
         self.uids[i] = running_pod(&self.pods, &pod).await;
-        self.sidecars[i] = self.start_sidecar(i).await;
-        *self.slots[i].addr.lock().unwrap() = self.sidecars[i].addr.clone();
+        self.replace_sidecar(i).await;
         (i, at)
     }
 }

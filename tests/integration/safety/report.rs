@@ -4,7 +4,9 @@ use std::time::Duration;
 
 use super::check::{Analysis, LOST_NOTICE};
 use super::faults::Kind;
-use super::{TTL, WORKERS};
+use super::history::Op;
+use super::linearizability::{Verdict, run_dir, tally};
+use super::{SIDECARS, TTL, WORKERS};
 
 /// The one-screen summary of a run that took `elapsed` seconds from `start`.
 pub fn report(
@@ -15,9 +17,9 @@ pub fn report(
     drained: &Result<Duration, String>,
 ) -> String {
     let mut out = format!(
-        "safety: {elapsed:.0} s, TTL {} s, {n} workers on {n} sidecars, 3-member etcd\n  faults:",
+        "safety: {elapsed:.0} s, TTL {} s, {} workers on {SIDECARS} sidecars, 3-member etcd\n  faults:",
         TTL.as_secs(),
-        n = WORKERS.len()
+        WORKERS.len()
     );
     for (i, k) in Kind::CYCLE.iter().enumerate() {
         let n = a.recoveries.iter().filter(|(f, _)| f.kind == *k).count();
@@ -98,6 +100,38 @@ fn recoveries(a: &Analysis) -> String {
             times.len(),
             k.recovery_limit().as_secs_f64()
         );
+    }
+    out
+}
+
+/// Porcupine's verdict on each lock's history, and its operations by API: answered and done,
+/// refused, and never answered (ambiguous), with the modes asked for.
+pub fn histories(ops: &[Op], v: &Verdict) -> String {
+    let mut out = format!(
+        "  linearizability (Porcupine, {} operations checked in {:.1} s): {}",
+        ops.len(),
+        v.seconds,
+        v.result
+    );
+    let tally = tally(ops);
+    for lock in &v.locks {
+        out += &format!("\n    {}: {} ({} operations)", lock.lock, lock.result, lock.ops);
+        for ((_, api), t) in tally.iter().filter(|((l, _), _)| *l == lock.lock) {
+            let modes = if t.modes.is_empty() {
+                String::new()
+            } else {
+                format!(", {}", t.modes.join(" and "))
+            };
+            out += &format!(
+                "\n      {api:<10} {} ok, {} failed, {} ambiguous{modes}",
+                t.ok, t.failed, t.ambiguous
+            );
+        }
+    }
+    let dir = run_dir();
+    out += &format!("\n  history: {}", dir.join("history.json").display());
+    if let Some(html) = &v.visualization {
+        out += &format!("\n  violation shown in {html}");
     }
     out
 }

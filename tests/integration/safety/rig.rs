@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::objects::{NAMESPACE, apply_lock, pods, published_limit};
 use super::worker::Slot;
-use super::{COUNTER, POOL, POOL_SLOTS, WORKERS};
+use super::{COUNTER, POOL, POOL_SLOTS, RW, SIDECARS, WORKERS};
 use crate::common::kube::{ControlPlane, Operator, running_pod, with_crd};
 use crate::common::members::leader_of;
 use crate::common::netns::MemberNet;
@@ -30,15 +30,15 @@ pub struct Rig {
     pub pods: Api<Pod>,
     /// Pod `i`'s uid now (a pod made again has a new one).
     pub uids: Vec<String>,
-    /// Sidecar `i` serves worker `i`.
+    /// Sidecar `i` serves pod `w{i}`.
     pub sidecars: Vec<Sidecar>,
-    /// The workers' slots: the mutex's first, then the semaphore's.
+    /// The workers' slots, as [`WORKERS`]: the mutex's first, on sidecars 0 to 2.
     pub slots: Vec<Arc<Slot>>,
 }
 
 impl Rig {
-    /// Starts etcd and the operator, declares the mutex and the semaphore as DistributedLocks,
-    /// and makes a Pod and a sidecar for each of [`WORKERS`].
+    /// Starts etcd and the operator, declares the locks as DistributedLocks, makes the Pods
+    /// and their sidecars, and a slot for each of [`WORKERS`].
     pub async fn start() -> Self {
         let net = MemberNet::create(3);
         let etcd = EtcdServer::cluster_on(&net, 3).await;
@@ -47,12 +47,18 @@ impl Rig {
             .join(",");
         let plane = with_crd();
         plane.namespace(NAMESPACE);
-        apply_lock(plane, COUNTER, 1);
-        apply_lock(plane, POOL, POOL_SLOTS);
+        let locks = [(COUNTER, 1), (POOL, POOL_SLOTS), (RW, 1)];
+        for (lock, limit) in locks {
+            apply_lock(plane, lock, limit);
+        }
         let operator = Operator::start_with(plane, NAMESPACE, &endpoints, &[]).await;
         let published = wait_until(Duration::from_secs(20), || async {
-            published_limit(&endpoints, COUNTER).await.is_some()
-                && published_limit(&endpoints, POOL).await.is_some()
+            for (lock, _) in locks {
+                if published_limit(&endpoints, lock).await.is_none() {
+                    return false;
+                }
+            }
+            true
         });
         published
             .await
@@ -68,14 +74,27 @@ impl Rig {
             sidecars: vec![],
             slots: vec![],
         };
-        for (i, lock) in WORKERS.into_iter().enumerate() {
-            let pod = format!("w{i}");
-            rig.uids.push(running_pod(&rig.pods, &pod).await);
+        for i in 0..SIDECARS {
+            rig.uids.push(running_pod(&rig.pods, &format!("w{i}")).await);
             let s = rig.start_sidecar(i).await;
-            rig.slots.push(Slot::new(&pod, lock, &s.addr));
             rig.sidecars.push(s);
         }
+        for w in WORKERS {
+            let addr = &rig.sidecars[w.sidecar].addr;
+            let pod = format!("w{}", w.sidecar);
+            rig.slots.push(Slot::new(&pod, w.lock, w.sidecar, addr));
+        }
         rig
+    }
+
+    /// A new sidecar for pod `i` in place of its old one (killed first), and its workers told
+    /// where it listens.
+    pub async fn replace_sidecar(&mut self, i: usize) {
+        self.sidecars[i].kill9();
+        self.sidecars[i] = self.start_sidecar(i).await;
+        for s in self.slots.iter().filter(|s| s.sidecar == i) {
+            *s.addr.lock().unwrap() = self.sidecars[i].addr.clone();
+        }
     }
 
     /// A new sidecar for worker `i`'s pod.

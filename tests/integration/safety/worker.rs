@@ -4,16 +4,16 @@
 //! breaking (its sidecar died). A worker of the mutex increments the fenced counter once per
 //! hold; a worker of the semaphore only holds for a while (its slots are checked by overlap).
 
-use eventsource_stream::Eventsource;
-use futures::StreamExt;
-use serde_json::{Value, json};
-use std::collections::HashMap;
+use serde_json::Value;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
-use tokio::time::{sleep, timeout};
+use std::time::Duration;
+use tokio::time::sleep;
 use tokio_util::sync::CancellationToken;
 
+use super::apis;
+use super::client::{Grant, LockClient};
+use super::history::{History, OpKind, Outcome};
 use super::{TTL, now};
 use crate::common::wait_until;
 
@@ -22,7 +22,7 @@ use crate::common::wait_until;
 pub const STALL: Duration = Duration::from_millis(TTL.as_millis() as u64 + 1500);
 
 /// The heartbeat window of every hold: far longer than a hold's work, so only a stalled
-/// worker misses it (the workers never heartbeat).
+/// worker misses it (the mutex's workers never heartbeat; the semaphore's, once a hold).
 pub const HEARTBEAT: Duration = Duration::from_secs(1);
 
 /// What a worker saw of one hold. Times are wall-clock seconds since the Unix epoch.
@@ -66,6 +66,8 @@ pub struct Slot {
     pub pod: String,
     /// The lock it takes.
     pub lock: &'static str,
+    /// Its sidecar's index.
+    pub sidecar: usize,
     /// The address of its sidecar now (a restarted sidecar listens elsewhere).
     pub addr: Mutex<String>,
     /// Set by the fault loop: stall after the next grant.
@@ -80,11 +82,12 @@ pub struct Slot {
 }
 
 impl Slot {
-    /// A worker slot for `pod`, taking `lock` through the sidecar at `addr`.
-    pub fn new(pod: &str, lock: &'static str, addr: &str) -> Arc<Self> {
+    /// A worker slot for `pod`, taking `lock` through its sidecar `sidecar`, at `addr`.
+    pub fn new(pod: &str, lock: &'static str, sidecar: usize, addr: &str) -> Arc<Self> {
         Arc::new(Slot {
             pod: pod.into(),
             lock,
+            sidecar,
             addr: Mutex::new(addr.into()),
             stall: AtomicBool::new(false),
             stall_release: AtomicBool::new(false),
@@ -94,129 +97,42 @@ impl Slot {
     }
 }
 
-/// What one events stream said about holds being lost.
-#[derive(Default)]
-struct Notices {
-    /// Token → when its `lost` event arrived.
-    lost: HashMap<i64, f64>,
-    /// When the stream broke (the sidecar died): every hold on it counts as lost.
-    broken: Option<f64>,
-}
-
-impl Notices {
-    fn lost(&self, token: i64) -> Option<f64> {
-        [self.lost.get(&token).copied(), self.broken]
-            .into_iter()
-            .flatten()
-            .reduce(f64::min)
-    }
-}
-
-/// Reads a lock's events stream until it ends, recording `holder`'s lost holds. A stream
-/// that ends (its sidecar died, or it lagged) makes every hold on it count as lost.
-async fn follow(events: reqwest::Response, holder: String, notices: Arc<Mutex<Notices>>) {
-    let mut stream = events.bytes_stream().eventsource();
-    while let Some(Ok(event)) = stream.next().await {
-        let Ok(ev) = serde_json::from_str::<Value>(&event.data) else {
-            continue;
-        };
-        if event.event == "lost"
-            && ev["holderId"] == holder.as_str()
-            && let Some(token) = ev["fencingToken"].as_i64()
-        {
-            notices.lock().unwrap().lost.entry(token).or_insert(now());
-        }
-    }
-    notices.lock().unwrap().broken.get_or_insert(now());
-}
-
-/// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
-
-impl Drop for AbortOnDrop {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
-}
-
 /// After dropping a waiting acquire: its grant may have raced the drop, so once the sidecar
 /// is done with it (no longer waiting), release whatever it left held. Release never touches a
 /// waiting key: a waiter the sidecar failed to remove still shows in etcd.
-async fn abandon(http: &reqwest::Client, addr: &str, slot: &Slot) {
+async fn abandon(c: &LockClient, addr: &str) {
     let _ = wait_until(Duration::from_secs(2), || async {
-        let Ok(resp) = http.get(format!("{addr}/v1/locks")).send().await else {
+        let Ok(resp) = c.http.get(format!("{addr}/v1/locks")).send().await else {
             return true;
         };
         let mine = resp.json::<Value>().await.unwrap_or_default()["locks"]
             .as_array()
             .into_iter()
             .flatten()
-            .any(|l| l["lock"] == slot.lock && l["holderId"] == slot.pod && l["state"] == "waiting");
+            .any(|l| l["lock"] == c.lock && l["holderId"] == c.holder_id() && l["state"] == "waiting");
         !mine
     })
     .await;
-    let _ = http
-        .post(format!("{addr}/v1/locks/{}/release", slot.lock))
-        .json(&json!({}))
-        .send()
-        .await;
+    c.end_or_beat(addr, "release").await;
 }
 
-/// Seconds since the Unix epoch of an RFC 3339 time, as the API writes them.
-fn epoch_seconds(rfc3339: &str) -> Option<f64> {
-    let t = humantime::parse_rfc3339(rfc3339).ok()?;
-    Some(t.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_secs_f64())
-}
-
-/// One worker: its slot, its sidecar's clients, and the fenced store if it writes.
+/// One worker: its slot, its recording client, and the fenced store if it writes.
 struct Worker {
-    i: usize,
     slot: Arc<Slot>,
     store: Option<String>,
-    http: reqwest::Client,
-    /// Without an overall timeout: an events stream stays open.
-    streams: reqwest::Client,
+    c: LockClient,
 }
 
 /// What the worker knows of its hold being lost, from its events stream.
 type Lost<'a> = &'a (dyn Fn() -> Option<f64> + Sync);
 
 impl Worker {
-    /// The base URL of the slot's lock on the sidecar at `addr`.
-    fn lock_url(&self, addr: &str) -> String {
-        format!("{addr}/v1/locks/{}", self.slot.lock)
-    }
-
-    /// Starts following the lock's events on the sidecar at `addr`; `None` if it does not answer.
-    async fn follow_events(&self, addr: &str) -> Option<(Arc<Mutex<Notices>>, AbortOnDrop)> {
-        let events = self.streams.get(format!("{}/events", self.lock_url(addr))).send();
-        let events = match timeout(Duration::from_secs(2), events).await {
-            Ok(Ok(events)) if events.status().is_success() => events,
-            _ => return None,
-        };
-        let notices = Arc::new(Mutex::new(Notices::default()));
-        let follower = tokio::spawn(follow(events, self.slot.pod.clone(), notices.clone()));
-        Some((notices, AbortOnDrop(follower)))
-    }
-
-    /// Acquires the lock; its token and when the sidecar granted it, or `None` (503, or no
-    /// sidecar).
-    async fn acquire(&self, addr: &str) -> Option<(i64, f64)> {
-        let answer = (self.http.post(format!("{}/acquire", self.lock_url(addr))))
-            .json(&json!({"waitSeconds": 5, "heartbeatTimeoutSeconds": HEARTBEAT.as_secs()}))
-            .send()
-            .await
-            .ok()?;
-        let grant = answer.json::<Value>().await.unwrap_or_default();
-        let acquired = epoch_seconds(grant["acquiredAt"].as_str()?)?;
-        Some((grant["fencingToken"].as_i64()?, acquired))
-    }
-
     /// The work under the lock: the counter's increment, made only while the hold is not known
     /// lost (a holder paused on purpose has already decided to write), or for a semaphore's
-    /// worker a while of holding (20 to 80 ms, so that holds overlap in every way); then the
-    /// pause before release that the fault loop may have asked for.
-    async fn work(&self, token: i64, lost: Lost<'_>) -> Option<WriteRecord> {
+    /// worker a while of holding (20 to 80 ms, so that holds overlap in every way) with a
+    /// heartbeat halfway; then the pause before release that the fault loop may have asked
+    /// for. Returns the write, and when the hold was last confirmed (a heartbeat answered).
+    async fn work(&self, addr: &str, g: &Grant, lost: Lost<'_>) -> (Option<WriteRecord>, f64) {
         let slot = &self.slot;
         let paused = slot.stall.swap(false, Ordering::Relaxed);
         if paused {
@@ -224,11 +140,18 @@ impl Worker {
             sleep(STALL).await;
             slot.stalling.store(false, Ordering::Relaxed);
         }
+        let mut confirmed = g.call;
         let write = match &self.store {
-            Some(store) if paused || lost().is_none() => Some(self.write(store, token, paused).await),
+            Some(store) if paused || lost().is_none() => Some(self.write(store, g.token, paused).await),
             Some(_) => None,
             None => {
-                sleep(Duration::from_millis(20 + token.rem_euclid(5) as u64 * 15)).await;
+                let half = Duration::from_millis(10 + g.token.rem_euclid(5) as u64 * 8);
+                sleep(half).await;
+                let at = now();
+                if self.c.end_or_beat(addr, "heartbeat").await == Some(200) {
+                    confirmed = at;
+                }
+                sleep(half).await;
                 None
             }
         };
@@ -238,14 +161,14 @@ impl Worker {
             sleep(Duration::from_millis(300)).await; // the fault loop stops the sidecar meanwhile
             slot.stalling.store(false, Ordering::Relaxed);
         }
-        write
+        (write, confirmed)
     }
 
     /// Increments the counter at `store` with `token`.
     async fn write(&self, store: &str, token: i64, paused: bool) -> WriteRecord {
         let sent = now();
         let url = format!("{store}/increment?token={token}&writer={}", self.slot.pod);
-        let status = match self.http.post(url).send().await {
+        let status = match self.c.http.post(url).send().await {
             Ok(r) => r.status().as_u16(),
             Err(_) => 0,
         };
@@ -254,59 +177,138 @@ impl Worker {
 
     /// Ends the hold: when it stopped counting as the worker's own, and when the worker learned
     /// it was lost, if it was. Told before releasing, there is nothing to release; else a
-    /// refused release (410 or 409: lost meanwhile) or none answered (the sidecar died) is a loss.
-    async fn finish(&self, addr: &str, lost: Lost<'_>) -> (f64, Option<f64>) {
+    /// refused release (410 or 409: lost meanwhile) or none answered (the sidecar died) is a
+    /// loss. A `lost` event or a 410 is recorded as the hold's end in the history.
+    async fn finish(&self, addr: &str, g: &Grant, confirmed: f64, lost: Lost<'_>) -> (f64, Option<f64>) {
         if let Some(at) = lost() {
+            self.c.told(g, confirmed, at, true);
             return (at, Some(at));
         }
         let sent = now();
-        let released = (self.http.post(format!("{}/release", self.lock_url(addr))))
-            .json(&json!({}))
-            .send()
-            .await;
-        let refused = !matches!(released, Ok(r) if r.status().is_success());
-        (sent, refused.then(|| lost().unwrap_or_else(now)))
+        let status = self.c.end_or_beat(addr, "release").await;
+        if status == Some(200) {
+            return (sent, None);
+        }
+        let at = lost().unwrap_or_else(now);
+        if status == Some(410) || lost().is_some() {
+            self.c.told(g, confirmed, at, true);
+        }
+        (sent, Some(at))
     }
 }
 
-/// Runs worker `i` until `stop`, hold after hold. With a `store`, each hold increments its
-/// fenced counter once; without one, the worker only holds for a while (a semaphore's slot).
-/// On `stop` an acquire still waiting is dropped (the client goes away).
-pub async fn run(i: usize, slot: Arc<Slot>, store: Option<String>, stop: CancellationToken) {
-    let w = Worker {
-        i,
-        slot,
-        store,
+/// How a worker takes its lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    /// `POST .../acquire`, then release (and for a semaphore's worker, a heartbeat between).
+    Acquire,
+    /// `POST .../hold`, ended by closing the connection.
+    Hold,
+    /// `podlock lock NAME -- CMD`, the real binary.
+    LockCmd,
+}
+
+/// One worker: the lock it takes, on which sidecar, how, in which mode, and the holder id it
+/// names (`None`: the API's default).
+#[derive(Debug, Clone, Copy)]
+pub struct Spec {
+    /// The lock.
+    pub lock: &'static str,
+    /// The sidecar (and so the pod) it talks to.
+    pub sidecar: usize,
+    /// The API it uses.
+    pub api: Api,
+    /// `exclusive` or `shared`.
+    pub mode: &'static str,
+    /// The holder id it names.
+    pub holder: Option<&'static str>,
+}
+
+impl Spec {
+    /// A worker that acquires `lock` exclusively on `sidecar` under its pod's name.
+    pub const fn acquire(lock: &'static str, sidecar: usize) -> Self {
+        Spec::with(lock, sidecar, Api::Acquire, "exclusive", None)
+    }
+
+    /// A worker of `lock` on `sidecar` through `api` in `mode`, naming `holder`.
+    pub const fn with(
+        lock: &'static str,
+        sidecar: usize,
+        api: Api,
+        mode: &'static str,
+        holder: Option<&'static str>,
+    ) -> Self {
+        Spec {
+            lock,
+            sidecar,
+            api,
+            mode,
+            holder,
+        }
+    }
+}
+
+/// Runs worker `i` as `spec` says until `stop`, hold after hold, recording every call in
+/// `history`. With a `store`, each hold increments its fenced counter once.
+pub async fn run(
+    (i, spec): (usize, Spec),
+    slot: Arc<Slot>,
+    store: Option<String>,
+    history: Arc<History>,
+    stop: CancellationToken,
+) {
+    let c = LockClient {
         http: reqwest::Client::builder()
             .timeout(Duration::from_secs(10))
             .build()
             .unwrap(),
         streams: reqwest::Client::new(),
+        history,
+        lock: slot.lock,
+        pod: slot.pod.clone(),
+        holder: spec.holder.map(String::from),
+        row: i,
+        sidecar: spec.sidecar,
+        mode: spec.mode,
     };
+    match spec.api {
+        Api::Acquire => acquire_loop(Worker { slot, store, c }, stop).await,
+        Api::Hold => apis::hold_loop(&c, &slot, stop).await,
+        Api::LockCmd => apis::lock_cmd_loop(&c, &slot, stop).await,
+    }
+}
+
+/// Acquires and releases until `stop`: each hold does its work ([`Worker::work`]). On `stop`
+/// an acquire still waiting is dropped (the client goes away): recorded without an answer.
+async fn acquire_loop(w: Worker, stop: CancellationToken) {
     while !stop.is_cancelled() {
         let addr = w.slot.addr.lock().unwrap().clone();
         // Follow the events before acquiring, so that no lost notice of the hold is missed.
-        let Some((notices, _follower)) = w.follow_events(&addr).await else {
+        let Some((notices, _follower)) = w.c.follow_events(&addr).await else {
             sleep(Duration::from_millis(100)).await;
             continue;
         };
+        let call = now();
         let grant = tokio::select! {
-            grant = w.acquire(&addr) => grant,
-            _ = stop.cancelled() => return abandon(&w.http, &addr, &w.slot).await,
+            grant = w.c.acquire(&addr, call, HEARTBEAT) => grant,
+            _ = stop.cancelled() => {
+                w.c.record(OpKind::Acquire, "acquire", call, Outcome::Unknown, 0);
+                return abandon(&w.c, &addr).await;
+            }
         };
-        let Some((token, acquired)) = grant else {
-            sleep(Duration::from_millis(50)).await; // 503 or no sidecar: try again
+        let Some(g) = grant else {
+            sleep(Duration::from_millis(50)).await; // refused, or no sidecar: try again
             continue;
         };
         let granted = now();
-        let lost = || notices.lock().unwrap().lost(token);
-        let write = w.work(token, &lost).await;
-        let (ended, lost) = w.finish(&addr, &lost).await;
+        let lost = || notices.lock().unwrap().lost(g.token);
+        let (write, confirmed) = w.work(&addr, &g, &lost).await;
+        let (ended, lost) = w.finish(&addr, &g, confirmed, &lost).await;
         w.slot.holds.lock().unwrap().push(HoldRecord {
             lock: w.slot.lock,
-            worker: w.i,
-            token,
-            acquired,
+            worker: w.c.row,
+            token: g.token,
+            acquired: g.acquired,
             granted,
             ended,
             lost,

@@ -1,0 +1,260 @@
+package main
+
+import (
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"strings"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// Op is one operation of a history as the safety run records it: what a client asked of a
+// lock, when (nanoseconds of one monotonic clock), and what it was answered.
+type Op struct {
+	// Lock is the lock's name: the history is partitioned by it.
+	Lock string `json:"lock"`
+	// Client is the holder identity: a sidecar's pod and holder id. Two workers naming the same
+	// holder id on one sidecar are one client, as the contract says.
+	Client string `json:"client"`
+	// Row is the visualization's row: the worker, or a row of its own for ends and settings.
+	Row int `json:"row"`
+	// Kind is acquire, release, heartbeat, end (a hold ended otherwise than by release, as its
+	// client was told), limit (a change of maxHolders begins) or settle (it binds every grant).
+	Kind string `json:"kind"`
+	// API is how the client asked (acquire, hold, lock-cmd, release, close, heartbeat, ...).
+	API string `json:"api"`
+	// Mode is exclusive or shared, as an acquire asked for it.
+	Mode string `json:"mode,omitempty"`
+	// Granted is the mode a grant states (empty: the grant states none).
+	Granted string `json:"granted,omitempty"`
+	// Outcome is ok, fail (a definite refusal: the client does not hold) or unknown (no answer).
+	Outcome string `json:"outcome"`
+	// Token is the fencing token of a grant or of the hold that ended (0: not known).
+	Token int64 `json:"token,omitempty"`
+	// Limit is the maxHolders a limit or settle operation sets.
+	Limit int `json:"limit,omitempty"`
+	// Call and Return are the invocation and the answer; Return is -1 when no answer came.
+	Call   int64 `json:"call"`
+	Return int64 `json:"return"`
+}
+
+// holder is one hold the lock grants: its client, token (0 while unknown: the grant of an
+// acquire whose answer was lost) and mode.
+type holder struct {
+	client string
+	token  int64
+	mode   string
+}
+
+// lockState is a lock's state in the model: its holders (sorted by client), the maxHolders in
+// force, the one being changed to (0: none), and the highest token granted.
+type lockState struct {
+	holders []holder
+	limit   int
+	pending int
+	highest int64
+}
+
+func (s lockState) find(client string) (holder, bool) {
+	for _, h := range s.holders {
+		if h.client == client {
+			return h, true
+		}
+	}
+	return holder{}, false
+}
+
+// with is s plus (or with a replaced) holder h.
+func (s lockState) with(h holder) lockState {
+	next := s.without(h.client)
+	next.holders = append(next.holders, h)
+	sort.Slice(next.holders, func(i, j int) bool { return next.holders[i].client < next.holders[j].client })
+	if h.token > next.highest {
+		next.highest = h.token
+	}
+	return next
+}
+
+// without is s less client's hold; the holder list is copied, states are never changed.
+func (s lockState) without(client string) lockState {
+	next := s
+	next.holders = make([]holder, 0, len(s.holders)+1)
+	for _, h := range s.holders {
+		if h.client != client {
+			next.holders = append(next.holders, h)
+		}
+	}
+	return next
+}
+
+// admits says whether a new hold in mode may be granted now: shared holds only beside shared
+// ones, however many; exclusive ones only beside exclusive ones, up to maxHolders (with
+// maxHolders 1, a reader-writer lock). While maxHolders changes, grants already decided under
+// the old value may still land, so the larger of the two binds.
+func (s lockState) admits(mode string) bool {
+	for _, h := range s.holders {
+		if h.mode != mode {
+			return false
+		}
+	}
+	return mode == "shared" || len(s.holders) < max(s.limit, s.pending)
+}
+
+// acquire steps an acquire (or a hold, or `podlock lock`): the states it may leave.
+func acquire(s lockState, op Op) []lockState {
+	held, holds := s.find(op.Client)
+	if op.Granted != "" && op.Granted != op.Mode {
+		return nil // a grant is never in another mode than asked
+	}
+	switch op.Outcome {
+	case "fail":
+		return []lockState{s}
+	case "unknown":
+		next := []lockState{s}
+		if !holds && s.admits(op.Mode) {
+			next = append(next, s.with(holder{op.Client, 0, op.Mode}))
+		}
+		return next
+	}
+	if holds {
+		// Acquiring again with a holder id that holds answers the same grant, in its mode.
+		if held.mode == op.Mode && (held.token == op.Token || held.token == 0) {
+			return []lockState{s.with(holder{op.Client, op.Token, op.Mode})}
+		}
+		return nil
+	}
+	if s.admits(op.Mode) && op.Token > s.highest {
+		return []lockState{s.with(holder{op.Client, op.Token, op.Mode})}
+	}
+	return nil
+}
+
+// end steps a release, a heartbeat or a hold's end.
+func end(s lockState, op Op) []lockState {
+	held, holds := s.find(op.Client)
+	switch {
+	case op.Kind == "end" && holds && (op.Token == 0 || held.token == 0 || held.token == op.Token):
+		return []lockState{s.without(op.Client)}
+	case op.Kind == "end":
+		return nil
+	case op.Outcome == "unknown" && op.Kind == "release" && holds:
+		return []lockState{s, s.without(op.Client)}
+	case op.Outcome == "unknown":
+		return []lockState{s}
+	case op.Outcome == "fail" && !holds:
+		return []lockState{s} // 409 not_holder, 410 lock_lost: the hold was gone
+	case op.Outcome == "ok" && holds && op.Kind == "release":
+		return []lockState{s.without(op.Client)}
+	case op.Outcome == "ok" && holds:
+		return []lockState{s} // a heartbeat answered: the hold lasts
+	}
+	return nil
+}
+
+// step is the model's step: every state the operation may leave s in (none: illegal).
+func step(state, input, _ interface{}) []interface{} {
+	s, op := state.(lockState), input.(Op)
+	var next []lockState
+	switch op.Kind {
+	case "acquire":
+		next = acquire(s, op)
+	case "release", "heartbeat", "end":
+		next = end(s, op)
+	case "limit":
+		s.pending = op.Limit
+		next = []lockState{s}
+	case "settle":
+		s.limit, s.pending = op.Limit, 0
+		next = []lockState{s}
+	}
+	out := make([]interface{}, len(next))
+	for i, n := range next {
+		out[i] = n
+	}
+	return out
+}
+
+func equal(a, b interface{}) bool {
+	x, y := a.(lockState), b.(lockState)
+	if x.limit != y.limit || x.pending != y.pending || x.highest != y.highest || len(x.holders) != len(y.holders) {
+		return false
+	}
+	for i := range x.holders {
+		if x.holders[i] != y.holders[i] {
+			return false
+		}
+	}
+	return true
+}
+
+func describe(state interface{}) string {
+	s := state.(lockState)
+	var hs []string
+	for _, h := range s.holders {
+		hs = append(hs, fmt.Sprintf("%s:%d:%s", h.client, h.token, h.mode))
+	}
+	limit := fmt.Sprint(s.limit)
+	if s.pending != 0 {
+		limit += fmt.Sprintf("->%d", s.pending)
+	}
+	return fmt.Sprintf("max %s, top %d, [%s]", limit, s.highest, strings.Join(hs, " "))
+}
+
+func hash(state interface{}) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(describe(state)))
+	return h.Sum64()
+}
+
+func describeOp(input, _ interface{}) string {
+	op := input.(Op)
+	switch op.Kind {
+	case "limit", "settle":
+		return fmt.Sprintf("%s maxHolders %d", op.Kind, op.Limit)
+	case "acquire":
+		return fmt.Sprintf("%s %s %s -> %s %d", op.API, op.Client, op.Mode, op.Outcome, op.Token)
+	}
+	return fmt.Sprintf("%s %s %d -> %s", op.API, op.Client, op.Token, op.Outcome)
+}
+
+// partition splits a history by lock, in the order of the lock names.
+func partition(history []porcupine.Operation) [][]porcupine.Operation {
+	byLock := map[string][]porcupine.Operation{}
+	for _, op := range history {
+		lock := op.Input.(Op).Lock
+		byLock[lock] = append(byLock[lock], op)
+	}
+	var out [][]porcupine.Operation
+	for _, lock := range sortedKeys(byLock) {
+		out = append(out, byLock[lock])
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// model is the reader-writer semaphore with fencing. Ops without an answer may have taken
+// effect or not (nondeterminism). Init knows no lock: each lock's history opens with a settle
+// op, answered before anything else was asked, that sets its maxHolders.
+func model() porcupine.Model {
+	nm := porcupine.NondeterministicModel{
+		Partition: partition,
+		Init: func() []interface{} {
+			return []interface{}{lockState{limit: 1}}
+		},
+		Step:              step,
+		Equal:             equal,
+		Hash:              hash,
+		DescribeOperation: describeOp,
+		DescribeState:     describe,
+	}
+	return nm.ToModel()
+}
