@@ -15,6 +15,7 @@ pub mod keys;
 mod members;
 mod model;
 mod position;
+pub mod protocol;
 mod queue;
 mod registry;
 mod session;

@@ -78,11 +78,13 @@ impl Ahead {
     /// A key as read from etcd. A value that is not an entry (or a key read without its value)
     /// blocks nobody and counts as exclusive.
     fn of(kv: &KeyValue) -> Self {
-        let entry = serde_json::from_slice::<Entry>(kv.value()).ok();
-        Ahead {
-            key: kv.key().to_vec(),
-            granted: entry.as_ref().is_none_or(|e| e.acquired_at.is_some()),
-            mode: entry.map_or(Mode::Exclusive, |e| e.mode),
+        match serde_json::from_slice::<Entry>(kv.value()) {
+            Ok(e) => Ahead {
+                key: kv.key().to_vec(),
+                granted: e.acquired_at.is_some(),
+                mode: e.mode,
+            },
+            Err(_) => Ahead::without_value(kv.key().to_vec()),
         }
     }
 }

@@ -31,6 +31,7 @@ use super::LockError;
 use super::etcd::{self, Etcd};
 use super::keys::{LockId, Mode};
 use super::position::{self, Position, Standing};
+use super::protocol::{self, Change};
 use super::queue::{self, Ticket};
 use super::settings::Declared;
 use super::watch::{KeyWatch, Target};
@@ -234,14 +235,17 @@ async fn watch_position(
 /// waits for by up to 100 ms; with 2 contenders, 2.5% of waits took 30 to 100 ms when the first
 /// waiter watched those two from just after its read, none since (bench/README.md).
 fn lets_in(pos: &Position, max_holders: u32) -> Vec<Target> {
-    match pos {
-        Position::FirstWaiter(holders) => holders.iter().map(|k| Target::deletion(k)).collect(),
-        Position::Waiter(pred) if max_holders > 1 => vec![Target::any_change(pred)],
-        Position::Waiter(pred) => vec![Target::deletion(pred)],
-        Position::BehindUngranted(key) => vec![Target::any_change(key)],
-        Position::BehindOtherMode(key) => vec![Target::deletion(key)],
-        Position::Holder | Position::Gone => unreachable!("nothing to wait for"),
-    }
+    assert!(
+        !matches!(pos, Position::Holder | Position::Gone),
+        "nothing to wait for"
+    );
+    let wakes = protocol::wakes(pos, max_holders).into_iter();
+    wakes
+        .map(|(key, on)| match on {
+            Change::Deletion => Target::deletion(&key),
+            Change::Any => Target::any_change(&key),
+        })
+        .collect()
 }
 
 /// Reads where `ticket` stands under the lock's current settings. If the settings changed
