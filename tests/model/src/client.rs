@@ -1,0 +1,256 @@
+//! A client's steps: the engine's acquire (`acquire.rs`, `queue.rs`, `wait.rs`), its hold
+//! (`hold.rs`, `ending.rs`) and the sidecar's background removals, one etcd request each.
+
+use crate::decide::{decide, grant};
+use crate::model::{Action, Protocol, Step};
+use crate::spec::{Bug, OnBehalf};
+use crate::state::{Cached, Key, Name, Phase, Record, Rev, State, Wait};
+
+impl Protocol {
+    /// The steps `c` can take now.
+    pub fn client_steps(&self, s: &State, c: u8, out: &mut Vec<Action>) {
+        let (me, spec) = (&s.clients[c as usize], &self.spec.clients[c as usize]);
+        let mut can = |step| out.push(Action::Client(c, step));
+        for i in 0..me.removals.len() as u8 {
+            can(Step::Removal(i));
+        }
+        match &me.phase {
+            Phase::Idle if me.left > 0 => can(Step::Start),
+            Phase::Idle => {}
+            Phase::Enqueue => can(Step::Enqueue),
+            Phase::Requeue { .. } => can(Step::Requeue),
+            Phase::Reading { .. } => can(Step::Read),
+            Phase::Waiting(w) => {
+                // A read woken by an event, or by a broken watch without one.
+                can(if self.woken(s, spec.lock, w) {
+                    Step::Wake
+                } else {
+                    Step::Rewatch
+                });
+                if w.behind.is_some() && self.spec.on_behalf != OnBehalf::Off {
+                    can(Step::OnBehalf);
+                }
+                can(Step::GiveUp);
+            }
+            Phase::Holding { recorded, .. } => {
+                if !recorded {
+                    can(Step::Record);
+                }
+                can(Step::Release);
+                if self.learns(s, c) {
+                    can(Step::Learn);
+                }
+                if spec.heartbeat && s.faults > 0 {
+                    can(Step::HeartbeatMiss);
+                }
+            }
+        }
+    }
+
+    /// Whether something `w` watches changed since its read: a watched key deleted (or
+    /// written, if watched for any change), its own key deleted, or the settings key changed.
+    fn woken(&self, s: &State, lock: u8, w: &Wait) -> bool {
+        let changed = |create, any| match s.key(lock, create) {
+            None => true,
+            Some(k) => any && k.modrev > w.at,
+        };
+        let l = &s.locks[lock as usize];
+        w.wakes.iter().any(|&(create, any)| changed(create, any))
+            || changed(w.ticket, false)
+            || l.modrev == 0
+            || l.modrev > w.at
+    }
+
+    /// Whether the holder `c` can tell that its hold ended: its key is gone (its watch), or
+    /// its session's lease is (its keepalives).
+    pub fn learns(&self, s: &State, c: u8) -> bool {
+        let Phase::Holding { ticket, epoch, .. } = s.clients[c as usize].phase else {
+            return false;
+        };
+        let pod = &s.pods[self.owners[c as usize] as usize];
+        let session_lost = !pod.lease || pod.epoch != epoch;
+        let lock = self.spec.clients[c as usize].lock;
+        session_lost || (s.key(lock, ticket).is_none() && self.spec.bug != Some(Bug::NoKeyWatch))
+    }
+
+    /// Takes `step` for `c`.
+    pub fn client_step(&self, s: &mut State, c: u8, step: Step) {
+        let spec = self.spec.clients[c as usize];
+        let me = &mut s.clients[c as usize];
+        match (step, me.phase.clone()) {
+            (Step::Removal(i), _) => {
+                let old = me.removals.remove(i as usize);
+                s.delete(spec.lock, old);
+            }
+            (Step::Start, _) => {
+                me.left -= 1;
+                me.holder += u8::from(spec.connection); // a new holder id per connection
+                me.phase = Phase::Enqueue;
+                self.enqueue(s, c); // with the settings it cached
+            }
+            (Step::Enqueue, _) => self.enqueue(s, c),
+            (Step::Requeue, Phase::Requeue { old }) => {
+                s.delete(spec.lock, old);
+                s.clients[c as usize].phase = Phase::Enqueue;
+            }
+            (Step::Read, Phase::Reading { ticket }) => self.read(s, c, ticket),
+            (_, Phase::Waiting(w)) => self.waiter_step(s, c, step, w),
+            (_, Phase::Holding { ticket, epoch, .. }) => self.holder_step(s, c, step, (ticket, epoch)),
+            (step, phase) => unreachable!("{step:?} in {phase:?}"),
+        }
+    }
+
+    /// A waiter's step: woken (or not) it reads; it records the grant it waits behind; or its
+    /// deadline passes (its connection closes).
+    fn waiter_step(&self, s: &mut State, c: u8, step: Step, w: Wait) {
+        let spec = self.spec.clients[c as usize];
+        let me = &mut s.clients[c as usize];
+        match step {
+            Step::Wake | Step::Rewatch => self.read(s, c, w.ticket),
+            Step::OnBehalf => {
+                let settings = me.cache.modrev;
+                me.phase = Phase::Reading { ticket: w.ticket };
+                record_for(s, spec.lock, w.behind.expect("behind a grant"), settings);
+            }
+            Step::GiveUp if spec.connection => {
+                me.phase = Phase::Idle;
+                me.removals.push(w.ticket); // the dropped acquire's guard removes it
+                me.removals.sort_unstable();
+            }
+            Step::GiveUp => {
+                me.phase = Phase::Idle;
+                s.delete(spec.lock, w.ticket); // leaves the queue before answering
+            }
+            _ => unreachable!("{step:?} while waiting"),
+        }
+    }
+
+    /// A holder's step: it records its grant, releases, learns its hold ended, or misses its
+    /// heartbeat (the sidecar ends the hold, then removes its key in the background).
+    fn holder_step(&self, s: &mut State, c: u8, step: Step, (ticket, epoch): (Rev, u8)) {
+        let lock = self.spec.clients[c as usize].lock;
+        let me = &mut s.clients[c as usize];
+        match step {
+            Step::Record => {
+                me.phase = Phase::Holding {
+                    ticket,
+                    epoch,
+                    recorded: true,
+                };
+                let rev = s.next_rev();
+                if let Some(key) = s.key_mut(lock, ticket) {
+                    key.record = Record::Own;
+                    key.modrev = rev;
+                }
+            }
+            Step::Release => {
+                me.phase = Phase::Idle;
+                s.delete(lock, ticket);
+            }
+            Step::Learn => me.phase = Phase::Idle,
+            Step::HeartbeatMiss => {
+                me.phase = Phase::Idle;
+                me.removals.push(ticket);
+                me.removals.sort_unstable();
+                s.faults -= 1;
+            }
+            _ => unreachable!("{step:?} while holding"),
+        }
+    }
+
+    /// The enqueue transaction. Its lease gone, the sidecar starts a new session; the
+    /// settings changed since cached, it takes them (a deleted lock ends the acquire); a key
+    /// of the same holder id in the way is removed first; else the key goes in, and the same
+    /// transaction's read of the keys ahead decides where it stands.
+    fn enqueue(&self, s: &mut State, c: u8) {
+        let (spec, pod) = (self.spec.clients[c as usize], self.owners[c as usize]);
+        let p = &mut s.pods[pod as usize];
+        if !p.lease {
+            (p.epoch, p.lease) = (p.epoch + 1, true);
+            return;
+        }
+        let epoch = p.epoch;
+        let l = &s.locks[spec.lock as usize];
+        let me = &mut s.clients[c as usize];
+        if me.cache.modrev != l.modrev || l.modrev == 0 {
+            me.cache = Cached {
+                max: l.max,
+                modrev: l.modrev,
+            };
+            if l.modrev == 0 {
+                me.phase = Phase::Idle; // not found
+            }
+            return;
+        }
+        let (holder, max) = (me.holder, me.cache.max);
+        if spec.shared && max > 1 {
+            me.phase = Phase::Idle; // refused: shared holds need maxHolders 1
+            return;
+        }
+        let mine = |k: &&Key| k.owner == c && k.epoch == epoch && k.holder == holder;
+        if let Some(old) = l.queue.iter().find(mine) {
+            me.phase = Phase::Requeue { old: old.create };
+            return;
+        }
+        let ticket = s.next_rev();
+        s.locks[spec.lock as usize].queue.push(Key {
+            owner: c,
+            epoch,
+            holder,
+            create: ticket,
+            modrev: ticket,
+            shared: spec.shared,
+            record: Record::No,
+        });
+        s.top = ticket; // the read in the same transaction is at its revision
+        self.place(s, c, ticket, max);
+    }
+
+    /// The position read: its own key, the settings and the keys ahead, in one transaction.
+    fn read(&self, s: &mut State, c: u8, ticket: Rev) {
+        let lock = self.spec.clients[c as usize].lock;
+        let l = &s.locks[lock as usize];
+        let me = &mut s.clients[c as usize];
+        let Some(key) = l.queue.iter().find(|k| k.create == ticket) else {
+            me.phase = Phase::Idle; // its key vanished: the acquire fails
+            return;
+        };
+        if self.spec.bug != Some(Bug::StaleLimit) && me.cache.modrev != l.modrev {
+            me.cache = Cached {
+                max: l.max,
+                modrev: l.modrev,
+            };
+            me.phase = Phase::Reading { ticket }; // the settings changed: read again under them
+            return;
+        }
+        if self.spec.on_behalf == OnBehalf::Forfeit && key.record == Record::Behalf {
+            me.phase = Phase::Requeue { old: ticket };
+            return;
+        }
+        let max = me.cache.max;
+        self.place(s, c, ticket, max);
+    }
+
+    /// Acts on where a read placed `ticket`: holds, or waits.
+    fn place(&self, s: &mut State, c: u8, ticket: Rev, max: u8) {
+        let lock = self.spec.clients[c as usize].lock;
+        match decide(self, s, (lock, ticket), max) {
+            Ok(()) => grant(self, s, (c, lock), ticket),
+            Err(wait) => s.clients[c as usize].phase = Phase::Waiting(wait),
+        }
+    }
+}
+
+/// `queue::record_for`: records the grant of the key named `name` if it is still unrecorded and
+/// the settings still have the mod revision the waiter read (its read of the key and the
+/// guarded write, which fails if the key changed in between, taken as one step).
+fn record_for(s: &mut State, lock: u8, name: Name, settings: Rev) {
+    let (rev, unchanged) = (s.next_rev(), s.locks[lock as usize].modrev == settings);
+    if let Some(key) = s.named(lock, name)
+        && key.record == Record::No
+        && unchanged
+    {
+        key.record = Record::Behalf;
+        key.modrev = rev;
+    }
+}

@@ -1,0 +1,150 @@
+//! A key's position, decided by the engine's own function (`podlock::lock::protocol`) on what
+//! an etcd read of the model's store returns, and what a grant must respect.
+
+use podlock::lock::protocol::{self, Ahead, Change, Mode, Position};
+
+use crate::model::Protocol;
+use crate::spec::Bug;
+use crate::state::{Broken, Key, Phase, Record, Rev, State, Wait};
+
+/// A model key's name in etcd: its create revision (unique, and all the model needs to
+/// address it).
+fn name(create: Rev) -> [u8; 2] {
+    create.to_be_bytes()
+}
+
+fn create_of(name: &[u8]) -> Rev {
+    Rev::from_be_bytes(name.try_into().expect("a model key name"))
+}
+
+fn mode(shared: bool) -> Mode {
+    if shared { Mode::Shared } else { Mode::Exclusive }
+}
+
+/// What a position read of a key returns: the keys ahead of it, nearest first, as many as
+/// the engine reads, as the engine sees them (through an injected bug, if any).
+struct Read<'a> {
+    keys: Vec<&'a Key>,
+    names: Vec<[u8; 2]>,
+    more: bool,
+    values: bool,
+    own: Mode,
+    max: u32,
+    bug: Option<Bug>,
+}
+
+impl<'a> Read<'a> {
+    fn new(state: &'a State, (lock, ticket): (u8, Rev), max: u8, bug: Option<Bug>) -> Self {
+        let me = state.key(lock, ticket).expect("a key in place");
+        let own = mode(me.shared && bug != Some(Bug::IgnoreModes));
+        let (needed, values) = protocol::keys_needed(max.into(), own);
+        let queue = &state.locks[lock as usize].queue;
+        let mut keys: Vec<_> = queue.iter().filter(|k| k.create < ticket).rev().collect();
+        let more = keys.len() > needed as usize;
+        keys.truncate(needed as usize);
+        let names = keys.iter().map(|k| name(k.create)).collect();
+        let max = max.into();
+        Read {
+            keys,
+            names,
+            more,
+            values,
+            own,
+            max,
+            bug,
+        }
+    }
+
+    /// The engine's verdict on this read (`all_granted`: as if every key ahead had recorded
+    /// its grant).
+    fn position(&self, all_granted: bool) -> Position {
+        let bug = self.bug;
+        let ahead: Vec<_> = (self.keys.iter().zip(&self.names))
+            .map(|(k, n)| match self.values {
+                false => Ahead::without_value(n.to_vec()),
+                true => Ahead {
+                    key: n.to_vec(),
+                    mode: mode(k.shared && bug != Some(Bug::IgnoreModes)),
+                    granted: all_granted || k.record != Record::No || bug == Some(Bug::GrantPastUngranted),
+                },
+            })
+            .collect();
+        protocol::position(&ahead, self.more, self.max, self.own)
+    }
+}
+
+/// What a position read (or the enqueue's read) of `ticket` in `lock` decides, under
+/// `max_holders`: `Ok` to hold, or `Err` with what the waiter watches and may record.
+pub fn decide(model: &Protocol, state: &State, at: (u8, Rev), max: u8) -> Result<(), Wait> {
+    let read = Read::new(state, at, max, model.spec.bug);
+    let position = read.position(false);
+    if position == Position::Holder {
+        return Ok(());
+    }
+    let predecessor_deletion =
+        read.bug == Some(Bug::PredecessorDeletionOnly) && matches!(position, Position::Waiter(_));
+    let wakes = (protocol::wakes(&position, max.into()).into_iter())
+        .map(|(key, on)| (create_of(&key), on == Change::Any && !predecessor_deletion))
+        .collect();
+    // Behind a grant its owner has not recorded: the waiter may record it (see `OnBehalf`).
+    let behind = match &position {
+        Position::BehindUngranted(key) => state.key(at.0, create_of(key)).map(|k| k.name()),
+        _ => None,
+    };
+    Err(Wait {
+        ticket: at.1,
+        at: state.top,
+        wakes,
+        behind,
+    })
+}
+
+/// Whether the waiter `client` would hold its lock by the rule, applied to etcd as it is now
+/// (its settings, and every key ahead counted as recorded): nothing but the recording of the
+/// grants ahead and its own read need happen before it holds, whatever it last read.
+pub fn admissible(model: &Protocol, state: &State, client: u8) -> bool {
+    let lock = model.spec.clients[client as usize].lock;
+    let ticket = match &state.clients[client as usize].phase {
+        Phase::Waiting(w) => w.ticket,
+        Phase::Reading { ticket } => *ticket,
+        _ => return false,
+    };
+    let l = &state.locks[lock as usize];
+    let in_place = state.key(lock, ticket).is_some() && l.modrev != 0;
+    in_place && Read::new(state, (lock, ticket), l.max, None).position(true) == Position::Holder
+}
+
+/// Makes `client` a holder of `ticket` in `lock`, noting a grant that breaks a safety rule:
+/// a new exclusive holder and those whose keys are still there must fit in the `maxHolders`
+/// in force (holders let in under a higher limit may stay, but then nobody new is let in;
+/// shared holders have no count limit), and its token must be above every token granted
+/// before.
+pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), ticket: Rev) {
+    let holders = live_holders(model, state, lock).count();
+    let l = &state.locks[lock as usize];
+    if !model.spec.clients[client as usize].shared && holders + 1 > l.max as usize {
+        state.broken.get_or_insert(Broken::Limit);
+    }
+    if ticket <= l.last_token {
+        state.broken.get_or_insert(Broken::TokenOrder);
+    }
+    let l = &mut state.locks[lock as usize];
+    l.last_token = l.last_token.max(ticket);
+    let epoch = state.pods[model.owners[client as usize] as usize].epoch;
+    state.clients[client as usize].phase = Phase::Holding {
+        ticket,
+        epoch,
+        recorded: false,
+    };
+}
+
+/// The clients that hold `lock` and whose keys are still in place.
+pub fn live_holders<'a>(model: &'a Protocol, state: &'a State, lock: u8) -> impl Iterator<Item = u8> + 'a {
+    (0..state.clients.len() as u8).filter(move |&c| {
+        let holds = match state.clients[c as usize].phase {
+            Phase::Holding { ticket, .. } => state.key(lock, ticket).is_some(),
+            _ => false,
+        };
+        holds && model.spec.clients[c as usize].lock == lock
+    })
+}

@@ -1,0 +1,185 @@
+//! The Stateright model: every client step and every step of the world around the clients
+//! (leases ending, pods dying, the operator) is one action, and each action that talks to
+//! etcd is one etcd request, applied atomically to the abstract store. A client decides on
+//! what its last read returned, which may be stale by the time it acts.
+
+use stateright::{Model, Property};
+
+use crate::props;
+use crate::spec::Spec;
+use crate::state::{Cached, Client, Lock, Phase, Pod, Rev, State};
+
+/// One client's step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Step {
+    /// The app asks for the lock: the enqueue transaction (settings guard, put-if-absent,
+    /// read of the keys ahead).
+    Start,
+    /// The enqueue transaction again (its settings or session were out of date).
+    Enqueue,
+    /// Removes its own earlier key found in the way (guarded by create revision).
+    Requeue,
+    /// An event on what it watches arrives: the position read (its own key, the settings,
+    /// the keys ahead, in one transaction).
+    Wake,
+    /// The same read without an event (a watch broke, or the engine closes the gap between
+    /// its read and its watches with another read).
+    Rewatch,
+    /// The position read again (the settings had changed, or after recording on behalf).
+    Read,
+    /// Records the grant of the key ahead that it waits behind (`queue::record_for`).
+    OnBehalf,
+    /// Writes its own grant record (guarded by create revision).
+    Record,
+    /// The app releases (or closes the hold's connection): guarded delete.
+    Release,
+    /// The hold's watch (or its session) tells it its key is gone.
+    Learn,
+    /// The deadline passes while waiting (or a connection-bound waiter's connection closes).
+    GiveUp,
+    /// A background removal of a key it no longer tracks (guarded by create revision), the
+    /// one at this index.
+    Removal(u8),
+    /// The app misses its heartbeat: the sidecar ends the hold and removes its key.
+    HeartbeatMiss,
+}
+
+/// One step of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    /// A client's step.
+    Client(u8, Step),
+    /// A live pod's lease ends (expired while paused, or revoked by the operator).
+    EndLease(u8),
+    /// A pod dies.
+    Crash(u8),
+    /// A dead pod's lease expires.
+    Expire(u8),
+    /// The operator deletes a queue key (a hold revoked).
+    DeleteKey(u8, Rev),
+    /// The operator deletes a lock: its settings key and its queue, in one transaction.
+    DeleteLock(u8),
+    /// The operator declares a deleted lock again.
+    Declare(u8),
+    /// The operator sets the lock's `maxHolders` to its next scheduled value.
+    SetMax(u8),
+}
+
+impl Action {
+    /// Whether the step is one the liveness properties may rely on: the protocol's own steps
+    /// and a dead pod's lease expiring. Faults, settings changes, giving up and broken watches
+    /// are not: a property must hold however many of them happened before, without them.
+    pub fn good(&self) -> bool {
+        match self {
+            Action::Client(_, step) => !matches!(step, Step::Rewatch | Step::GiveUp | Step::HeartbeatMiss),
+            Action::Expire(_) => true,
+            _ => false,
+        }
+    }
+}
+
+/// A path: each step with the state after it.
+pub type Steps = Vec<(Action, State)>;
+
+impl Action {
+    /// Whether the step is a holder leaving (its release).
+    pub fn leaves(&self) -> bool {
+        matches!(self, Action::Client(_, Step::Release))
+    }
+}
+
+/// The protocol model of one [`Spec`].
+pub struct Protocol {
+    /// What is explored.
+    pub spec: Spec,
+    /// Each client's pod.
+    pub owners: Vec<u8>,
+}
+
+impl Protocol {
+    /// The model of `spec`.
+    pub fn new(spec: Spec) -> Self {
+        let owners = spec.clients.iter().map(|c| c.pod).collect();
+        Protocol { spec, owners }
+    }
+
+    /// The state every run starts from: each lock declared, no key queued.
+    pub fn init(&self) -> State {
+        let locks = (self.spec.max_holders.iter().enumerate())
+            .map(|(i, &max)| Lock {
+                max,
+                modrev: i as Rev + 1,
+                queue: vec![],
+                last_token: 0,
+                changes: 0,
+            })
+            .collect::<Vec<_>>();
+        let pod = Pod {
+            epoch: 0,
+            lease: true,
+            crashed: false,
+        };
+        let clients = (self.spec.clients.iter())
+            .map(|c| Client {
+                phase: Phase::Idle,
+                cache: Cached {
+                    max: locks[c.lock as usize].max,
+                    modrev: locks[c.lock as usize].modrev,
+                },
+                left: c.acquires,
+                holder: 0,
+                removals: vec![],
+            })
+            .collect();
+        let mut state = State {
+            pods: vec![pod; self.spec.pods as usize],
+            locks,
+            clients,
+            faults: self.spec.faults,
+            broken: None,
+            top: 0,
+        };
+        state.normalize();
+        state
+    }
+
+    /// Whether `client`'s pod is alive.
+    pub fn alive(&self, state: &State, client: u8) -> bool {
+        !state.pods[self.owners[client as usize] as usize].crashed
+    }
+}
+
+impl Model for Protocol {
+    type State = State;
+    type Action = Action;
+
+    fn init_states(&self) -> Vec<State> {
+        vec![self.init()]
+    }
+
+    fn actions(&self, state: &State, actions: &mut Vec<Action>) {
+        if state.broken.is_some() {
+            return; // the run already failed: its path ends here
+        }
+        for c in 0..state.clients.len() as u8 {
+            if self.alive(state, c) {
+                self.client_steps(state, c, actions);
+            }
+        }
+        self.world_steps(state, actions);
+    }
+
+    fn next_state(&self, state: &State, action: Action) -> Option<State> {
+        let mut next = state.clone();
+        match action {
+            Action::Client(c, step) => self.client_step(&mut next, c, step),
+            _ => self.world_step(&mut next, action),
+        }
+        next.normalize();
+        Some(next)
+    }
+
+    fn properties(&self) -> Vec<Property<Self>> {
+        props::properties()
+    }
+}

@@ -1,0 +1,182 @@
+//! What the model checks. Safety properties are Stateright `always` properties; `sometimes`
+//! properties show that the interesting states are reached at all. The liveness properties
+//! are checked by [`crate::liveness`] on the whole state graph (see there why).
+
+use stateright::Property;
+
+use crate::decide::{admissible, live_holders};
+use crate::model::Protocol;
+use crate::state::{Broken, Phase, Record, State};
+
+/// Safety: a grant never makes more holders than the `maxHolders` in force.
+pub const LIMIT: &str = "limit: no grant beyond the maxHolders in force";
+/// Safety: shared and exclusive holders never hold together.
+pub const MODES: &str = "modes: no exclusive holder beside a shared one";
+/// Safety: fencing tokens rise in grant order.
+pub const FENCING: &str = "fencing: tokens rise in grant order";
+/// Safety: a client that believes it holds has its key in place, or can learn it is gone.
+pub const BELIEF: &str = "belief: a holder's key is in place, or it learns it is gone";
+
+/// The Stateright properties.
+pub fn properties() -> Vec<Property<Protocol>> {
+    vec![
+        Property::always(LIMIT, |_, s: &State| s.broken != Some(Broken::Limit)),
+        Property::always(FENCING, |_, s: &State| s.broken != Some(Broken::TokenOrder)),
+        Property::always(MODES, |m, s: &State| {
+            (0..s.locks.len() as u8).all(|l| modes_apart(m, s, l))
+        }),
+        Property::always(BELIEF, |m, s: &State| {
+            (0..s.clients.len() as u8).all(|c| believes_truly(m, s, c))
+        }),
+        Property::sometimes("shared holders together", |m, s: &State| together(m, s, true)),
+        Property::sometimes("exclusive holders together", |m, s| together(m, s, false)),
+        Property::sometimes("holders beyond a lowered maxHolders", |m, s: &State| {
+            (s.locks.iter().enumerate())
+                .any(|(l, lock)| live_holders(m, s, l as u8).count() > lock.max as usize)
+        }),
+        Property::sometimes("a holder outlives its key", |m, s: &State| {
+            (0..s.clients.len() as u8).any(|c| outlived(m, s, c))
+        }),
+        Property::sometimes("a holder id meets its own old key", |_, s: &State| {
+            (s.clients.iter()).any(|c| matches!(c.phase, Phase::Requeue { .. }))
+        }),
+        Property::sometimes("a key recorded on behalf", |_, s: &State| {
+            (s.locks.iter().flat_map(|l| &l.queue)).any(|k| k.record == Record::Behalf)
+        }),
+    ]
+}
+
+/// The `sometimes` properties a configuration must reach, by its features.
+pub fn examples(model: &Protocol) -> Vec<&'static str> {
+    let spec = &model.spec;
+    let mut out = vec!["a holder outlives its key"];
+    let max = |l: usize| {
+        spec.changes[l]
+            .iter()
+            .chain([&spec.max_holders[l]])
+            .copied()
+            .max()
+    };
+    let count = |l: usize, shared: bool| {
+        (spec.clients.iter())
+            .filter(|c| c.lock as usize == l && c.shared == shared)
+            .count()
+    };
+    let locks = 0..spec.max_holders.len();
+    if locks.clone().any(|l| count(l, true) >= 2) {
+        out.push("shared holders together");
+    }
+    if locks.clone().any(|l| count(l, false) >= 2 && max(l) >= Some(2)) {
+        out.push("exclusive holders together");
+    }
+    let lowered = |l: usize| {
+        let seq: Vec<_> = [spec.max_holders[l]]
+            .into_iter()
+            .chain(spec.changes[l].iter().copied())
+            .collect();
+        seq.windows(2).any(|w| w[1] < w[0]) && count(l, false) >= 2
+    };
+    if locks.clone().any(lowered) {
+        out.push("holders beyond a lowered maxHolders");
+    }
+    if (spec.clients.iter()).any(|c| c.acquires > 1 && c.heartbeat && !c.connection) {
+        out.push("a holder id meets its own old key");
+    }
+    if spec.on_behalf != crate::spec::OnBehalf::Off {
+        out.push("a key recorded on behalf");
+    }
+    out
+}
+
+fn together(m: &Protocol, s: &State, shared: bool) -> bool {
+    (0..s.locks.len() as u8).any(|l| {
+        let of_mode = live_holders(m, s, l).filter(|&c| m.spec.clients[c as usize].shared == shared);
+        of_mode.count() >= 2
+    })
+}
+
+fn modes_apart(m: &Protocol, s: &State, lock: u8) -> bool {
+    let shared: Vec<_> = live_holders(m, s, lock)
+        .map(|c| m.spec.clients[c as usize].shared)
+        .collect();
+    !(shared.contains(&true) && shared.contains(&false))
+}
+
+fn believes_truly(m: &Protocol, s: &State, c: u8) -> bool {
+    !m.alive(s, c) || !holding(s, c) || !outlived(m, s, c) || m.learns(s, c)
+}
+
+fn holding(s: &State, c: u8) -> bool {
+    matches!(s.clients[c as usize].phase, Phase::Holding { .. })
+}
+
+/// Whether `c` believes it holds but its key is gone.
+fn outlived(m: &Protocol, s: &State, c: u8) -> bool {
+    let lock = m.spec.clients[c as usize].lock;
+    match s.clients[c as usize].phase {
+        Phase::Holding { ticket, .. } => s.key(lock, ticket).is_none(),
+        _ => false,
+    }
+}
+
+/// Whether `c` is in an acquire: enqueueing, waiting or reading its position.
+fn waiting(s: &State, c: u8) -> bool {
+    !matches!(s.clients[c as usize].phase, Phase::Idle | Phase::Holding { .. })
+}
+
+/// A liveness property, per client: from every reachable state where the premise holds, a
+/// state where the goal holds is reachable by good steps alone.
+pub struct Liveness {
+    /// Its name.
+    pub name: &'static str,
+    /// Whether holders may leave on the way (else the goal must come without a release).
+    pub leaving: bool,
+    /// When it must come.
+    pub premise: fn(&Protocol, &State, u8) -> bool,
+    /// What must come.
+    pub goal: fn(&Protocol, &State, u8) -> bool,
+}
+
+/// Liveness: a waiter is granted once the holders ahead leave (or learns its key is gone).
+pub const GRANTED: &str = "granted: a waiter is let in once the holders ahead leave";
+/// Liveness: a waiter the rule admits is let in without waiting for anyone else to leave: no
+/// wake-up is lost.
+pub const ADMITTED: &str = "admitted: a waiter the rule admits is let in without another release";
+/// Liveness: a holder whose key is gone learns it.
+pub const TOLD: &str = "told: a holder whose key is gone learns it";
+/// Liveness: no key is left behind: every queue can drain.
+pub const DRAINS: &str = "drains: once clients stop, every queue empties";
+
+/// The liveness properties.
+pub fn liveness() -> Vec<Liveness> {
+    vec![
+        Liveness {
+            name: GRANTED,
+            leaving: true,
+            premise: |m, s, c| m.alive(s, c) && waiting(s, c),
+            goal: |_, s, c| !waiting(s, c),
+        },
+        Liveness {
+            name: ADMITTED,
+            leaving: false,
+            premise: |m, s, c| m.alive(s, c) && admissible(m, s, c),
+            goal: |_, s, c| !waiting(s, c),
+        },
+        Liveness {
+            name: TOLD,
+            leaving: true,
+            premise: |m, s, c| m.alive(s, c) && outlived(m, s, c),
+            goal: |_, s, c| !holding(s, c),
+        },
+        Liveness {
+            name: DRAINS,
+            leaving: true,
+            premise: |_, _, c| c == 0,
+            goal: |m, s, _| {
+                let idle = (0..s.clients.len() as u8)
+                    .all(|c| !m.alive(s, c) || s.clients[c as usize].phase == Phase::Idle);
+                idle && s.locks.iter().all(|l| l.queue.is_empty())
+            },
+        },
+    ]
+}

@@ -1,0 +1,199 @@
+//! The configurations checked, and what each must come to.
+
+use crate::props::{ADMITTED, BELIEF, FENCING, LIMIT, MODES};
+use crate::spec::{Bug, ClientSpec as C, OnBehalf, Spec};
+
+/// What a run must come to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// Over the whole state space, exactly these properties fail (none: the protocol holds
+    /// here), and every example state of the run's features is reached.
+    Fails(&'static [&'static str]),
+    /// The checker finds a counterexample to this property (it stops at the first).
+    Finds(&'static str),
+}
+
+/// Every property holds.
+const HOLDS: Expect = Expect::Fails(&[]);
+
+/// One configuration and its expected outcome.
+pub struct Run {
+    /// The configuration.
+    pub spec: Spec,
+    /// What it explores, for the report.
+    pub about: &'static str,
+    /// What it must come to.
+    pub expect: Expect,
+}
+
+fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8>>, clients: Vec<C>) -> Spec {
+    Spec {
+        name,
+        pods: clients.iter().map(|c| c.pod + 1).max().unwrap_or(0),
+        max_holders,
+        changes,
+        clients,
+        faults: 1,
+        lock_deletion: false,
+        on_behalf: OnBehalf::Off,
+        bug: None,
+    }
+}
+
+/// The protocol as it is, on the configurations CI checks.
+fn protocol() -> Vec<Run> {
+    vec![
+        Run {
+            spec: spec(
+                "reader-writer",
+                vec![1],
+                vec![vec![2, 1]],
+                vec![
+                    C::new(0, 0),
+                    C::new(1, 0).shared(),
+                    C::new(2, 0).shared().connection(),
+                ],
+            ),
+            about: "maxHolders 1 raised to 2 and lowered again while a writer and two readers queue",
+            expect: HOLDS,
+        },
+        Run {
+            spec: spec(
+                "semaphore",
+                vec![2],
+                vec![vec![1, 2]],
+                vec![C::new(0, 0), C::new(1, 0), C::new(2, 0)],
+            ),
+            about: "maxHolders 2 lowered to 1 and raised again while three clients contend",
+            expect: HOLDS,
+        },
+        Run {
+            spec: Spec {
+                lock_deletion: true,
+                ..spec(
+                    "holder ids",
+                    vec![1],
+                    vec![vec![]],
+                    vec![
+                        C::new(0, 0).heartbeat().acquires(2),
+                        C::new(1, 0).connection().acquires(2),
+                        C::new(2, 0),
+                    ],
+                )
+            },
+            about: "a holder id acquired again before its old key is removed, a new id per connection; the lock deleted",
+            expect: HOLDS,
+        },
+        Run {
+            spec: Spec {
+                lock_deletion: true,
+                ..spec(
+                    "two locks",
+                    vec![1, 2],
+                    vec![vec![2], vec![1]],
+                    vec![C::new(0, 0), C::new(1, 0).shared(), C::new(0, 1)],
+                )
+            },
+            about: "a pod with a key in each lock (a lease's end deletes both at once), both locks' \
+                    maxHolders changed, a fault",
+            expect: HOLDS,
+        },
+    ]
+}
+
+/// Recording the grant of a key ahead whose owner left it unrecorded: as the engine does it,
+/// and with the owner's forfeit. A semaphore lowered, and a reader-writer lock raised to 2 and
+/// lowered again.
+fn on_behalf() -> Vec<Run> {
+    let three = vec![C::new(0, 0), C::new(1, 0), C::new(2, 0)];
+    let semaphore = |name, on_behalf| Spec {
+        on_behalf,
+        ..spec(name, vec![2], vec![vec![1]], three.clone())
+    };
+    let readers = vec![C::new(0, 0), C::new(1, 0).shared(), C::new(2, 0).shared()];
+    let reader_writer = |name, on_behalf| Spec {
+        on_behalf,
+        ..spec(name, vec![1], vec![vec![2, 1]], readers.clone())
+    };
+    vec![
+        Run {
+            spec: semaphore("on behalf, semaphore", OnBehalf::Engine),
+            about: "a waiter records the grant ahead its owner left unrecorded (the engine's record_for)",
+            expect: Expect::Fails(&[LIMIT, FENCING]),
+        },
+        Run {
+            spec: reader_writer("on behalf, reader-writer", OnBehalf::Engine),
+            about: "the same among readers",
+            expect: Expect::Fails(&[FENCING]),
+        },
+        Run {
+            spec: semaphore("on behalf with forfeit, semaphore", OnBehalf::Forfeit),
+            about: "the same, and an owner that finds its key recorded for it gives it up (and its place)",
+            expect: Expect::Fails(&[ADMITTED]),
+        },
+        Run {
+            spec: reader_writer("on behalf with forfeit, reader-writer", OnBehalf::Forfeit),
+            about: "the same among readers",
+            expect: HOLDS,
+        },
+    ]
+}
+
+/// Known bugs, each of which the checker must find.
+fn bugs() -> Vec<Run> {
+    let bug = |name, bug, max: u8, changes: Vec<u8>, clients| Spec {
+        bug: Some(bug),
+        ..spec(name, vec![max], vec![changes], clients)
+    };
+    let three = || vec![C::new(0, 0), C::new(1, 0), C::new(2, 0)];
+    vec![
+        Run {
+            spec: bug(
+                "bug: grant past ungranted keys",
+                Bug::GrantPastUngranted,
+                1,
+                vec![2],
+                three(),
+            ),
+            about: "keys ahead count as granted before they record it",
+            expect: Expect::Finds(FENCING),
+        },
+        Run {
+            spec: bug(
+                "bug: modes ignored",
+                Bug::IgnoreModes,
+                1,
+                vec![2],
+                vec![C::new(0, 0).shared(), C::new(1, 0), C::new(2, 0).shared()],
+            ),
+            about: "keys queued as shared count as exclusive after maxHolders is raised",
+            expect: Expect::Finds(MODES),
+        },
+        Run {
+            spec: bug("bug: stale limit", Bug::StaleLimit, 2, vec![1], three()),
+            about: "a waiter decides by the maxHolders it read before a lowering",
+            expect: Expect::Finds(LIMIT),
+        },
+        Run {
+            spec: bug("bug: no key watch", Bug::NoKeyWatch, 1, vec![], three()),
+            about: "a hold does not watch its key, only its session",
+            expect: Expect::Finds(BELIEF),
+        },
+        Run {
+            spec: bug(
+                "bug: lost wake-up",
+                Bug::PredecessorDeletionOnly,
+                2,
+                vec![],
+                vec![C::new(0, 0), C::new(1, 0), C::new(2, 0), C::new(3, 0)],
+            ),
+            about: "a waiter watches its predecessor in a semaphore for deletion only",
+            expect: Expect::Finds(ADMITTED),
+        },
+    ]
+}
+
+/// Every run, in order.
+pub fn runs() -> Vec<Run> {
+    [protocol(), on_behalf(), bugs()].into_iter().flatten().collect()
+}

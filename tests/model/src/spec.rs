@@ -1,0 +1,117 @@
+//! What one model run explores: the locks, the pods and their clients, how many faults and
+//! settings changes may happen, and which protocol variant (or injected bug) is in force.
+
+/// How a client waits and holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientSpec {
+    /// The pod (sidecar) it runs in: clients of one pod share its lease.
+    pub pod: u8,
+    /// The lock it contends for.
+    pub lock: u8,
+    /// Shared (else exclusive).
+    pub shared: bool,
+    /// A connection-bound hold (`POST /hold`): a new holder id per connection, and a closed
+    /// connection removes its key in the background. Otherwise `/acquire` with one holder id,
+    /// which may meet its own earlier key still in the queue.
+    pub connection: bool,
+    /// A heartbeat window: the sidecar may end the hold as lost and remove its key.
+    pub heartbeat: bool,
+    /// How many acquires it makes, one after the other.
+    pub acquires: u8,
+}
+
+/// Recording the grant of a key ahead whose owner left it unrecorded (`queue::record_for`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnBehalf {
+    /// Off: a key waits for each key ahead of it to record its own grant.
+    Off,
+    /// As the engine does it: a waiter behind an unrecorded grant it would otherwise be let in
+    /// past records that key (by name, guarded by its mod revision and the settings' mod
+    /// revision the waiter last read), then reads its position again. The key's owner, if it
+    /// is still waiting, is granted when it next reads.
+    Engine,
+    /// The same, and a waiter that finds its own key recorded by another before it learned of
+    /// its grant gives the key up (removes it and enqueues again) instead of holding with a
+    /// token older than grants already made behind it.
+    Forfeit,
+}
+
+/// A known bug to inject, to show that the checker finds it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Bug {
+    /// Keys ahead count as granted whether or not they recorded their grant.
+    GrantPastUngranted,
+    /// Keys ahead count as exclusive whatever their mode (modes ignored after a raise).
+    IgnoreModes,
+    /// A waiter's read does not re-check the settings: it decides by the `maxHolders` it knew.
+    StaleLimit,
+    /// A hold learns its loss only from its session, not from its key's deletion.
+    NoKeyWatch,
+    /// A waiter behind a waiting key in a semaphore watches it for deletion only (the lost
+    /// wake-up the `acquiredAt` write prevents).
+    PredecessorDeletionOnly,
+}
+
+/// One configuration to check.
+#[derive(Debug, Clone)]
+pub struct Spec {
+    /// Its name in the report.
+    pub name: &'static str,
+    /// Per lock: `maxHolders` at the start.
+    pub max_holders: Vec<u8>,
+    /// Per lock: the values `maxHolders` is set to, in turn, whenever the operator likes.
+    pub changes: Vec<Vec<u8>>,
+    /// How many pods there are.
+    pub pods: u8,
+    /// The clients.
+    pub clients: Vec<ClientSpec>,
+    /// How many faults may happen in a run: a lease ended (expired or revoked), a pod
+    /// crashed, a key deleted by the operator, the lock deleted, a missed heartbeat.
+    pub faults: u8,
+    /// Whether the operator may delete a lock (and declare it again).
+    pub lock_deletion: bool,
+    /// The recording-on-behalf variant.
+    pub on_behalf: OnBehalf,
+    /// An injected bug, if any.
+    pub bug: Option<Bug>,
+}
+
+impl ClientSpec {
+    /// A plain `/acquire` client of `lock` in `pod`, acquiring once.
+    pub fn new(pod: u8, lock: u8) -> Self {
+        ClientSpec {
+            pod,
+            lock,
+            shared: false,
+            connection: false,
+            heartbeat: false,
+            acquires: 1,
+        }
+    }
+
+    /// The same, in shared mode.
+    pub fn shared(self) -> Self {
+        ClientSpec { shared: true, ..self }
+    }
+
+    /// The same, holding through a connection (`POST /hold`).
+    pub fn connection(self) -> Self {
+        ClientSpec {
+            connection: true,
+            ..self
+        }
+    }
+
+    /// The same, with a heartbeat window.
+    pub fn heartbeat(self) -> Self {
+        ClientSpec {
+            heartbeat: true,
+            ..self
+        }
+    }
+
+    /// The same, acquiring `n` times.
+    pub fn acquires(self, n: u8) -> Self {
+        ClientSpec { acquires: n, ..self }
+    }
+}

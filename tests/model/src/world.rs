@@ -1,0 +1,73 @@
+//! The world around the clients: leases that end, pods that die, and the operator, which
+//! revokes holds, deletes and declares locks and changes their `maxHolders`.
+
+use crate::model::{Action, Protocol};
+use crate::state::State;
+
+impl Protocol {
+    /// The world's steps possible now.
+    pub fn world_steps(&self, s: &State, out: &mut Vec<Action>) {
+        let faults = s.faults > 0;
+        for (p, pod) in s.pods.iter().enumerate() {
+            let p = p as u8;
+            if pod.crashed && pod.lease {
+                out.push(Action::Expire(p));
+            }
+            if !pod.crashed && faults {
+                out.push(Action::Crash(p));
+                if pod.lease {
+                    out.push(Action::EndLease(p));
+                }
+            }
+        }
+        for (l, lock) in s.locks.iter().enumerate() {
+            let l = l as u8;
+            if faults {
+                out.extend(lock.queue.iter().map(|k| Action::DeleteKey(l, k.create)));
+            }
+            let declared = lock.modrev != 0;
+            if declared && faults && self.spec.lock_deletion {
+                out.push(Action::DeleteLock(l));
+            }
+            if !declared {
+                out.push(Action::Declare(l));
+            }
+            if declared && (lock.changes as usize) < self.spec.changes[l as usize].len() {
+                out.push(Action::SetMax(l));
+            }
+        }
+    }
+
+    /// Takes the world's step `action`.
+    pub fn world_step(&self, s: &mut State, action: Action) {
+        let rev = s.next_rev();
+        match action {
+            Action::Expire(p) => s.end_lease(p, &self.owners),
+            Action::EndLease(p) => {
+                s.faults -= 1;
+                s.end_lease(p, &self.owners);
+            }
+            Action::Crash(p) => {
+                s.faults -= 1;
+                s.pods[p as usize].crashed = true;
+            }
+            Action::DeleteKey(l, create) => {
+                s.faults -= 1;
+                s.delete(l, create);
+            }
+            Action::DeleteLock(l) => {
+                s.faults -= 1;
+                let lock = &mut s.locks[l as usize];
+                (lock.modrev, lock.queue) = (0, vec![]);
+            }
+            Action::Declare(l) => s.locks[l as usize].modrev = rev,
+            Action::SetMax(l) => {
+                let lock = &mut s.locks[l as usize];
+                lock.max = self.spec.changes[l as usize][lock.changes as usize];
+                lock.changes += 1;
+                lock.modrev = rev;
+            }
+            Action::Client(..) => unreachable!("a client's step"),
+        }
+    }
+}
