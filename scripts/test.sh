@@ -12,8 +12,8 @@ step() { printf '\033[1m[test]\033[0m %s\n' "$*" >&2; }
 bash scripts/setup.sh --node >/dev/null
 step "cargo fmt --check"
 cargo fmt --all -- --check
-step "cargo clippy --all-targets -- -D warnings"
-cargo clippy --all-targets -- -D warnings
+step "cargo clippy --workspace --all-targets -- -D warnings"
+cargo clippy --workspace --all-targets -- -D warnings   # the workspace: the protocol model (tests/model) too
 step "gofmt, go vet and go test of tests/linearizability (the safety run's checker)"
 (cd tests/linearizability && test -z "$(gofmt -l .)" && go vet ./... && go test ./...)
 step "hadolint Dockerfile"
