@@ -148,8 +148,7 @@ fn place(ahead: &[Ahead], more: bool, max_holders: u32) -> Position {
 }
 
 /// Holder if every key ahead (all inside the window) is granted, else behind the oldest one
-/// that is not: the next grant in queue order, which a waiter records itself if its owner does
-/// not (see `wait`).
+/// that is not: the next grant in queue order.
 fn first_ungranted(ahead: &[Ahead]) -> Position {
     match ahead.iter().rev().find(|a| !a.granted) {
         Some(a) => Position::BehindUngranted(a.key.clone()),

@@ -19,11 +19,9 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 
-use tracing::warn;
-
 use super::LockError;
 use super::etcd::{self, Etcd};
-use super::keys::{Entry, HolderInfo, LockId, Mode, rfc3339};
+use super::keys::{Entry, HolderInfo, LockId, Mode};
 use super::position::{self, Standing};
 
 /// A contender's key in a queue.
@@ -173,40 +171,6 @@ pub async fn mark_acquired(etcd: &Etcd, ticket: &Ticket, entry: &Entry) -> Resul
     let value = serde_json::to_vec(entry).expect("entry serializes");
     let put = etcd_client::PutOptions::new().with_lease(ticket.lease);
     if_still_ours(etcd, ticket, TxnOp::put(ticket.key.as_str(), value, Some(put))).await
-}
-
-/// Records the grant of `key`, a key ahead of a waiter that the queue's rule admits but whose
-/// owner has not recorded it for [`RECORD_GRACE`](super::wait::RECORD_GRACE): its sidecar may
-/// have died between the grant and the record, and every key behind it in the window would
-/// otherwise wait for its lease to end. Guarded by the key's mod revision (it was not recorded
-/// or changed meanwhile) and the settings' (`settings_rev`: the window it was admitted in still
-/// stands); the waiter reads its position again either way. The key's owner, if alive, finds
-/// itself granted as it would have been, with the token it would have had.
-pub async fn record_for(etcd: &Etcd, lock: &LockId, key: &[u8], settings_rev: i64) -> Result<(), LockError> {
-    let resp = etcd.get(key, None).await?;
-    let Some(kv) = resp.kvs().first() else {
-        return Ok(()); // gone meanwhile
-    };
-    let Ok(mut entry) = serde_json::from_slice::<Entry>(kv.value()) else {
-        return Ok(()); // not an entry: it blocks nobody
-    };
-    if entry.acquired_at.is_some() {
-        return Ok(());
-    }
-    entry.acquired_at = Some(rfc3339(std::time::SystemTime::now()));
-    let value = serde_json::to_vec(&entry).expect("entry serializes");
-    let put = etcd_client::PutOptions::new().with_lease(kv.lease());
-    let unchanged = [
-        Compare::mod_revision(key, CompareOp::Equal, kv.mod_revision()),
-        Compare::mod_revision(lock.config_key(), CompareOp::Equal, settings_rev),
-    ];
-    let txn = Txn::new()
-        .when(unchanged)
-        .and_then([TxnOp::put(key, value, Some(put))]);
-    if etcd.txn(txn).await?.succeeded() {
-        warn!(lock = %lock, key = %String::from_utf8_lossy(key), "recorded the grant of a key ahead whose owner did not");
-    }
-    Ok(())
 }
 
 /// Whether `ticket`'s key is still in place (same create revision).

@@ -32,7 +32,7 @@ use super::etcd::{self, Etcd};
 use super::keys::{LockId, Mode};
 use super::position::{self, Position, Standing};
 use super::protocol::{self, Change};
-use super::queue::{self, Ticket};
+use super::queue::Ticket;
 use super::settings::Declared;
 use super::watch::{KeyWatch, Target};
 
@@ -63,14 +63,12 @@ pub async fn wait_turn(
         Some(start) => start,
         None => read(declared).await?,
     };
-    let mut unrecorded = Unrecorded::default();
     loop {
         match now.position {
             Position::Holder => return Ok(Turn::Granted(now.revision)),
             Position::Gone => return Ok(Turn::Gone),
             _ => {}
         }
-        let wake = (unrecorded.record_at(&now.position)).map_or(deadline, |at| at.min(deadline));
         let started = Instant::now();
         let watched = watch_position(etcd, lock, (ticket, mode), declared, &now);
         let mut watch = match timeout_at(deadline, watched).await {
@@ -89,13 +87,8 @@ pub async fn wait_turn(
                 continue;
             }
         };
-        match timeout_at(wake, watch.changed()).await {
-            Err(_) if Instant::now() >= deadline => return Ok(Turn::TimedOut),
-            Err(_) => {
-                if let Position::BehindUngranted(key) = &now.position {
-                    queue::record_for(etcd, lock, key, declared.revision).await?;
-                }
-            }
+        match timeout_at(deadline, watch.changed()).await {
+            Err(_) => return Ok(Turn::TimedOut),
             Ok(Ok(())) => {}
             // A broken watch (etcd restart, leader change) is not fatal: re-read and re-watch.
             // If etcd is really gone, the read below fails and the caller gets the error.
@@ -105,31 +98,6 @@ pub async fn wait_turn(
             }
         }
         now = read(declared).await?;
-    }
-}
-
-/// How long a waiter waits behind keys ahead that the queue's rule admits but whose owners have
-/// not recorded their grants, before it records them itself ([`queue::record_for`]). A live
-/// owner records within milliseconds; one whose sidecar died between its grant and the record
-/// never does, and would hold back every key behind it until its lease ends.
-pub const RECORD_GRACE: Duration = Duration::from_millis(500);
-
-/// Since when a waiter has been behind unrecorded grants.
-#[derive(Default)]
-struct Unrecorded(Option<Instant>);
-
-impl Unrecorded {
-    /// When the waiter at `pos` records the grant it waits behind: [`RECORD_GRACE`] after it
-    /// first found itself behind one (then at once for each further one); `None` at another
-    /// position.
-    fn record_at(&mut self, pos: &Position) -> Option<Instant> {
-        match pos {
-            Position::BehindUngranted(_) => Some(*self.0.get_or_insert_with(Instant::now) + RECORD_GRACE),
-            _ => {
-                self.0 = None;
-                None
-            }
-        }
     }
 }
 

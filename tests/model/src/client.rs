@@ -241,7 +241,7 @@ impl Protocol {
     }
 }
 
-/// `queue::record_for`: records the grant of the key named `name` if it is still unrecorded and
+/// What `queue::record_for` did (removed from the engine): records the grant of the key named `name` if it is still unrecorded and
 /// the settings still have the mod revision the waiter read (its read of the key and the
 /// guarded write, which fails if the key changed in between, taken as one step).
 fn record_for(s: &mut State, lock: u8, name: Name, settings: Rev) {

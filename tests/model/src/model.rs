@@ -27,7 +27,7 @@ pub enum Step {
     Rewatch,
     /// The position read again (the settings had changed, or after recording on behalf).
     Read,
-    /// Records the grant of the key ahead that it waits behind (`queue::record_for`).
+    /// Records the grant of the key ahead that it waits behind (the rejected `record_for`).
     OnBehalf,
     /// Writes its own grant record (guarded by create revision).
     Record,

@@ -101,9 +101,9 @@ fn protocol() -> Vec<Run> {
     ]
 }
 
-/// Recording the grant of a key ahead whose owner left it unrecorded: as the engine does it,
-/// and with the owner's forfeit. A semaphore lowered, and a reader-writer lock raised to 2 and
-/// lowered again.
+/// Recording the grant of a key ahead whose owner left it unrecorded: as the rejected
+/// `record_for` did, and with the owner's forfeit. A semaphore lowered, and a reader-writer lock
+/// raised to 2 and lowered again.
 fn on_behalf() -> Vec<Run> {
     let three = vec![C::new(0, 0), C::new(1, 0), C::new(2, 0)];
     let semaphore = |name, on_behalf| Spec {
@@ -117,12 +117,12 @@ fn on_behalf() -> Vec<Run> {
     };
     vec![
         Run {
-            spec: semaphore("on behalf, semaphore", OnBehalf::Engine),
-            about: "a waiter records the grant ahead its owner left unrecorded (the engine's record_for)",
+            spec: semaphore("on behalf, semaphore", OnBehalf::Plain),
+            about: "a waiter records the grant ahead its owner left unrecorded (what queue::record_for did before the model rejected it)",
             expect: Expect::Fails(&[LIMIT, FENCING]),
         },
         Run {
-            spec: reader_writer("on behalf, reader-writer", OnBehalf::Engine),
+            spec: reader_writer("on behalf, reader-writer", OnBehalf::Plain),
             about: "the same among readers",
             expect: Expect::Fails(&[FENCING]),
         },

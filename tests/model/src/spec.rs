@@ -20,16 +20,17 @@ pub struct ClientSpec {
     pub acquires: u8,
 }
 
-/// Recording the grant of a key ahead whose owner left it unrecorded (`queue::record_for`).
+/// Recording the grant of a key ahead whose owner left it unrecorded: a rejected design (it
+/// was `queue::record_for`), checked to show why.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OnBehalf {
     /// Off: a key waits for each key ahead of it to record its own grant.
     Off,
-    /// As the engine does it: a waiter behind an unrecorded grant it would otherwise be let in
+    /// As `queue::record_for` did (rejected by this model, removed from the engine): a waiter behind an unrecorded grant it would otherwise be let in
     /// past records that key (by name, guarded by its mod revision and the settings' mod
     /// revision the waiter last read), then reads its position again. The key's owner, if it
     /// is still waiting, is granted when it next reads.
-    Engine,
+    Plain,
     /// The same, and a waiter that finds its own key recorded by another before it learned of
     /// its grant gives the key up (removes it and enqueues again) instead of holding with a
     /// token older than grants already made behind it.
