@@ -176,3 +176,27 @@ async fn raising_max_holders_never_puts_a_writer_beside_a_reader() {
     let (_, info) = s.get("/v1/locks/grow").await;
     assert_eq!(info["holders"].as_array().unwrap().len(), 1, "{info}");
 }
+
+/// Finding 3 of the safety review, a live holder's part: a grant whose one attempt to record
+/// itself failed (etcd down at that moment) stayed unrecorded for the whole hold, and so held
+/// back every later key of a semaphore's or readers' window. The record is retried until it
+/// lands.
+#[tokio::test]
+async fn a_grant_whose_record_failed_is_recorded_once_etcd_is_back() {
+    let mut etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["m", "--ttl-seconds", "60"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    // A mutex hold records its grant 30 ms after answering: etcd is gone by then.
+    s.must_acquire("m", json!({"holderId": "h"})).await;
+    etcd.stop();
+    tokio::time::sleep(Duration::from_secs(8)).await; // past a request's 5 s budget
+    etcd.resume().await;
+    let recorded = crate::common::wait_until(Duration::from_secs(10), || async {
+        let opts = etcd_client::GetOptions::new().with_prefix();
+        let resp = etcd.client().await.get("/podlock/v1/queue/default/m/", Some(opts)).await.unwrap();
+        let entry: serde_json::Value = serde_json::from_slice(resp.kvs()[0].value()).unwrap();
+        entry["acquiredAt"].is_string()
+    })
+    .await;
+    assert!(recorded.is_ok(), "the grant was never recorded:\n{}", s.log());
+}
