@@ -193,7 +193,12 @@ async fn a_grant_whose_record_failed_is_recorded_once_etcd_is_back() {
     etcd.resume().await;
     let recorded = crate::common::wait_until(Duration::from_secs(10), || async {
         let opts = etcd_client::GetOptions::new().with_prefix();
-        let resp = etcd.client().await.get("/podlock/v1/queue/default/m/", Some(opts)).await.unwrap();
+        let resp = etcd
+            .client()
+            .await
+            .get("/podlock/v1/queue/default/m/", Some(opts))
+            .await
+            .unwrap();
         let entry: serde_json::Value = serde_json::from_slice(resp.kvs()[0].value()).unwrap();
         entry["acquiredAt"].is_string()
     })
