@@ -123,9 +123,17 @@ async fn a_namespace_cannot_take_or_break_another_namespaces_lock() {
         "y's holder keeps it"
     );
 
-    // x's credentials work for x's own lock.
+    // x's credentials work for x's own lock, once x's operator has published it (it makes the
+    // credentials first, so the Secret can be there a moment before the lock is).
     let own = sidecar("pod-x2", x.clone(), ux, px).await;
-    let (status, body) = own.post("shared", "acquire", json!({})).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let (status, body) = loop {
+        let (status, body) = own.post("shared", "acquire", json!({})).await;
+        if status == 200 || std::time::Instant::now() > deadline {
+            break (status, body);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
     assert_eq!(status, 200, "x's own acquire: {body}");
 }
 
