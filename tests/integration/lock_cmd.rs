@@ -8,7 +8,20 @@ use tokio::process::Command;
 use crate::common::{EtcdServer, Sidecar, declare, podlock_bin};
 
 fn lock_cmd(sidecar: &Sidecar, args: &[&str]) -> Command {
-    let mut cmd = Command::new(podlock_bin());
+    lock_cmd_under(sidecar, &[], args)
+}
+
+/// `podlock lock ARGS` run by `wrapper` (a command and its arguments, e.g. `unshare --pid
+/// --fork`; none: run directly).
+fn lock_cmd_under(sidecar: &Sidecar, wrapper: &[&str], args: &[&str]) -> Command {
+    let mut cmd = match wrapper.split_first() {
+        Some((program, wrapper_args)) => {
+            let mut cmd = Command::new(program);
+            cmd.args(wrapper_args).arg(podlock_bin());
+            cmd
+        }
+        None => Command::new(podlock_bin()),
+    };
     cmd.arg("lock")
         .args(args)
         .env("PODLOCK_ADDR", &sidecar.addr)
@@ -192,13 +205,8 @@ async fn two_runs_as_pid_1_with_one_hostname_are_two_holders() {
     declare(&etcd.endpoint, &["once"]);
     let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
     let as_pid_1 = |args: &[&str]| {
-        let mut cmd = Command::new("unshare");
-        cmd.args(["--pid", "--fork", podlock_bin(), "lock"])
-            .args(args)
-            .env("PODLOCK_ADDR", &s.addr)
-            .env("HOSTNAME", "pod-a")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
+        let mut cmd = lock_cmd_under(&s, &["unshare", "--pid", "--fork"], args);
+        cmd.env("HOSTNAME", "pod-a");
         cmd
     };
     let mut first = as_pid_1(&["once", "--", "sleep", "3"]).spawn().unwrap();
