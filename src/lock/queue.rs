@@ -204,7 +204,7 @@ pub struct QueueState {
 }
 
 /// Splits a queue range (sorted by create revision) into holders and waiters by the rule of
-/// [`position::of_keys`]: the leading run of shared keys when the first one is shared, else the
+/// [`position::decide`]: the leading run of shared keys when the first one is shared, else the
 /// leading run of exclusive keys, at most `max_holders` of them.
 pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32) -> QueueState {
     let entries: Vec<HolderInfo> = kvs.iter().filter_map(HolderInfo::from_kv).collect();

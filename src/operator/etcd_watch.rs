@@ -9,40 +9,17 @@ use futures::StreamExt;
 use kube::runtime::reflector::ObjectRef;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::warn;
 
-use super::verdict::Binding;
+use super::verdict::{Binding, PodEntry};
 use crate::crd::DistributedLock;
 use crate::lock::{Entry, LockId, Store, keys};
 
 /// A pod, by namespace and name.
 pub type PodKey = (String, String);
-
-/// One queue entry (hold or wait) of a pod.
-#[derive(Debug, Clone)]
-pub struct PodEntry {
-    /// The lock.
-    pub lock: LockId,
-    /// The queue key.
-    pub key: String,
-    /// Its create revision (the fencing token once held).
-    pub revision: i64,
-    /// The lease etcd has the key on (not what its name or value says).
-    pub lease: i64,
-    /// The holder id.
-    pub holder_id: String,
-    /// The pod uid the sidecar was started with.
-    pub uid: String,
-    /// When the acquire was requested.
-    pub requested: SystemTime,
-    /// The app container that asked, when the app named it.
-    pub container: Option<String>,
-    /// The container incarnations proven to have taken it (see `verdict`).
-    pub bound: Binding,
-}
 
 /// What a queue key-value says, read with trust in the key only.
 #[derive(Debug)]

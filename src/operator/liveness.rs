@@ -23,9 +23,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::{info, warn};
 
-use super::etcd_watch::{PodEntry, PodIndex, PodKey};
+use super::etcd_watch::{PodIndex, PodKey};
 use super::inject::SIDECAR_LABEL;
 use super::named_pods::{NamedPods, Seen};
+use super::verdict::PodEntry;
 pub use super::verdict::{Reason, verdict};
 use crate::lock::{self, Revoked};
 use crate::metrics::OperatorMetrics;

@@ -18,8 +18,31 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use super::etcd_watch::PodEntry;
 use super::inject::SIDECAR_CONTAINER;
+use crate::lock::LockId;
+
+/// One queue entry (hold or wait) of a pod.
+#[derive(Debug, Clone)]
+pub struct PodEntry {
+    /// The lock.
+    pub lock: LockId,
+    /// The queue key.
+    pub key: String,
+    /// Its create revision (the fencing token once held).
+    pub revision: i64,
+    /// The lease etcd has the key on (not what its name or value says).
+    pub lease: i64,
+    /// The holder id.
+    pub holder_id: String,
+    /// The pod uid the sidecar was started with.
+    pub uid: String,
+    /// When the acquire was requested.
+    pub requested: SystemTime,
+    /// The app container that asked, when the app named it.
+    pub container: Option<String>,
+    /// The container incarnations proven to have taken it (see [`verdict`]).
+    pub bound: Binding,
+}
 
 /// Why the operator ended a hold (the `reason` label of `podlock_forced_releases_total`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
