@@ -6,7 +6,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::lock::keys::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
+use crate::lock::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
 use crate::lock::{HolderInfo, Mode};
 use schemars::{Schema, SchemaGenerator, json_schema};
 

@@ -4,7 +4,7 @@
 use clap::Args;
 
 use crate::etcd_args::EtcdArgs;
-use crate::lock::keys::{HEARTBEAT, MAX_HOLDERS, Settings, TTL};
+use crate::lock::{HEARTBEAT, MAX_HOLDERS, Settings, TTL};
 use crate::lock::{LockId, Store};
 
 /// Flags of `podlock declare`.

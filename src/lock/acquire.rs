@@ -7,16 +7,20 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tracing::{info, warn};
 
-use super::hold::{self, Hold, MarkWhen};
-use super::keys::{self, Entry, LockId, Mode, Settings, rfc3339};
+use super::Engine;
+use super::entry::{Entry, Mode, rfc3339};
+use super::error::LockError;
+use super::held::Hold;
+use super::hold::{self, MarkWhen};
 use super::model::{AcquireRequest, EventKind, Grant};
+use super::names::{LockId, check_holder_id};
 use super::position::{Position, Standing};
 use super::queue::{self, Enqueued, Ticket};
 use super::registry::{Claimed, SlotKey};
 use super::session::Session;
 use super::settings::Declared;
+use super::settings::{HEARTBEAT, Settings, TTL};
 use super::wait::{self, Turn};
-use super::{Engine, LockError};
 
 /// How many times an acquire puts its key again (settings changed, an earlier key of the same
 /// holder in the way, the session's lease revoked) before it gives up.
@@ -49,9 +53,9 @@ impl Engine {
     /// queue at the deadline), start the hold. Dropping the returned future while it waits (a
     /// client that disconnects) removes the waiter's key at once.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Grant, LockError> {
-        keys::check_holder_id(&req.holder_id)?;
+        check_holder_id(&req.holder_id)?;
         if let Some(window) = req.heartbeat_timeout_seconds {
-            keys::HEARTBEAT.check(window)?;
+            HEARTBEAT.check(window)?;
         }
         let slot: SlotKey = (req.lock.clone(), req.holder_id.clone());
         if let Some(hold) = self.0.registry.held(&slot) {
@@ -125,7 +129,7 @@ impl Engine {
             let s = declared.settings;
             check_mode(req, s)?;
             let ttl = req.ttl_seconds.unwrap_or(s.ttl_seconds);
-            let ttl = keys::TTL.check(ttl)?;
+            let ttl = TTL.check(ttl)?;
             let session = self.0.sessions.get(ttl).await?;
             let entry = self.entry(req, ttl, s);
             let key = req.lock.entry_key(session.id, &req.holder_id);
@@ -160,11 +164,10 @@ impl Engine {
                 Err(e) => return Err(e),
             }
         }
-        Err(LockError::Unavailable(format!(
-            "could not put a key into the queue of {} in {MAX_PLACEMENTS} attempts (settings \
-             changing, or the lease revoked each time); retry",
-            req.lock
-        )))
+        Err(LockError::NotPlaced {
+            lock: req.lock.clone(),
+            attempts: MAX_PLACEMENTS,
+        })
     }
 
     /// Waits for the placed key's turn; returns the revision at which it was granted. At the
@@ -246,9 +249,7 @@ impl Engine {
         // the lease may end any moment and the lock move on while the app believes it holds.
         let confirmed = session.expires_at().saturating_duration_since(Instant::now());
         if session.is_lost() || confirmed < Duration::from_secs(session.ttl.into()) / 2 {
-            return Err(LockError::Unavailable(format!(
-                "etcd keepalives are failing (lease confirmed for only {confirmed:?} more); retry"
-            )));
+            return Err(LockError::LeaseUnconfirmed(confirmed));
         }
         let heartbeat = req
             .heartbeat_timeout_seconds
@@ -295,9 +296,7 @@ impl Engine {
         self.check_session(session).await;
         match self.declared(lock, true).await {
             Err(e) => e,
-            Ok(_) => LockError::Unavailable(
-                "the queue entry vanished while waiting (its lease ended or was revoked); retry".into(),
-            ),
+            Ok(_) => LockError::Vanished,
         }
     }
 }

@@ -5,11 +5,14 @@ use std::sync::Arc;
 use std::time::SystemTime;
 use tracing::{info, warn};
 
-use super::hold::{Hold, KEY_DELETED, SESSION_LOST, SHUTDOWN, spawn_removal};
-use super::keys::LockId;
+use super::Engine;
+use super::error::LockError;
+use super::held::Hold;
+use super::hold::{KEY_DELETED, SESSION_LOST, SHUTDOWN, spawn_removal};
+use super::model::EventKind;
+use super::names::LockId;
 use super::queue;
 use super::session::Session;
-use super::{Engine, EventKind, LockError};
 
 impl Engine {
     /// Releases a hold: deletes its key (guarded by its create revision) and ends it. A key

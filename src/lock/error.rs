@@ -1,7 +1,10 @@
 //! The engine's error type. It knows nothing of HTTP: the sidecar maps it to status codes in
 //! one place (`sidecar::error`).
 
-use super::keys::{HolderInfo, LockId, Mode};
+use std::time::Duration;
+
+use super::entry::{HolderInfo, Mode};
+use super::names::{InvalidName, LockId};
 
 /// Why a lock operation did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -108,9 +111,74 @@ pub enum LockError {
     #[error("corrupt data in etcd: {0}")]
     Corrupt(String),
 
-    /// etcd could not be reached or answered with an error.
-    #[error("etcd is unavailable: {0}")]
-    Unavailable(String),
+    /// etcd could not be reached, or failed in a way that may pass (no leader, a member
+    /// down): worth retrying.
+    #[error("etcd is unavailable: {0}; retry")]
+    Unreachable(#[source] etcd_client::Error),
+
+    /// etcd did not answer within the engine's budget for one request.
+    #[error("etcd did not answer within {0:?}; retry")]
+    Timeout(Duration),
+
+    /// An etcd member stopped answering (stalled or cut off); the next request goes to another.
+    #[error("the etcd member {what} within {within:?} (stalled or cut off); retry")]
+    MemberStalled {
+        /// What it did not do, e.g. "did not open a watch".
+        what: &'static str,
+        /// How long it was given.
+        within: Duration,
+    },
+
+    /// etcd ended a watch (cancelled it, or closed its stream).
+    #[error("etcd ended a watch: {0}; retry")]
+    WatchEnded(String),
+
+    /// etcd closed a lease's keepalive stream.
+    #[error("etcd closed the keepalive stream of the sidecar's lease; retry")]
+    KeepaliveEnded,
+
+    /// Keepalives have been failing: a hold starting now could lose its lease at any moment.
+    #[error("etcd keepalives are failing (lease confirmed for only {0:?} more); retry")]
+    LeaseUnconfirmed(Duration),
+
+    /// A waiter's queue key disappeared while it waited, the lock still declared.
+    #[error("the queue entry vanished while waiting (its lease ended or was revoked); retry")]
+    Vanished,
+
+    /// The key could not be put into the queue: every attempt met changed settings or a
+    /// revoked lease.
+    #[error(
+        "could not put a key into the queue of {lock} in {attempts} attempts (settings \
+         changing, or the lease revoked each time); retry"
+    )]
+    NotPlaced {
+        /// The lock asked for.
+        lock: LockId,
+        /// How many attempts were made.
+        attempts: usize,
+    },
+
+    /// The task that enqueued a request ended without answering it (it panicked: a bug, logged).
+    #[error("the task enqueueing this request ended without an answer (see the sidecar's log); retry")]
+    TaskEnded,
+
+    /// etcd is out of space (its quota): no write succeeds until an administrator frees it.
+    #[error(
+        "etcd is out of space ({0}): compact and defragment it and disarm its NOSPACE alarm \
+         (docs/operations.md)"
+    )]
+    EtcdFull(String),
+
+    /// etcd rejected the request as bad (too large, too many operations, a wrong argument):
+    /// sending it again will not help.
+    #[error("etcd rejected the request: {0}")]
+    Rejected(String),
+}
+
+impl From<InvalidName> for LockError {
+    fn from(e: InvalidName) -> Self {
+        LockError::Invalid(e.to_string())
+    }
 }
 
 /// What an etcd error means to podlock: the one place gRPC codes are read.
@@ -123,6 +191,8 @@ pub(crate) enum EtcdFailure {
     /// It may go away by itself (a member or connection down, no leader, a leader change):
     /// worth sending again.
     Transient,
+    /// etcd is out of space: final until an administrator frees some.
+    Full,
     /// Anything else (a bad request): final.
     Final,
 }
@@ -135,6 +205,10 @@ impl EtcdFailure {
             etcd_client::Error::GRpcStatus(s) => match s.code() {
                 Code::PermissionDenied | Code::Unauthenticated => EtcdFailure::Refused,
                 Code::NotFound if s.message().contains("lease not found") => EtcdFailure::LeaseGone,
+                // etcd says both "database space exceeded" (NOSPACE) and "too many requests"
+                // (its apply queue is behind) with this code; only the second passes by itself.
+                Code::ResourceExhausted if s.message().contains("space exceeded") => EtcdFailure::Full,
+                Code::ResourceExhausted => EtcdFailure::Transient,
                 Code::Unavailable
                 | Code::DeadlineExceeded
                 | Code::Cancelled
@@ -157,7 +231,9 @@ impl From<etcd_client::Error> for LockError {
         match EtcdFailure::of(&e) {
             EtcdFailure::Refused => LockError::Forbidden(message(&e)),
             EtcdFailure::LeaseGone => LockError::LeaseNotFound(message(&e)),
-            EtcdFailure::Transient | EtcdFailure::Final => LockError::Unavailable(e.to_string()),
+            EtcdFailure::Transient => LockError::Unreachable(e),
+            EtcdFailure::Full => LockError::EtcdFull(message(&e)),
+            EtcdFailure::Final => LockError::Rejected(message(&e)),
         }
     }
 }

@@ -12,8 +12,8 @@ use std::task::Poll;
 use std::time::Duration;
 use tokio::time::{Instant, timeout_at};
 
-use super::LockError;
 use super::error::EtcdFailure;
+use super::error::LockError;
 use super::members::Members;
 
 /// How long a read or transaction may go unanswered before it is sent once more, the earlier
@@ -175,7 +175,7 @@ async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
     let deadline = Instant::now() + BUDGET;
     let mut attempts: VecDeque<Pin<Box<F>>> = VecDeque::new();
     let (mut send_at, mut first) = (Instant::now(), true);
-    let mut error = LockError::Unavailable(format!("etcd did not answer within {BUDGET:?}"));
+    let mut error = LockError::Timeout(BUDGET);
     while Instant::now() < deadline {
         if Instant::now() >= send_at {
             if attempts.len() == MAX_ATTEMPTS {
@@ -289,7 +289,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn silence_ends_at_the_budget() {
         let (result, sent, took) = run(vec![]).await;
-        assert!(matches!(result, Err(LockError::Unavailable(_))), "{result:?}");
+        assert!(matches!(result, Err(LockError::Timeout(_))), "{result:?}");
         assert_eq!(
             (sent, took),
             ((BUDGET.as_millis() / HEDGE.as_millis()) as u64, BUDGET)

@@ -8,8 +8,8 @@ use std::sync::Mutex;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tracing::warn;
 
-use super::keys::LockId;
 use super::model::HoldEvent;
+use super::names::LockId;
 
 /// How many undelivered events a subscriber may have.
 pub const CAPACITY: usize = 1024;

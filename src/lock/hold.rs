@@ -1,4 +1,4 @@
-//! A granted hold and the task that watches over it until it ends.
+//! The task that watches over a granted [`Hold`] until it ends, and the writes around a hold.
 //!
 //! A hold ends by release, or it is *lost*: its key was deleted (the lock was deleted, the
 //! operator revoked it), its session was lost (lease expired or revoked, keepalives failed for a
@@ -9,90 +9,18 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
-use tokio::sync::{oneshot, watch};
+use std::time::Duration;
+use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep, sleep_until};
-use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info, info_span, warn};
 
-use super::keys::{Entry, LockId, Mode};
+use super::Engine;
+use super::entry::{Entry, Mode};
+use super::error::LockError;
+use super::held::Hold;
 use super::queue::{self, Enqueued, Ticket};
 use super::session::Session;
 use super::watch::Target;
-use super::{Engine, LockError};
-
-/// One granted hold of this sidecar.
-#[derive(Debug)]
-pub struct Hold {
-    /// The lock held.
-    pub lock: LockId,
-    /// The holder id.
-    pub holder_id: String,
-    /// The queue key; its create revision is the fencing token.
-    pub ticket: Ticket,
-    /// A revision at which the key was known to be in place: its watch starts after it.
-    pub confirmed: i64,
-    /// The session whose lease the key is bound to.
-    pub session: Arc<Session>,
-    /// When the hold began.
-    pub acquired_at: SystemTime,
-    /// The heartbeat window (zero: none).
-    pub heartbeat: Duration,
-    /// Exclusive, or shared with other shared holds.
-    pub mode: Mode,
-    /// Bound to the HTTP connection that asked for it (`POST .../hold`): that connection owns
-    /// it, so no other request may take it over by naming its holder id.
-    pub connection_bound: bool,
-    deadline: watch::Sender<Instant>,
-    /// Cancelled when the hold ends, by release or loss.
-    pub ended: CancellationToken,
-}
-
-impl Hold {
-    /// A new hold; its heartbeat window (if any) starts now.
-    pub fn new(
-        lock: LockId,
-        holder_id: String,
-        ticket: Ticket,
-        confirmed: i64,
-        session: Arc<Session>,
-        heartbeat: Duration,
-    ) -> Self {
-        let (deadline, _) = watch::channel(Instant::now() + heartbeat);
-        Hold {
-            lock,
-            holder_id,
-            ticket,
-            confirmed,
-            session,
-            acquired_at: SystemTime::now(),
-            heartbeat,
-            mode: Mode::Exclusive,
-            connection_bound: false,
-            deadline,
-            ended: CancellationToken::new(),
-        }
-    }
-
-    /// The fencing token.
-    pub fn token(&self) -> i64 {
-        self.ticket.revision
-    }
-
-    /// Restarts the heartbeat window; returns when the hold will end without another heartbeat
-    /// (for a hold without a window: when its lease may expire without keepalives).
-    pub fn heartbeat(&self) -> SystemTime {
-        if self.heartbeat.is_zero() {
-            let left = self
-                .session
-                .expires_at()
-                .saturating_duration_since(Instant::now());
-            return SystemTime::now() + left;
-        }
-        self.deadline.send_replace(Instant::now() + self.heartbeat);
-        SystemTime::now() + self.heartbeat
-    }
-}
 
 /// When a new hold records its grant (`acquiredAt` in its entry), which keys behind it in a
 /// semaphore's window wait for before they may be granted (see `wait`).
@@ -272,7 +200,7 @@ pub async fn enqueue_to_completion(
     });
     match rx.await {
         Ok(mut answer) => answer.result.take().expect("answered once"),
-        Err(_) => Err(LockError::Unavailable("the enqueue task failed".into())),
+        Err(_) => Err(LockError::TaskEnded),
     }
 }
 
@@ -313,6 +241,7 @@ pub fn spawn_removal(engine: Engine, ticket: Ticket, session: Arc<Session>) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock::LockId;
 
     fn hold(window: Duration) -> Hold {
         let ticket = Ticket {

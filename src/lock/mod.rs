@@ -6,14 +6,18 @@
 //! nothing of HTTP or Kubernetes.
 
 mod acquire;
+mod changes;
 mod ending;
+mod entry;
 mod error;
 mod etcd;
 mod events;
+mod held;
 mod hold;
-pub mod keys;
+mod keys;
 mod members;
 mod model;
+mod names;
 mod position;
 pub mod protocol;
 mod queue;
@@ -25,12 +29,15 @@ mod sweep;
 mod wait;
 mod watch;
 
+pub use changes::{Change, Changes, QueueEntry};
+pub use entry::{Entry, HolderInfo, Mode, PodRef, rfc3339};
 pub use error::LockError;
 pub use etcd::Stats;
-pub use keys::{Entry, HolderInfo, LockId, Mode, PodRef, Settings, unique_holder_id};
 pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo};
+pub use names::{InvalidName, LockId, check_container, check_dns_subdomain, unique_holder_id};
 pub use queue::QueueState;
-pub use store::{Revoked, Store};
+pub use settings::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
+pub use store::{Revoked, RoundTripError, Store};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -38,8 +45,7 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 
 use etcd::Etcd;
-use hold::Hold;
-use keys::rfc3339;
+use held::Hold;
 use registry::Registry;
 use session::Sessions;
 use settings::Declared;

@@ -3,8 +3,9 @@
 use serde::Serialize;
 use std::time::Duration;
 
-use super::hold::Hold;
-use super::keys::{HolderInfo, LockId, Mode, rfc3339};
+use super::entry::{HolderInfo, Mode, rfc3339};
+use super::held::Hold;
+use super::names::LockId;
 
 /// What an acquire asks for.
 #[derive(Debug, Clone)]

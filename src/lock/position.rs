@@ -7,7 +7,7 @@
 
 use etcd_client::KeyValue;
 
-use super::keys::{Entry, Mode};
+use super::entry::{Entry, Mode};
 
 /// How many keys ahead of it a shared key reads at once: a page of shared holders. Behind a
 /// longer run of them it waits for the farthest of the page first.
@@ -78,13 +78,13 @@ impl Ahead {
     /// A key as read from etcd. A value that is not an entry (or a key read without its value)
     /// blocks nobody and counts as exclusive.
     fn of(kv: &KeyValue) -> Self {
-        match serde_json::from_slice::<Entry>(kv.value()) {
-            Ok(e) => Ahead {
+        match Entry::decode(kv.value()) {
+            Some(e) => Ahead {
                 key: kv.key().to_vec(),
-                granted: e.acquired_at.is_some(),
+                granted: e.is_granted(),
                 mode: e.mode,
             },
-            Err(_) => Ahead::without_value(kv.key().to_vec()),
+            None => Ahead::without_value(kv.key().to_vec()),
         }
     }
 }

@@ -7,7 +7,7 @@
 //! [`queue`]: super::queue
 //! [`wait`]: super::wait
 
-pub use super::keys::Mode;
+pub use super::entry::Mode;
 pub use super::position::{Ahead, Position};
 
 impl Ahead {

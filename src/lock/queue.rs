@@ -19,9 +19,10 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 
-use super::LockError;
+use super::entry::{Entry, HolderInfo, Mode};
+use super::error::LockError;
 use super::etcd::{self, Etcd};
-use super::keys::{Entry, HolderInfo, LockId, Mode};
+use super::names::LockId;
 use super::position::{self, Standing};
 
 /// A contender's key in a queue.
@@ -67,7 +68,7 @@ pub async fn enqueue(
     settings_rev: i64,
     max_holders: u32,
 ) -> Result<Enqueued, LockError> {
-    let value = serde_json::to_vec(entry).expect("entry serializes");
+    let value = entry.encode();
     let (ahead, values) = position::keys_needed(max_holders, entry.mode);
     let txn = enqueue_txn(lock, key, &value, lease, settings_rev, ahead, values);
     let resp = etcd.txn(txn).await?;
@@ -168,7 +169,7 @@ fn enqueued(
 /// lease. This write is also what wakes the next waiter of a semaphore. Returns false if the
 /// key is no longer ours.
 pub async fn mark_acquired(etcd: &Etcd, ticket: &Ticket, entry: &Entry) -> Result<bool, LockError> {
-    let value = serde_json::to_vec(entry).expect("entry serializes");
+    let value = entry.encode();
     let put = etcd_client::PutOptions::new().with_lease(ticket.lease);
     if_still_ours(etcd, ticket, TxnOp::put(ticket.key.as_str(), value, Some(put))).await
 }
@@ -207,7 +208,9 @@ pub struct QueueState {
 /// [`position::decide`]: the leading run of shared keys when the first one is shared, else the
 /// leading run of exclusive keys, at most `max_holders` of them.
 pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32) -> QueueState {
-    let entries: Vec<HolderInfo> = kvs.iter().filter_map(HolderInfo::from_kv).collect();
+    let entries: Vec<HolderInfo> = (kvs.iter())
+        .filter_map(|kv| Some(Entry::decode(kv.value())?.holder(kv.create_revision())))
+        .collect();
     let first_mode = entries.first().map_or(Mode::Exclusive, |e| e.mode);
     let limit = match first_mode {
         Mode::Shared => usize::MAX,

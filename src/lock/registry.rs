@@ -7,10 +7,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
-use super::LockError;
-use super::hold::Hold;
-use super::keys::LockId;
+use super::error::LockError;
+use super::held::Hold;
 use super::model::LocalEntry;
+use super::names::LockId;
 
 /// How long the registry remembers a lost hold, so that a late release or heartbeat of it is
 /// told `lock_lost` rather than `not_holder`. Bounded, because holder ids may be unique per run

@@ -16,7 +16,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::LockError;
+use super::error::LockError;
 use super::etcd::Etcd;
 use super::members::{Members, Route};
 
@@ -206,7 +206,7 @@ async fn renew(client: &Client, id: i64, stream: &mut Option<KeepAlive>) -> Resu
     keeper.keep_alive().await?;
     match responses.message().await? {
         Some(resp) => Ok(resp.ttl()),
-        None => Err(LockError::Unavailable("keepalive stream closed".into())),
+        None => Err(LockError::KeepaliveEnded),
     }
 }
 

@@ -2,17 +2,20 @@
 //! etcd, without the sidecar's engine: declare and undeclare a lock, read its settings and its
 //! queue, list and watch what is there, end an entry, revoke a dead pod's lease, and give a
 //! namespace its etcd role. Every request goes through the engine's hedged, counted client;
-//! the key layout stays in [`keys`](super::keys).
+//! what it returns is typed ([`QueueEntry`], [`Change`]): the key layout and etcd's own types
+//! stay inside the engine.
 
-use etcd_client::{GetOptions, Permission, Txn, TxnOp, WatchOptions, WatchStream};
+use etcd_client::{GetOptions, Permission, Txn, TxnOp, WatchOptions};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::LockError;
+use super::changes::{Changes, QueueEntry};
+use super::error::LockError;
 use super::etcd::{self, Etcd};
-use super::keys::{self, LockId, Settings};
+use super::keys;
+use super::names::LockId;
 use super::queue::{self, QueueState, Ticket};
-use super::settings;
+use super::settings::{self, Settings};
 
 /// podlock's data in etcd, for the operator and `podlock declare`. Cheap to clone.
 #[derive(Clone)]
@@ -125,23 +128,20 @@ impl Store {
     }
 
     /// Every queue entry in `namespace` (all when `None`), and the revision they were read at.
-    pub async fn entries(
-        &self,
-        namespace: Option<&str>,
-    ) -> Result<(Vec<etcd_client::KeyValue>, i64), LockError> {
+    pub async fn entries(&self, namespace: Option<&str>) -> Result<(Vec<QueueEntry>, i64), LockError> {
         let opts = GetOptions::new().with_prefix();
-        let mut resp = self.0.get(keys::queue_root(namespace), Some(opts)).await?;
+        let resp = self.0.get(keys::queue_root(namespace), Some(opts)).await?;
         let revision = resp.header().map_or(0, |h| h.revision());
-        Ok((resp.take_kvs(), revision))
+        Ok((resp.kvs().iter().filter_map(QueueEntry::of).collect(), revision))
     }
 
     /// Watches the settings and queues of `namespace` (all when `None`) from `revision` on.
-    pub async fn watch(&self, namespace: Option<&str>, revision: i64) -> Result<WatchStream, LockError> {
+    pub async fn watch(&self, namespace: Option<&str>, revision: i64) -> Result<Changes, LockError> {
         let opts = || Some(WatchOptions::new().with_prefix().with_start_revision(revision));
         let mut watch = self.0.client().watch_client();
         let mut stream = watch.watch(keys::config_prefix(namespace), opts()).await?;
         stream.watch(keys::queue_root(namespace), opts()).await?;
-        Ok(stream)
+        Ok(Changes(stream))
     }
 
     /// Deletes the entry at `key` if it still has create revision `revision`; returns whether
@@ -204,7 +204,7 @@ impl Store {
         };
         match recorded {
             Some(value) => String::from_utf8(value).map_err(|_| {
-                LockError::Invalid(format!(
+                LockError::Corrupt(format!(
                     "the etcd password recorded at {key} is not UTF-8; delete that key to make a new one"
                 ))
             }),
@@ -226,6 +226,26 @@ impl Store {
             c.user_add(user, password, None).await?;
         }
         c.user_grant_role(user, role).await?;
+        Ok(())
+    }
+
+    /// Adds user `root` with `password` (or sets its password), gives it the root role and
+    /// turns etcd auth on. Only possible while auth is off; every step may be repeated.
+    pub async fn enable_auth(&self, password: &str) -> Result<(), LockError> {
+        let mut c = self.0.client().clone();
+        match c.user_get("root").await {
+            Ok(user) => {
+                c.user_change_password("root", password).await?;
+                if !user.roles().iter().any(|r| r == "root") {
+                    c.user_grant_role("root", "root").await?;
+                }
+            }
+            Err(_) => {
+                c.user_add("root", password, None).await?;
+                c.user_grant_role("root", "root").await?;
+            }
+        }
+        c.auth_enable().await?;
         Ok(())
     }
 }

@@ -27,9 +27,10 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::warn;
 
-use super::LockError;
+use super::entry::Mode;
+use super::error::LockError;
 use super::etcd::{self, Etcd};
-use super::keys::{LockId, Mode};
+use super::names::LockId;
 use super::position::{self, Position, Standing};
 use super::protocol::{self, Change};
 use super::queue::Ticket;

@@ -4,18 +4,19 @@
 //! safe with several replicas starting at once: with auth already on it does nothing, and a
 //! replica that loses the race finds root working.
 
-use etcd_client::Client;
 use tracing::info;
 
 use crate::etcd_args::EtcdArgs;
+use crate::lock::Store;
 
-/// Makes sure etcd has auth on with `root` and the password in `etcd`, and returns a client
+/// Makes sure etcd has auth on with `root` and the password in `etcd`, and returns a store
 /// connected as root.
-pub async fn enable(etcd: &EtcdArgs) -> anyhow::Result<Client> {
+pub async fn enable(etcd: &EtcdArgs) -> anyhow::Result<Store> {
     let (Some("root"), Some(password)) = (etcd.etcd_user.as_deref(), etcd.etcd_password.as_deref()) else {
         anyhow::bail!("--etcd-enable-auth needs --etcd-user root and --etcd-password");
     };
-    let refused = match etcd.connect().await {
+    let root = || async { etcd.connect().await.map(Store::new) };
+    let refused = match root().await {
         Ok(root) => return Ok(root),
         Err(e) => e,
     };
@@ -29,17 +30,17 @@ pub async fn enable(etcd: &EtcdArgs) -> anyhow::Result<Client> {
         // Each step is repeatable, so a replica that raced another (both adding root) or one
         // that stopped halfway simply goes through them again.
         match anonymous.connect().await {
-            Ok(mut c) => match add_root(&mut c, password).await {
+            Ok(c) => match Store::new(c).enable_auth(password).await {
                 Ok(()) => {
                     info!("etcd auth was off: added user root and turned auth on");
-                    return etcd.connect().await;
+                    return root().await;
                 }
                 Err(e) => last = Some(e.to_string()),
             },
             Err(e) => last = Some(format!("{e:#}")),
         }
         // Another replica may have just turned auth on: then root works now.
-        if let Ok(root) = etcd.connect().await {
+        if let Ok(root) = root().await {
             return Ok(root);
         }
         tokio::time::sleep(PAUSE).await;
@@ -54,22 +55,3 @@ pub async fn enable(etcd: &EtcdArgs) -> anyhow::Result<Client> {
 /// How often turning auth on is tried, and the pause between tries.
 const ATTEMPTS: usize = 5;
 const PAUSE: std::time::Duration = std::time::Duration::from_millis(300);
-
-/// Adds `root` with `password` (or sets its password), gives it the root role and turns auth
-/// on. Only possible while auth is off.
-async fn add_root(c: &mut Client, password: &str) -> Result<(), etcd_client::Error> {
-    match c.user_get("root").await {
-        Ok(user) => {
-            c.user_change_password("root", password).await?;
-            if !user.roles().iter().any(|r| r == "root") {
-                c.user_grant_role("root", "root").await?;
-            }
-        }
-        Err(_) => {
-            c.user_add("root", password, None).await?;
-            c.user_grant_role("root", "root").await?;
-        }
-    }
-    c.auth_enable().await?;
-    Ok(())
-}

@@ -4,8 +4,6 @@
 //! pod-liveness check. A broken watch is re-established after a fresh read of every queue, and
 //! every lock is reconciled again, so nothing that happened in between is missed.
 
-use etcd_client::EventType;
-use futures::StreamExt;
 use kube::runtime::reflector::ObjectRef;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -16,7 +14,7 @@ use tracing::warn;
 
 use super::verdict::{Binding, PodEntry};
 use crate::crd::DistributedLock;
-use crate::lock::{Entry, LockId, Store, keys};
+use crate::lock::{Change, LockError, LockId, QueueEntry, Store};
 
 /// A pod, by namespace and name.
 pub type PodKey = (String, String);
@@ -40,13 +38,17 @@ pub enum Parsed {
     },
 }
 
-/// Reads a queue key-value. The namespace comes from the key, which etcd's per-namespace roles
+/// Reads a queue entry. The namespace comes from its key, which etcd's per-namespace roles
 /// confine; the value is whatever its writer chose.
-pub fn parse(key: &str, value: &[u8], revision: i64, lease: i64) -> Parsed {
-    let Some(lock) = keys::lock_of_key(key.as_bytes()) else {
-        return Parsed::Unbound;
-    };
-    let Ok(entry) = serde_json::from_slice::<Entry>(value) else {
+pub fn parse(queued: QueueEntry) -> Parsed {
+    let QueueEntry {
+        lock,
+        key,
+        revision,
+        lease,
+        entry,
+    } = queued;
+    let Some(entry) = entry else {
         return Parsed::Unbound;
     };
     if entry.pod.uid.is_empty() {
@@ -65,7 +67,7 @@ pub fn parse(key: &str, value: &[u8], revision: i64, lease: i64) -> Parsed {
     let pod = (lock.namespace.clone(), entry.pod.name);
     let e = PodEntry {
         lock,
-        key: key.to_string(),
+        key,
         revision,
         lease,
         holder_id: entry.holder_id,
@@ -104,9 +106,9 @@ impl PodIndex {
     /// Records a queue key-value bound to a pod; returns its pod. Entries without a pod uid
     /// (sidecars outside Kubernetes) are not bound to any pod and are left out, and so are
     /// entries whose value names another namespace than their key (logged).
-    fn put(&self, kv: &etcd_client::KeyValue) -> Option<PodKey> {
-        let key = kv.key_str().ok()?;
-        let (pod, mut e) = match parse(key, kv.value(), kv.create_revision(), kv.lease()) {
+    fn put(&self, queued: QueueEntry) -> Option<PodKey> {
+        let key = queued.key.clone();
+        let (pod, mut e) = match parse(queued) {
             Parsed::Entry(pod, e) => (pod, e),
             Parsed::Unbound => return None,
             Parsed::Foreign {
@@ -212,25 +214,22 @@ struct Outputs<'a> {
 /// Handed at most once a period, a lock is reconciled within about one period plus 50 ms.
 const COALESCE: Duration = Duration::from_millis(100);
 
-/// Reads every queue, then follows changes until the watch breaks.
-async fn follow(store: &Store, namespace: Option<&str>, out: &Outputs<'_>) -> Result<(), String> {
-    let (entries, revision) = store.entries(namespace).await.map_err(|e| e.to_string())?;
+/// Reads every queue, then follows changes until the watch breaks (or the controller is gone:
+/// then `Ok`).
+async fn follow(store: &Store, namespace: Option<&str>, out: &Outputs<'_>) -> Result<(), LockError> {
+    let (entries, revision) = store.entries(namespace).await?;
     out.index.clear();
-    entries.iter().for_each(|kv| drop(out.index.put(kv)));
+    entries.into_iter().for_each(|e| drop(out.index.put(e)));
     let _ = out.resync.try_send(());
     for pod in out.index.pods() {
         let _ = out.pods.send(pod).await;
     }
-    let mut stream = store
-        .watch(namespace, revision + 1)
-        .await
-        .map_err(|e| e.to_string())?;
-    let queues = keys::queue_root(namespace);
+    let mut changes = store.watch(namespace, revision + 1).await?;
     let mut changed = HashSet::new();
     let mut flush = tokio::time::interval(COALESCE);
     loop {
-        let resp = tokio::select! {
-            resp = stream.next() => resp,
+        let batch = tokio::select! {
+            batch = changes.next() => batch?,
             _ = flush.tick() => {
                 for object in changed.drain() {
                     if out.changed.send(object).await.is_err() {
@@ -240,36 +239,26 @@ async fn follow(store: &Store, namespace: Option<&str>, out: &Outputs<'_>) -> Re
                 continue;
             }
         };
-        let Some(resp) = resp.transpose().map_err(|e| e.to_string())? else {
-            break;
-        };
-        if resp.canceled() {
-            return Err(format!("etcd cancelled the watch: {}", resp.cancel_reason()));
-        }
-        for ev in resp.events() {
-            let Some(kv) = ev.kv() else { continue };
-            let Some(lock) = keys::lock_of_key(kv.key()) else {
-                continue;
-            };
-            if kv.key().starts_with(queues.as_bytes()) {
-                match ev.event_type() {
-                    EventType::Put => {
-                        if let Some(pod) = out.index.put(kv) {
-                            let _ = out.pods.send(pod).await;
-                        }
+        for change in batch {
+            let lock = change.lock().clone();
+            match change {
+                Change::Put(e) => {
+                    if let Some(pod) = out.index.put(e) {
+                        let _ = out.pods.send(pod).await;
                     }
-                    EventType::Delete => out.index.remove(kv.key_str().unwrap_or_default()),
                 }
+                Change::Removed { key, .. } => out.index.remove(&key),
+                Change::Settings(_) => {}
             }
             changed.insert(ObjectRef::new(&lock.name).within(&lock.namespace));
         }
     }
-    Err("etcd closed the watch stream".into())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock::Entry;
 
     #[test]
     fn the_namespace_comes_from_the_key() {
@@ -279,8 +268,14 @@ mod tests {
                 "heartbeatTimeoutSeconds": 0, "container": "app"})
             .to_string()
         };
-        let key = "/podlock/v1/queue/x/l/00ff/h";
-        match parse(key, value("x").as_bytes(), 7, 255) {
+        let queued = |value: &[u8]| QueueEntry {
+            lock: LockId::new("x", "l").unwrap(),
+            key: "/podlock/v1/queue/x/l/00ff/h".into(),
+            revision: 7,
+            lease: 255,
+            entry: Entry::decode(value),
+        };
+        match parse(queued(value("x").as_bytes())) {
             Parsed::Entry(pod, e) => {
                 assert_eq!(pod, ("x".to_string(), "p".to_string()));
                 assert_eq!(
@@ -290,10 +285,10 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        match parse(key, value("y").as_bytes(), 7, 255) {
+        match parse(queued(value("y").as_bytes())) {
             Parsed::Foreign { claimed, .. } => assert_eq!(claimed, "y"),
             other => panic!("a value naming another namespace was trusted: {other:?}"),
         }
-        assert!(matches!(parse(key, b"not json", 7, 255), Parsed::Unbound));
+        assert!(matches!(parse(queued(b"not json")), Parsed::Unbound));
     }
 }

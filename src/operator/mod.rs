@@ -81,11 +81,10 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let client = kube::Client::try_default()
         .await
         .map_err(|e| anyhow::anyhow!("cannot reach the Kubernetes API (KUBECONFIG or in-cluster): {e}"))?;
-    let etcd = match args.etcd_enable_auth {
+    let store = match args.etcd_enable_auth {
         true => etcd_auth::enable(&args.etcd).await?,
-        false => args.etcd.connect().await?,
+        false => Store::new(args.etcd.connect().await?),
     };
-    let store = Store::new(etcd);
     let metrics = OperatorMetrics::new();
     let reasons = liveness::Reason::ALL.map(liveness::Reason::label);
     metrics.start_at_zero(&[&reasons[..], &[reconcile::LOCK_DELETED]].concat());

@@ -16,7 +16,7 @@ use super::backoff::Backoff;
 use super::holder_service::{self, Followed};
 use super::isolation::Isolation;
 use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder, HolderServiceStatus};
-use crate::lock::keys::rfc3339;
+use crate::lock::rfc3339;
 use crate::lock::{LockError, LockId, QueueState, Settings, Store};
 use crate::metrics::OperatorMetrics;
 

@@ -13,7 +13,7 @@ use tracing::{Instrument, info_span};
 use super::AppState;
 use super::error::ApiError;
 use super::request::{AcquireOptions, HolderOptions, lock_id, options};
-use crate::lock::keys::rfc3339;
+use crate::lock::rfc3339;
 use crate::lock::{AcquireRequest, Grant, unique_holder_id};
 use crate::metrics::set_counter;
 

@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::{Value, json};
 
-use crate::lock::LockError;
+use crate::lock::{InvalidName, LockError};
 
 /// An error response of the sidecar API.
 #[derive(Debug)]
@@ -38,11 +38,19 @@ impl ApiError {
     }
 }
 
+impl From<InvalidName> for ApiError {
+    fn from(e: InvalidName) -> Self {
+        ApiError::invalid(e.to_string())
+    }
+}
+
 impl From<LockError> for ApiError {
     fn from(e: LockError) -> Self {
         let message = e.to_string();
+        let unavailable =
+            |message| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "backend_unavailable", message);
         match e {
-            LockError::Invalid(_) => ApiError::invalid(message),
+            LockError::Invalid(_) | LockError::Rejected(_) => ApiError::invalid(message),
             LockError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "lock_not_found", message),
             LockError::Held { holders, .. } => ApiError {
                 extra: Some(("holders", json!(holders))),
@@ -59,9 +67,19 @@ impl From<LockError> for ApiError {
             LockError::Corrupt(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data", message)
             }
-            LockError::Unavailable(_) | LockError::LeaseNotFound(_) => {
-                ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "backend_unavailable", message)
-            }
+            // Each of these may pass: etcd down or failing over, a lease or watch ended, a
+            // placement raced, or etcd full (until its administrator frees it).
+            LockError::Unreachable(_)
+            | LockError::Timeout(_)
+            | LockError::MemberStalled { .. }
+            | LockError::WatchEnded(_)
+            | LockError::KeepaliveEnded
+            | LockError::LeaseUnconfirmed(_)
+            | LockError::LeaseNotFound(_)
+            | LockError::Vanished
+            | LockError::NotPlaced { .. }
+            | LockError::TaskEnded
+            | LockError::EtcdFull(_) => unavailable(message),
         }
     }
 }

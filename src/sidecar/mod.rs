@@ -41,7 +41,7 @@ pub struct SidecarArgs {
     /// Heartbeat window for this pod's holds when the acquire does not set one (overrides the
     /// lock's default).
     #[arg(long, env = "PODLOCK_HEARTBEAT_TIMEOUT_SECONDS",
-          value_parser = clap::value_parser!(u32).range(crate::lock::keys::HEARTBEAT.range()))]
+          value_parser = clap::value_parser!(u32).range(crate::lock::HEARTBEAT.range()))]
     pub heartbeat_timeout_seconds: Option<u32>,
     /// Serve locks that have no DistributedLock, with the default settings.
     #[arg(long, env = "PODLOCK_STANDALONE")]
@@ -87,7 +87,7 @@ pub fn router(state: AppState) -> Router {
 /// Runs the sidecar until SIGTERM or Ctrl-C, then ends every hold before exiting. It listens
 /// first and reaches etcd after (see [`start`]).
 pub async fn run(args: SidecarArgs) -> anyhow::Result<()> {
-    crate::lock::keys::check_dns_subdomain("namespace", &args.namespace)?;
+    crate::lock::check_dns_subdomain("namespace", &args.namespace)?;
     let listener = bind(args.listen).await?;
     let health = match args.health_listen {
         Some(addr) => Some(bind_any_family(addr).await?),

@@ -7,7 +7,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
 use super::error::ApiError;
-use crate::lock::keys::{HEARTBEAT, TTL, check_container};
+use crate::lock::{HEARTBEAT, TTL, check_container};
 use crate::lock::{LockId, Mode};
 
 /// The longest an acquire may wait, in seconds.

@@ -1,0 +1,122 @@
+//! The record under every queue key ([`Entry`]) and what is read from it: a holder
+//! ([`HolderInfo`]) and, for the queue's rule, a key's mode and whether it is granted. Every
+//! reader decodes an entry with [`Entry::decode`].
+
+use serde::{Deserialize, Serialize};
+use std::time::SystemTime;
+
+/// The pod a sidecar serves, recorded in every entry so the operator can revoke a dead pod's
+/// holds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    /// The pod's namespace.
+    pub namespace: String,
+    /// The pod's name.
+    pub name: String,
+    /// The pod's uid (empty outside Kubernetes).
+    #[serde(default)]
+    pub uid: String,
+}
+
+/// How a hold shares its lock (a lock with `maxHolders` 1: a reader-writer lock).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Alone: no other holder while it holds.
+    #[default]
+    Exclusive,
+    /// With the other shared holders ahead of it, but never beside an exclusive one.
+    Shared,
+}
+
+impl Mode {
+    /// Whether this is the default, exclusive mode.
+    pub fn is_exclusive(&self) -> bool {
+        *self == Mode::Exclusive
+    }
+
+    /// How the API and the status name it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+        }
+    }
+}
+
+/// The value of a queue key: who asked, for which pod, and when.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Entry {
+    /// The holder id the app chose (default: the pod name).
+    pub holder_id: String,
+    /// The pod whose sidecar wrote the entry.
+    pub pod: PodRef,
+    /// When the acquire request was made (RFC 3339).
+    pub requested_at: String,
+    /// When a waiter became a holder; absent for a hold granted at once (then it equals
+    /// `requested_at`) and for a waiter.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acquired_at: Option<String>,
+    /// The lease TTL of this hold.
+    pub ttl_seconds: u32,
+    /// The heartbeat window of this hold (0: none).
+    pub heartbeat_timeout_seconds: u32,
+    /// The app container that asked, if the app named it (`PODLOCK_CONTAINER`): the operator
+    /// then judges restarts of that container only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub container: Option<String>,
+    /// How the hold shares the lock (absent: exclusive).
+    #[serde(default, skip_serializing_if = "Mode::is_exclusive")]
+    pub mode: Mode,
+}
+
+impl Entry {
+    /// Decodes a queue key's value; `None` when it is not an entry. Such a key was written by
+    /// someone other than a sidecar: readers treat it as blocking nobody and bound to no pod.
+    pub fn decode(value: &[u8]) -> Option<Entry> {
+        serde_json::from_slice(value).ok()
+    }
+
+    /// The value to store.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(self).expect("an entry serializes")
+    }
+
+    /// Whether the entry records its grant (`acquiredAt` written).
+    pub fn is_granted(&self) -> bool {
+        self.acquired_at.is_some()
+    }
+
+    /// The holder this entry is, at fencing token `token`.
+    pub fn holder(self, token: i64) -> HolderInfo {
+        HolderInfo {
+            fencing_token: token,
+            acquired_at: self.acquired_at.unwrap_or(self.requested_at),
+            holder_id: self.holder_id,
+            pod: self.pod.name,
+            mode: self.mode,
+        }
+    }
+}
+
+/// One holder of a lock, as reported by the API and mirrored into a DistributedLock's status.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderInfo {
+    /// The holder id.
+    pub holder_id: String,
+    /// The holder's pod name.
+    pub pod: String,
+    /// The holder's fencing token (create revision of its queue key).
+    pub fencing_token: i64,
+    /// When the hold began (RFC 3339).
+    pub acquired_at: String,
+    /// How it shares the lock.
+    pub mode: Mode,
+}
+
+/// Formats a time as the API and the status write it: RFC 3339 with milliseconds, in UTC.
+pub fn rfc3339(t: SystemTime) -> String {
+    humantime::format_rfc3339_millis(t).to_string()
+}
