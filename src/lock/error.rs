@@ -248,3 +248,37 @@ fn holder_names(holders: &[HolderInfo]) -> String {
         .collect::<Vec<_>>()
         .join(", ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::{Code, Status};
+
+    fn from(code: Code, message: &str) -> LockError {
+        etcd_client::Error::GRpcStatus(Status::new(code, message)).into()
+    }
+
+    #[test]
+    fn each_etcd_failure_names_its_cause() {
+        let cases = [
+            (Code::InvalidArgument, "etcdserver: request is too large"),
+            (
+                Code::ResourceExhausted,
+                "etcdserver: mvcc: database space exceeded",
+            ),
+            (Code::ResourceExhausted, "etcdserver: too many requests"),
+            (Code::Unavailable, "etcdserver: no leader"),
+            (Code::PermissionDenied, "etcdserver: permission denied"),
+        ];
+        let [too_large, full, busy, no_leader, denied] = cases.map(|(c, m)| from(c, m));
+        assert!(
+            matches!(too_large, LockError::Rejected(ref m) if m.contains("too large")),
+            "{too_large:?}"
+        );
+        assert!(matches!(full, LockError::EtcdFull(_)), "{full:?}");
+        assert!(matches!(busy, LockError::Unreachable(_)), "{busy:?}");
+        assert!(matches!(no_leader, LockError::Unreachable(_)), "{no_leader:?}");
+        assert!(matches!(denied, LockError::Forbidden(_)), "{denied:?}");
+        assert!(full.to_string().contains("NOSPACE"), "{full}");
+    }
+}

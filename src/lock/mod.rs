@@ -3,7 +3,12 @@
 //! [`Engine`] is what a sidecar runs: it acquires, releases and heartbeats holds for one pod,
 //! keeps their leases alive ([`session`]), queues contenders FIFO without a thundering herd
 //! ([`queue`]), watches each hold until it ends ([`hold`]) and publishes [`HoldEvent`]s. It knows
-//! nothing of HTTP or Kubernetes.
+//! nothing of HTTP or Kubernetes. The operator and `podlock declare` reach podlock's data
+//! through [`Store`] alone, in typed records; the key layout ([`keys`]) stays in here.
+//!
+//! The steps of the engine's work live in files of their own, each an `impl Engine` or a task
+//! given one, so they import this module. One import runs the other way: [`Engine::new`] starts
+//! the orphan sweep ([`sweep`]), which holds the engine weakly so that it ends with it.
 
 mod acquire;
 mod changes;

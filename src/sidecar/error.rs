@@ -93,3 +93,17 @@ impl IntoResponse for ApiError {
         (self.status, Json(body)).into_response()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_request_etcd_rejects_is_a_400_and_an_outage_a_503() {
+        let status = |e: LockError| ApiError::from(e).into_response().status();
+        assert_eq!(status(LockError::Rejected("request is too large".into())), 400);
+        let full = LockError::EtcdFull("database space exceeded".into());
+        assert_eq!(status(full), 503);
+        assert_eq!(status(LockError::Timeout(std::time::Duration::from_secs(5))), 503);
+    }
+}
