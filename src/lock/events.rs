@@ -60,8 +60,7 @@ mod tests {
     fn event(lock: &LockId, kind: EventKind) -> HoldEvent {
         HoldEvent {
             kind,
-            lock: lock.name.clone(),
-            namespace: lock.namespace.clone(),
+            lock: lock.clone(),
             holder_id: "h".into(),
             fencing_token: 1,
             mode: crate::lock::Mode::Exclusive,

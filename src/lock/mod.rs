@@ -160,8 +160,7 @@ impl Engine {
     fn publish(&self, hold: &Hold, kind: EventKind, reason: Option<String>) {
         let event = HoldEvent {
             kind,
-            lock: hold.lock.name.clone(),
-            namespace: hold.lock.namespace.clone(),
+            lock: hold.lock.clone(),
             holder_id: hold.holder_id.clone(),
             fencing_token: hold.token(),
             mode: hold.mode,

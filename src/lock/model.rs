@@ -33,10 +33,9 @@ pub struct AcquireRequest {
 #[derive(Debug, Clone, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Grant {
-    /// The lock's name.
-    pub lock: String,
-    /// The lock's namespace.
-    pub namespace: String,
+    /// The lock (`lock` and `namespace` in JSON).
+    #[serde(flatten)]
+    pub lock: LockId,
     /// The holder id.
     pub holder_id: String,
     /// Strictly greater than every token issued before for this lock.
@@ -60,8 +59,7 @@ pub struct Grant {
 impl Grant {
     pub(crate) fn of(hold: &Hold) -> Self {
         Grant {
-            lock: hold.lock.name.clone(),
-            namespace: hold.lock.namespace.clone(),
+            lock: hold.lock.clone(),
             holder_id: hold.holder_id.clone(),
             fencing_token: hold.token(),
             lease_id: hold.ticket.lease,
@@ -93,10 +91,9 @@ pub struct HoldEvent {
     /// What happened.
     #[serde(rename = "type")]
     pub kind: EventKind,
-    /// The lock's name.
-    pub lock: String,
-    /// The lock's namespace.
-    pub namespace: String,
+    /// The lock (`lock` and `namespace` in JSON).
+    #[serde(flatten)]
+    pub lock: LockId,
     /// The holder id.
     pub holder_id: String,
     /// The hold's fencing token.

@@ -10,12 +10,13 @@ use std::fmt;
 #[error("{0}")]
 pub struct InvalidName(String);
 
-/// A lock's identity: its namespace and name.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// A lock's identity: its namespace and name (in the API's JSON, `namespace` and `lock`).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
 pub struct LockId {
     /// The Kubernetes namespace the lock belongs to.
     pub namespace: String,
     /// The lock's name (a DNS-1123 subdomain).
+    #[serde(rename = "lock")]
     pub name: String,
 }
 

@@ -202,11 +202,11 @@ fn spawn_hold_metrics(engine: &Engine, metrics: &SidecarMetrics) {
     tokio::spawn(async move {
         while let Some(ev) = events.recv().await {
             match ev.kind {
-                EventKind::Acquired => metrics.hold_began(&ev.lock, ev.fencing_token),
-                EventKind::Released => metrics.hold_ended(&ev.lock, ev.fencing_token),
+                EventKind::Acquired => metrics.hold_began(&ev.lock.name, ev.fencing_token),
+                EventKind::Released => metrics.hold_ended(&ev.lock.name, ev.fencing_token),
                 EventKind::Lost => {
-                    metrics.locks_lost.with_label_values(&[&ev.lock]).inc();
-                    metrics.hold_ended(&ev.lock, ev.fencing_token);
+                    metrics.locks_lost.with_label_values(&[&ev.lock.name]).inc();
+                    metrics.hold_ended(&ev.lock.name, ev.fencing_token);
                 }
             }
         }
