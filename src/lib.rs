@@ -2,7 +2,8 @@
 //!
 //! Dependencies point toward the engine: [`lock`] knows nothing of HTTP or Kubernetes;
 //! [`sidecar`] serves it over HTTP; [`operator`] reconciles [`crd::DistributedLock`] objects
-//! with etcd; [`cli`] talks to etcd or to a sidecar.
+//! with etcd; [`cli`] talks to etcd or to a sidecar. [`retry`], the one retry policy, is a leaf
+//! that the engine and the operator both use.
 
 pub mod cli;
 pub mod crd;
@@ -11,4 +12,5 @@ pub mod etcd_transport;
 pub mod lock;
 pub mod metrics;
 pub mod operator;
+pub mod retry;
 pub mod sidecar;

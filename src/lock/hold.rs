@@ -7,6 +7,7 @@
 //!
 //! [`ending`]: super::ending
 
+use backon::Retryable;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,6 +22,7 @@ use super::held::Hold;
 use super::queue::{self, Enqueued, Ticket};
 use super::session::Session;
 use super::watch::Target;
+use crate::retry;
 
 /// When a new hold records its grant (`acquiredAt` in its entry), which keys behind it in a
 /// semaphore's window wait for before they may be granted (see `wait`).
@@ -93,22 +95,12 @@ async fn record_grant(engine: &Engine, hold: &Hold, mark: MarkWhen, entry: Entry
     }
     // Guarded by the key's create revision: landing after the release changes nothing. Retried
     // until it lands (the monitor drops this future when the hold ends): an unrecorded grant
-    // holds back every key behind it in a semaphore's or readers' window.
-    for pause in backoff() {
-        match queue::mark_acquired(engine.etcd(), &hold.ticket, &entry).await {
-            Ok(_) => return,
-            Err(e) => warn!(error = %e, "could not record acquiredAt; retrying"),
-        }
-        sleep(pause).await;
-    }
-}
-
-/// The pauses between attempts of a write that must land while etcd is unreachable: from
-/// 100 ms, doubling up to 2 s, for ever.
-fn backoff() -> impl Iterator<Item = Duration> {
-    std::iter::successors(Some(Duration::from_millis(100)), |d| {
-        Some((*d * 2).min(Duration::from_secs(2)))
-    })
+    // holds back every key behind it in a semaphore's or readers' window. So it never fails.
+    let record = || queue::mark_acquired(engine.etcd(), &hold.ticket, &entry);
+    let _ = record
+        .retry(retry::etcd())
+        .notify(|e, _| warn!(error = %e, "could not record acquiredAt; retrying"))
+        .await;
 }
 
 /// How long a hold runs before its key is watched. Most holds of a busy lock are shorter, and
@@ -224,16 +216,14 @@ impl Drop for Answer {
 /// is (then etcd deletes it). Used for abandoned waits and holds that end without release.
 pub fn spawn_removal(engine: Engine, ticket: Ticket, session: Arc<Session>) {
     tokio::spawn(async move {
-        for pause in backoff() {
-            match queue::remove(engine.etcd(), &ticket).await {
-                Ok(_) => return,
-                Err(e) if session.is_lost() => {
-                    info!(key = ticket.key, error = %e, "session lost; etcd removes the key with the lease");
-                    return;
-                }
-                Err(e) => warn!(key = ticket.key, error = %e, "could not remove queue key; retrying"),
-            }
-            sleep(pause).await;
+        let remove = || queue::remove(engine.etcd(), &ticket);
+        let removed = remove
+            .retry(retry::etcd())
+            .when(|_| !session.is_lost())
+            .notify(|e, _| warn!(key = ticket.key, error = %e, "could not remove queue key; retrying"))
+            .await;
+        if let Err(e) = removed {
+            info!(key = ticket.key, error = %e, "session lost; etcd removes the key with the lease");
         }
     });
 }

@@ -19,17 +19,13 @@ use tracing::{info, warn};
 use super::error::LockError;
 use super::etcd::Etcd;
 use super::members::{Members, Route};
+use crate::retry::{self, Pauses};
 
 /// How long one keepalive round trip may take before it counts as failed and is sent again on
 /// a new stream: at most 2 s, and a quarter of the TTL, so that a keepalive stream stuck on a
 /// stalled etcd member is given up well before the lease could run out.
 fn keepalive_timeout(ttl: u32) -> Duration {
     Duration::from_millis(u64::from(ttl) * 250).min(Duration::from_secs(2))
-}
-
-/// The pause before a failed keepalive is sent again.
-fn keepalive_retry(ttl: u32) -> Duration {
-    Duration::from_millis(u64::from(ttl) * 125).min(Duration::from_millis(500))
 }
 
 /// One lease and its keepalive task.
@@ -156,6 +152,7 @@ async fn keep_alive(client: Client, members: Arc<Members>, session: Arc<Session>
     let period = Duration::from_millis(u64::from(session.ttl) * 1000 / 3);
     let mut stream = None;
     let mut next = Instant::now() + period;
+    let mut pauses = Pauses::new(retry::keepalive(session.ttl));
     let reason = loop {
         tokio::select! {
             _ = sleep_until(next.min(session.expires_at())) => {}
@@ -167,27 +164,26 @@ async fn keep_alive(client: Client, members: Arc<Members>, session: Arc<Session>
         let sent = Instant::now();
         let limit = keepalive_timeout(session.ttl);
         let (member, via) = route.get_or_insert_with(|| members.pick(&client)).clone();
-        match timeout(limit, renew(&via, session.id, &mut stream)).await {
+        let failure = match timeout(limit, renew(&via, session.id, &mut stream)).await {
             Ok(Ok(ttl)) if ttl > 0 => {
                 session.confirm(sent);
                 next = sent + period;
+                continue;
             }
             Ok(Ok(_)) => break "etcd reports the lease expired or revoked",
             Ok(Err(e)) => {
-                failures.fetch_add(1, Ordering::Relaxed);
                 warn!(lease = format_args!("{:x}", session.id), error = %e, "keepalive failed");
-                members.suspect(member, "a keepalive failed");
-                (stream, route) = (None, None);
-                next = Instant::now() + keepalive_retry(session.ttl);
+                "a keepalive failed"
             }
             Err(_) => {
-                failures.fetch_add(1, Ordering::Relaxed);
                 warn!(lease = format_args!("{:x}", session.id), "keepalive timed out");
-                members.suspect(member, "a keepalive went unanswered");
-                (stream, route) = (None, None);
-                next = Instant::now() + keepalive_retry(session.ttl);
+                "a keepalive went unanswered"
             }
-        }
+        };
+        failures.fetch_add(1, Ordering::Relaxed);
+        members.suspect(member, failure);
+        (stream, route) = (None, None);
+        next = Instant::now() + pauses.next_pause();
     };
     warn!(lease = format_args!("{:x}", session.id), reason, "session lost");
     session.lost.cancel();
@@ -235,8 +231,8 @@ mod tests {
     fn keepalives_give_up_on_a_member_well_inside_the_ttl() {
         assert_eq!(keepalive_timeout(2), Duration::from_millis(500));
         assert_eq!(keepalive_timeout(15), Duration::from_secs(2));
-        assert_eq!(keepalive_retry(2), Duration::from_millis(250));
-        assert_eq!(keepalive_retry(3600), Duration::from_millis(500));
+        retry::assert_pauses(retry::keepalive(2), &[250, 250]);
+        retry::assert_pauses(retry::keepalive(3600), &[500, 500]);
     }
 
     #[tokio::test(start_paused = true)]

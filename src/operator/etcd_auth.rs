@@ -8,6 +8,7 @@ use tracing::info;
 
 use crate::etcd_args::EtcdArgs;
 use crate::lock::Store;
+use crate::retry::{self, Pauses};
 
 /// Makes sure etcd has auth on with `root` and the password in `etcd`, and returns a store
 /// connected as root.
@@ -25,7 +26,7 @@ pub async fn enable(etcd: &EtcdArgs) -> anyhow::Result<Store> {
         etcd_password: None,
         ..etcd.clone()
     };
-    let mut last = None;
+    let (mut last, mut pauses) = (None, Pauses::new(retry::etcd()));
     for _ in 0..ATTEMPTS {
         // Each step is repeatable, so a replica that raced another (both adding root) or one
         // that stopped halfway simply goes through them again.
@@ -43,7 +44,7 @@ pub async fn enable(etcd: &EtcdArgs) -> anyhow::Result<Store> {
         if let Ok(root) = root().await {
             return Ok(root);
         }
-        tokio::time::sleep(PAUSE).await;
+        tokio::time::sleep(pauses.next_pause()).await;
     }
     anyhow::bail!(
         "etcd refused root ({refused:#}) and auth could not be turned on ({}): if etcd auth is \
@@ -52,6 +53,5 @@ pub async fn enable(etcd: &EtcdArgs) -> anyhow::Result<Store> {
     )
 }
 
-/// How often turning auth on is tried, and the pause between tries.
+/// How often turning auth on is tried (the pauses between tries are etcd requests' own).
 const ATTEMPTS: usize = 5;
-const PAUSE: std::time::Duration = std::time::Duration::from_millis(300);

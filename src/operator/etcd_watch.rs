@@ -15,6 +15,7 @@ use tracing::warn;
 use super::verdict::{Binding, PodEntry};
 use crate::crd::DistributedLock;
 use crate::lock::{Change, LockError, LockId, QueueEntry, Store};
+use crate::retry::{self, Pauses};
 
 /// A pod, by namespace and name.
 pub type PodKey = (String, String);
@@ -184,14 +185,15 @@ pub fn watch(store: Store, namespace: Option<&str>) -> (Feeds, impl Future<Outpu
             resync: &resync,
             pods: &pods,
         };
+        let mut pauses = Pauses::new(retry::rewatch());
         loop {
-            if let Err(e) = follow(&store, namespace.as_deref(), &out).await {
+            if let Err(e) = follow(&store, namespace.as_deref(), &out, &mut pauses).await {
                 warn!(error = %e, "etcd watch broke; re-reading and re-watching");
             }
             if changed.is_closed() {
                 return;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(pauses.next_pause()).await;
         }
     };
     (feeds, pump)
@@ -215,8 +217,14 @@ struct Outputs<'a> {
 const COALESCE: Duration = Duration::from_millis(100);
 
 /// Reads every queue, then follows changes until the watch breaks (or the controller is gone:
-/// then `Ok`).
-async fn follow(store: &Store, namespace: Option<&str>, out: &Outputs<'_>) -> Result<(), LockError> {
+/// then `Ok`). A watch that opens starts a new run of `pauses`: only failing again and again
+/// backs off further.
+async fn follow(
+    store: &Store,
+    namespace: Option<&str>,
+    out: &Outputs<'_>,
+    pauses: &mut Pauses,
+) -> Result<(), LockError> {
     let (entries, revision) = store.entries(namespace).await?;
     out.index.clear();
     entries.into_iter().for_each(|e| drop(out.index.put(e)));
@@ -225,6 +233,7 @@ async fn follow(store: &Store, namespace: Option<&str>, out: &Outputs<'_>) -> Re
         let _ = out.pods.send(pod).await;
     }
     let mut changes = store.watch(namespace, revision + 1).await?;
+    *pauses = Pauses::new(retry::rewatch());
     let mut changed = HashSet::new();
     let mut flush = tokio::time::interval(COALESCE);
     loop {
