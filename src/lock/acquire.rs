@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::Engine;
+use super::detached;
 use super::entry::{Entry, Mode, rfc3339};
 use super::error::LockError;
 use super::held::Hold;
@@ -139,7 +140,7 @@ impl Engine {
                 let (lease, max) = (session.id, s.max_holders);
                 async move { queue::enqueue(&etcd, &lock, &key, &entry, lease, rev, max).await }
             };
-            match hold::enqueue_to_completion(self, &session, enqueue).await {
+            match detached::enqueue_to_completion(self, &session, enqueue).await {
                 Ok(Enqueued::Placed { ticket, standing }) => {
                     pending.ticket = Some((ticket.clone(), session.clone()));
                     return Ok(Placed {
@@ -205,7 +206,7 @@ impl Engine {
             && let Err(e) = queue::remove(&self.0.etcd, &ticket).await
         {
             warn!(key = ticket.key, error = %e, "could not leave the queue; retrying in the background");
-            hold::spawn_removal(self.clone(), ticket, session);
+            detached::spawn_removal(self.clone(), ticket, session);
         }
         let holders = self
             .inspect(&req.lock)
@@ -363,7 +364,7 @@ impl Drop for Pending<'_> {
     fn drop(&mut self) {
         self.engine.0.registry.unclaim(&self.slot);
         if let Some((ticket, session)) = self.ticket.take() {
-            hold::spawn_removal(self.engine.clone(), ticket, session);
+            detached::spawn_removal(self.engine.clone(), ticket, session);
         }
     }
 }

@@ -6,9 +6,10 @@ use std::time::SystemTime;
 use tracing::{info, warn};
 
 use super::Engine;
+use super::detached::spawn_removal;
 use super::error::LockError;
 use super::held::Hold;
-use super::hold::{KEY_DELETED, SESSION_LOST, SHUTDOWN, spawn_removal};
+use super::hold::{KEY_DELETED, SESSION_LOST, SHUTDOWN};
 use super::model::EventKind;
 use super::names::LockId;
 use super::queue;

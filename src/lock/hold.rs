@@ -1,4 +1,4 @@
-//! The task that watches over a granted [`Hold`] until it ends, and the writes around a hold.
+//! The task that watches over a granted [`Hold`] until it ends.
 //!
 //! A hold ends by release, or it is *lost*: its key was deleted (the lock was deleted, the
 //! operator revoked it), its session was lost (lease expired or revoked, keepalives failed for a
@@ -8,19 +8,15 @@
 //! [`ending`]: super::ending
 
 use backon::Retryable;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep, sleep_until};
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, info_span, warn};
 
 use super::Engine;
 use super::entry::{Entry, Mode};
-use super::error::LockError;
 use super::held::Hold;
-use super::queue::{self, Enqueued, Ticket};
-use super::session::Session;
+use super::queue;
 use super::watch::Target;
 use crate::retry;
 
@@ -170,68 +166,12 @@ async fn heartbeat_missed(hold: &Hold) {
     }
 }
 
-/// Runs `enqueue` to its end in a task of its own, even if the acquire awaiting it is dropped
-/// (its client went away): etcd may apply the transaction all the same, and a key that nobody
-/// tracks would stay as long as the session and, once first in the queue, hold the lock. A key
-/// placed for an acquire that is gone is removed as soon as the transaction answers.
-pub async fn enqueue_to_completion(
-    engine: &Engine,
-    session: &Arc<Session>,
-    enqueue: impl Future<Output = Result<Enqueued, LockError>> + Send + 'static,
-) -> Result<Enqueued, LockError> {
-    let (tx, rx) = oneshot::channel();
-    let (engine, session) = (engine.clone(), session.clone());
-    tokio::spawn(async move {
-        let result = Some(enqueue.await);
-        // Undelivered (the acquire is gone), the answer removes its key when dropped.
-        let _ = tx.send(Answer {
-            result,
-            engine,
-            session,
-        });
-    });
-    match rx.await {
-        Ok(mut answer) => answer.result.take().expect("answered once"),
-        Err(_) => Err(LockError::TaskEnded),
-    }
-}
-
-/// An enqueue's answer on its way to the acquire that asked for it.
-struct Answer {
-    result: Option<Result<Enqueued, LockError>>,
-    engine: Engine,
-    session: Arc<Session>,
-}
-
-impl Drop for Answer {
-    fn drop(&mut self) {
-        // A stale key is not this request's: the acquire that gets it removes it, or the sweep.
-        if let Some(Ok(Enqueued::Placed { ticket, .. })) = self.result.take() {
-            spawn_removal(self.engine.clone(), ticket, self.session.clone());
-        }
-    }
-}
-
-/// Deletes a ticket's key, retrying while etcd is unreachable, until it is gone or its lease
-/// is (then etcd deletes it). Used for abandoned waits and holds that end without release.
-pub fn spawn_removal(engine: Engine, ticket: Ticket, session: Arc<Session>) {
-    tokio::spawn(async move {
-        let remove = || queue::remove(engine.etcd(), &ticket);
-        let removed = remove
-            .retry(retry::etcd())
-            .when(|_| !session.is_lost())
-            .notify(|e, _| warn!(key = ticket.key, error = %e, "could not remove queue key; retrying"))
-            .await;
-        if let Err(e) = removed {
-            info!(key = ticket.key, error = %e, "session lost; etcd removes the key with the lease");
-        }
-    });
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::lock::LockId;
+    use crate::lock::queue::Ticket;
+    use crate::lock::session::Session;
 
     fn hold(window: Duration) -> Hold {
         let ticket = Ticket {

@@ -12,6 +12,7 @@
 
 mod acquire;
 mod changes;
+mod detached;
 mod ending;
 mod entry;
 mod error;
