@@ -1,12 +1,12 @@
 //! The reconciler: publishes each DistributedLock's settings to etcd, mirrors its queue into
 //! `status`, and deletes its etcd keys when the object is deleted (finalizer).
 
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
+use kube::core::TypeMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -340,15 +340,33 @@ fn condition(dl: &DistributedLock, kind: &str, status: &str, reason: &str, messa
     }
 }
 
+/// Writes `status` whole, by server-side apply: the operator is the status' only writer, and
+/// a field it leaves out (`holderService`, once no longer asked for) is removed, which a merge
+/// patch of the same status would leave in place. Every list in it is atomic (the CRD marks
+/// none as a map), so an applied list replaces the one there. (A field an earlier release
+/// merged in keeps that manager as co-owner until the value changes; left out before then, it
+/// stays, as it did with the merge patch.)
 async fn patch_status(
     api: &Api<DistributedLock>,
     dl: &DistributedLock,
     status: &DistributedLockStatus,
 ) -> Result<(), Error> {
-    let patch = json!({ "status": status });
-    api.patch_status(&dl.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+    let apply = StatusApply {
+        types: TypeMeta::resource::<DistributedLock>(),
+        status,
+    };
+    let params = super::server_side_apply();
+    api.patch_status(&dl.name_any(), &params, &Patch::Apply(&apply))
         .await?;
     Ok(())
+}
+
+/// A server-side apply of the `status` subresource: the object's type and its status alone.
+#[derive(Debug, serde::Serialize)]
+struct StatusApply<'a> {
+    #[serde(flatten)]
+    types: TypeMeta,
+    status: &'a DistributedLockStatus,
 }
 
 async fn publish(ctx: &Context, dl: &DistributedLock, reason: &str, note: String) {
