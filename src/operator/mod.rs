@@ -94,7 +94,8 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let store = Store::new(etcd);
     let metrics = OperatorMetrics::new();
     let reasons = liveness::Reason::ALL.map(liveness::Reason::label);
-    metrics.start_at_zero(&[&reasons[..], &[reconcile::LOCK_DELETED]].concat());
+    let reasons = [&reasons[..], &[reconcile::LOCK_DELETED]].concat();
+    metrics.start_at_zero(&reconcile::Error::LABELS, &reasons);
     let ctx = context(&client, &store, &metrics, &args)?;
     let ready = Arc::new(readiness::Readiness::default());
     let health = health_server(&args, store, metrics.clone(), ready.clone()).await?;
