@@ -194,11 +194,14 @@ pub fn render(registry: &Registry) -> String {
     String::from_utf8(buf).expect("prometheus text is UTF-8")
 }
 
+/// `podlock_reconcile_total`'s `result` of a reconciliation that succeeded.
+pub const RECONCILED: &str = "ok";
+
 /// The operator's metrics.
 #[derive(Clone)]
 pub struct OperatorMetrics {
     registry: Registry,
-    /// `podlock_reconcile_total{result}`: `ok` or `error`.
+    /// `podlock_reconcile_total{result}`: [`RECONCILED`], or the cause of the failure.
     pub reconcile_total: IntCounterVec,
     /// `podlock_reconcile_duration_seconds`.
     pub reconcile_duration: prometheus::Histogram,
@@ -284,10 +287,11 @@ impl OperatorMetrics {
         render(&self.registry)
     }
 
-    /// Creates every labelled counter at 0 (results, and forced releases for `reasons`), so
-    /// that every metric is there from the first scrape and alerts see a series, not nothing.
-    pub fn start_at_zero(&self, reasons: &[&str]) {
-        for result in ["ok", "error"] {
+    /// Creates every labelled counter at 0 (reconciliations that succeeded or failed for one
+    /// of `failures`, and forced releases for `reasons`), so that every metric is there from
+    /// the first scrape and alerts see a series, not nothing.
+    pub fn start_at_zero(&self, failures: &[&str], reasons: &[&str]) {
+        for result in [RECONCILED].iter().chain(failures) {
             self.reconcile_total.with_label_values(&[result]);
         }
         for reason in reasons {

@@ -5,13 +5,15 @@
 //! The slice is written in the same reconciliation that mirrors the new holder into `status`,
 //! before the status, so traffic moves as soon as the operator sees the handoff.
 
-use k8s_openapi::api::core::v1::{Pod, Service};
-use k8s_openapi::api::discovery::v1::EndpointSlice;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use k8s_openapi::api::core::v1::{ObjectReference, Pod, Service, ServicePort, ServiceSpec};
+use k8s_openapi::api::discovery::v1::{Endpoint, EndpointConditions, EndpointPort, EndpointSlice};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+use kube::api::{Api, DeleteParams, Patch, Preconditions};
 use kube::{Resource, ResourceExt};
-use serde_json::{Value, json};
 use tracing::info;
 
+use super::server_side_apply;
 use crate::crd::{DistributedLock, Holder, HolderService, HolderServiceStatus};
 
 /// The label on every Service and EndpointSlice the operator makes for a lock; it watches only
@@ -81,25 +83,25 @@ pub async fn follow(
         Some(svc) => family(&svc),
         None => family(
             &services
-                .patch(&name, &apply(), &Patch::Apply(service(dl, &name, spec)))
+                .patch(
+                    &name,
+                    &server_side_apply(),
+                    &Patch::Apply(service(dl, &name, spec)),
+                )
                 .await?,
         ),
     };
     let endpoints = endpoints(client, &ns, holders, &family).await?;
     let addresses = endpoints
         .iter()
-        .filter_map(|e| e["addresses"][0].as_str().map(String::from))
+        .filter_map(|e| e.addresses.first().cloned())
         .collect();
     let slice = slice(dl, &name, spec, &family, endpoints);
     let slices: Api<EndpointSlice> = Api::namespaced(client.clone(), &ns);
     slices
-        .patch(&slice_name(&name), &apply(), &Patch::Apply(slice))
+        .patch(&slice_name(&name), &server_side_apply(), &Patch::Apply(slice))
         .await?;
     Ok(Some(Followed::Routing(HolderServiceStatus { name, addresses })))
-}
-
-fn apply() -> PatchParams {
-    PatchParams::apply("podlock-operator").force()
 }
 
 fn slice_name(service: &str) -> String {
@@ -116,40 +118,61 @@ fn made_for<K: Resource>(obj: &K, dl: &DistributedLock) -> bool {
 }
 
 /// The Service's ports as Kubernetes spells them.
-fn service_ports(spec: &HolderService) -> Vec<Value> {
-    let ports = spec.ports.iter().map(|p| {
-        json!({"name": p.name.clone().unwrap_or_default(), "port": p.port,
-               "targetPort": p.target_port.unwrap_or(p.port), "protocol": p.protocol.as_str()})
+fn service_ports(spec: &HolderService) -> Vec<ServicePort> {
+    let ports = spec.ports.iter().map(|p| ServicePort {
+        name: Some(p.name.clone().unwrap_or_default()),
+        port: p.port.into(),
+        target_port: Some(IntOrString::Int(p.target_port.unwrap_or(p.port).into())),
+        protocol: Some(p.protocol.as_str().into()),
+        ..ServicePort::default()
     });
     ports.collect()
 }
 
 /// Whether the Service already has the ports asked for (then it is not written again).
 fn ports_match(svc: &Service, spec: &HolderService) -> bool {
+    // Compared as the API server returns them: an empty name left out, the protocol defaulted.
+    let key = |p: &ServicePort| {
+        let protocol = p.protocol.clone().unwrap_or_else(|| "TCP".into());
+        (
+            p.name.clone().unwrap_or_default(),
+            p.port,
+            p.target_port.clone(),
+            protocol,
+        )
+    };
     let have = svc.spec.as_ref().and_then(|s| s.ports.as_ref());
-    let have: Vec<Value> = have
-        .into_iter()
-        .flatten()
-        .map(|p| {
-            json!({"name": p.name.clone().unwrap_or_default(), "port": p.port,
-               "targetPort": p.target_port.as_ref().map(|t| serde_json::to_value(t).unwrap()),
-               "protocol": p.protocol.clone().unwrap_or_else(|| "TCP".into())})
-        })
-        .collect();
-    have == service_ports(spec)
+    let have: Vec<_> = have.into_iter().flatten().map(key).collect();
+    have == service_ports(spec).iter().map(key).collect::<Vec<_>>()
 }
 
-fn labels() -> Value {
-    json!({LABEL: "true", "app.kubernetes.io/managed-by": "podlock"})
+/// The metadata of the Service or slice `name`: the operator's labels and `extra`, and the
+/// lock as its controller.
+fn metadata(dl: &DistributedLock, name: String, extra: &[(&str, &str)]) -> ObjectMeta {
+    let ours = [(LABEL, "true"), ("app.kubernetes.io/managed-by", "podlock")];
+    let labels = ours
+        .iter()
+        .chain(extra)
+        .map(|(k, v)| (k.to_string(), v.to_string()));
+    ObjectMeta {
+        name: Some(name),
+        labels: Some(labels.collect()),
+        owner_references: dl.controller_owner_ref(&()).map(|o| vec![o]),
+        ..ObjectMeta::default()
+    }
 }
 
-fn service(dl: &DistributedLock, name: &str, spec: &HolderService) -> Value {
-    json!({
-        "apiVersion": "v1", "kind": "Service",
-        "metadata": {"name": name, "labels": labels(), "ownerReferences": [dl.controller_owner_ref(&())]},
+fn service(dl: &DistributedLock, name: &str, spec: &HolderService) -> Service {
+    Service {
+        metadata: metadata(dl, name.into(), &[]),
         // No selector: the operator, not the EndpointSlice controller, chooses the endpoints.
-        "spec": {"type": "ClusterIP", "ports": service_ports(spec)},
-    })
+        spec: Some(ServiceSpec {
+            type_: Some("ClusterIP".into()),
+            ports: Some(service_ports(spec)),
+            ..ServiceSpec::default()
+        }),
+        ..Service::default()
+    }
 }
 
 /// The Service's first IP family: the EndpointSlice's address type.
@@ -165,23 +188,24 @@ fn slice(
     service: &str,
     spec: &HolderService,
     family: &str,
-    endpoints: Vec<Value>,
-) -> Value {
-    let mut labels = labels();
-    labels["kubernetes.io/service-name"] = service.into();
-    labels["endpointslice.kubernetes.io/managed-by"] = MANAGED_BY.into();
-    let ports = spec.ports.iter().map(|p| {
-        json!({"name": p.name.clone().unwrap_or_default(), "port": p.target_port.unwrap_or(p.port),
-               "protocol": p.protocol.as_str()})
+    endpoints: Vec<Endpoint>,
+) -> EndpointSlice {
+    let labels = [
+        ("kubernetes.io/service-name", service),
+        ("endpointslice.kubernetes.io/managed-by", MANAGED_BY),
+    ];
+    let ports = spec.ports.iter().map(|p| EndpointPort {
+        name: Some(p.name.clone().unwrap_or_default()),
+        port: Some(p.target_port.unwrap_or(p.port).into()),
+        protocol: Some(p.protocol.as_str().into()),
+        ..EndpointPort::default()
     });
-    json!({
-        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
-        "metadata": {"name": slice_name(service), "labels": labels,
-                     "ownerReferences": [dl.controller_owner_ref(&())]},
-        "addressType": family,
-        "ports": ports.collect::<Vec<_>>(),
-        "endpoints": endpoints,
-    })
+    EndpointSlice {
+        metadata: metadata(dl, slice_name(service), &labels),
+        address_type: family.into(),
+        ports: Some(ports.collect()),
+        endpoints,
+    }
 }
 
 /// One endpoint per holder pod (a pod holding twice counts once) that has an IP of `family`.
@@ -192,7 +216,7 @@ async fn endpoints(
     ns: &str,
     holders: &[Holder],
     family: &str,
-) -> Result<Vec<Value>, kube::Error> {
+) -> Result<Vec<Endpoint>, kube::Error> {
     let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
     let mut names: Vec<&str> = vec![];
     for h in holders {
@@ -223,12 +247,23 @@ async fn endpoints(
             continue;
         };
         let terminating = pod.metadata.deletion_timestamp.is_some();
-        endpoints.push(json!({
-            "addresses": [ip],
-            "conditions": {"ready": !terminating, "serving": true, "terminating": terminating},
-            "targetRef": {"kind": "Pod", "namespace": ns, "name": name, "uid": pod.metadata.uid},
-            "nodeName": pod.spec.and_then(|s| s.node_name),
-        }));
+        endpoints.push(Endpoint {
+            addresses: vec![ip],
+            conditions: Some(EndpointConditions {
+                ready: Some(!terminating),
+                serving: Some(true),
+                terminating: Some(terminating),
+            }),
+            target_ref: Some(ObjectReference {
+                kind: Some("Pod".into()),
+                namespace: Some(ns.into()),
+                name: Some(name.into()),
+                uid: pod.metadata.uid,
+                ..ObjectReference::default()
+            }),
+            node_name: pod.spec.and_then(|s| s.node_name),
+            ..Endpoint::default()
+        });
     }
     Ok(endpoints)
 }

@@ -21,7 +21,7 @@ use axum::extract::State;
 use axum::routing::get;
 use clap::Args;
 use futures::StreamExt;
-use kube::api::{Api, ListParams};
+use kube::api::{Api, ListParams, PatchParams};
 use kube::runtime::controller::{Config, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, reflector, watcher};
@@ -38,6 +38,12 @@ use crate::metrics::OperatorMetrics;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use reconcile::{Context, error_policy, reconcile};
+
+/// How the operator writes the objects it owns: server-side apply as `podlock-operator`,
+/// taking over any field another manager set (the operator is the one to say what they hold).
+pub(crate) fn server_side_apply() -> PatchParams {
+    PatchParams::apply("podlock-operator").force()
+}
 
 /// Flags of `podlock operator`.
 #[derive(Debug, Clone, Args)]
@@ -87,7 +93,8 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     };
     let metrics = OperatorMetrics::new();
     let reasons = liveness::Reason::ALL.map(liveness::Reason::label);
-    metrics.start_at_zero(&[&reasons[..], &[reconcile::LOCK_DELETED]].concat());
+    let reasons = [&reasons[..], &[reconcile::LOCK_DELETED]].concat();
+    metrics.start_at_zero(&reconcile::Error::LABELS, &reasons);
     let ctx = context(&client, &store, &metrics, &args)?;
     let ready = Arc::new(readiness::Readiness::default());
     let health = health_server(&args, store, metrics.clone(), ready.clone()).await?;

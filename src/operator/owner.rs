@@ -8,10 +8,11 @@
 //! webhook configuration) names an owner that no longer exists, and the collector deletes it.
 
 use k8s_openapi::api::rbac::v1::ClusterRole;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, Patch, PatchParams};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+use kube::api::{Api, Patch};
+use kube::core::PartialObjectMetaExt;
 use serde::de::DeserializeOwned;
-use serde_json::json;
 
 /// The owner reference to ClusterRole `name`, if one is named.
 pub async fn cluster_role(
@@ -32,14 +33,20 @@ pub async fn cluster_role(
     }))
 }
 
-/// Makes `owner` the only owner of object `name` of `api` (an object made by an operator that
-/// had no owner yet, or by an earlier release).
+/// Gives object `name` of `api`, which has no owner yet (made by an operator that had none,
+/// or by an earlier release), `owner`. The operator made the object, so it writes the owner
+/// by server-side apply like its other objects; the apply names the owner reference alone,
+/// and leaves the rest of the object as it is.
 pub async fn adopt<K>(api: &Api<K>, name: &str, owner: &OwnerReference) -> kube::Result<()>
 where
-    K: Clone + DeserializeOwned + std::fmt::Debug,
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let patch = json!({"metadata": {"ownerReferences": [owner]}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+    let metadata = ObjectMeta {
+        owner_references: Some(vec![owner.clone()]),
+        ..ObjectMeta::default()
+    };
+    let patch = Patch::Apply(metadata.into_request_partial::<K>());
+    api.patch_metadata(name, &super::server_side_apply(), &patch)
         .await
         .map(|_| ())
 }

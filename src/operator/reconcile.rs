@@ -1,12 +1,12 @@
 //! The reconciler: publishes each DistributedLock's settings to etcd, mirrors its queue into
 //! `status`, and deletes its etcd keys when the object is deleted (finalizer).
 
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
+use kube::core::TypeMeta;
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Resource, ResourceExt};
-use serde_json::json;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -18,7 +18,11 @@ use super::isolation::Isolation;
 use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder, HolderServiceStatus};
 use crate::lock::rfc3339;
 use crate::lock::{LockError, LockId, QueueState, Settings, Store};
-use crate::metrics::OperatorMetrics;
+use crate::metrics::{OperatorMetrics, RECONCILED};
+
+#[path = "reconcile_error.rs"]
+mod error;
+pub use error::Error;
 
 /// The finalizer that makes deletion wait until the lock's etcd keys are gone.
 pub const FINALIZER: &str = "podlock.io/cleanup";
@@ -52,23 +56,6 @@ pub struct Context {
     pub isolation: Isolation,
 }
 
-/// Why a reconciliation failed.
-#[derive(Debug, thiserror::Error)]
-pub enum Error {
-    /// etcd failed.
-    #[error(transparent)]
-    Lock(#[from] LockError),
-    /// The API server failed.
-    #[error("Kubernetes API: {0}")]
-    Kube(#[from] kube::Error),
-    /// Provisioning the namespace's etcd credentials failed.
-    #[error("etcd credentials for the namespace: {0}")]
-    Isolation(#[source] Box<dyn std::error::Error + Send + Sync>),
-    /// The object cannot carry the finalizer (no name, or a malformed finalizer).
-    #[error("finalizer: {0}")]
-    Finalizer(String),
-}
-
 /// Reconciles one DistributedLock.
 pub async fn reconcile(dl: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
@@ -92,12 +79,17 @@ pub async fn reconcile(dl: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Ac
     ctx.metrics
         .reconcile_duration
         .observe(started.elapsed().as_secs_f64());
-    let outcome = if result.is_ok() { "ok" } else { "error" };
-    ctx.metrics.reconcile_total.with_label_values(&[outcome]).inc();
+    count(&ctx.metrics, &result);
     if result.is_ok() {
         ctx.backoff.succeeded(&id);
     }
     result
+}
+
+/// Counts a reconciliation in `reconcile_total`, by its error's cause.
+fn count(metrics: &OperatorMetrics, result: &Result<Action, Error>) {
+    let label = result.as_ref().map_or_else(Error::label, |_| RECONCILED);
+    metrics.reconcile_total.with_label_values(&[label]).inc();
 }
 
 /// Requeues a failed reconciliation after a backoff of its own (see [`Backoff`]).
@@ -340,15 +332,33 @@ fn condition(dl: &DistributedLock, kind: &str, status: &str, reason: &str, messa
     }
 }
 
+/// Writes `status` whole, by server-side apply: the operator is the status' only writer, and
+/// a field it leaves out (`holderService`, once no longer asked for) is removed, which a merge
+/// patch of the same status would leave in place. Every list in it is atomic (the CRD marks
+/// none as a map), so an applied list replaces the one there. (A field an earlier release
+/// merged in keeps that manager as co-owner until the value changes; left out before then, it
+/// stays, as it did with the merge patch.)
 async fn patch_status(
     api: &Api<DistributedLock>,
     dl: &DistributedLock,
     status: &DistributedLockStatus,
 ) -> Result<(), Error> {
-    let patch = json!({ "status": status });
-    api.patch_status(&dl.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+    let apply = StatusApply {
+        types: TypeMeta::resource::<DistributedLock>(),
+        status,
+    };
+    let params = super::server_side_apply();
+    api.patch_status(&dl.name_any(), &params, &Patch::Apply(&apply))
         .await?;
     Ok(())
+}
+
+/// A server-side apply of the `status` subresource: the object's type and its status alone.
+#[derive(Debug, serde::Serialize)]
+struct StatusApply<'a> {
+    #[serde(flatten)]
+    types: TypeMeta,
+    status: &'a DistributedLockStatus,
 }
 
 async fn publish(ctx: &Context, dl: &DistributedLock, reason: &str, note: String) {
@@ -380,5 +390,24 @@ mod tests {
         assert!(limit.allow(&quiet), "another lock has its own interval");
         limit.forget(&busy);
         assert!(limit.allow(&busy), "a lock made again starts afresh");
+    }
+
+    #[test]
+    fn reconciliations_are_counted_by_the_cause_of_their_failure() {
+        let metrics = OperatorMetrics::new();
+        metrics.start_at_zero(&Error::LABELS, &[]);
+        count(&metrics, &Ok(Action::await_change()));
+        count(&metrics, &Err(LockError::Unavailable("no leader".into()).into()));
+        count(&metrics, &Err(Error::Finalizer("unnamed object".into())));
+        let text = metrics.render();
+        for (result, n) in [
+            ("ok", 1),
+            ("etcd_unavailable", 1),
+            ("finalizer", 1),
+            ("kube_api", 0),
+        ] {
+            let line = format!("podlock_reconcile_total{{result=\"{result}\"}} {n}\n");
+            assert!(text.contains(&line), "no {line} in {text}");
+        }
     }
 }

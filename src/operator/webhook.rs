@@ -14,7 +14,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     MatchCondition, MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
     WebhookClientConfig,
 };
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::{Api, Patch};
 use kube::core::DynamicObject;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview, Operation};
 use std::collections::BTreeMap;
@@ -87,7 +87,7 @@ pub async fn keep_configuration(
     owner: Option<OwnerReference>,
 ) {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client);
-    let params = PatchParams::apply("podlock-operator").force();
+    let params = super::server_side_apply();
     loop {
         let bundle = ca.borrow_and_update().clone();
         let config = configuration(

@@ -1,11 +1,12 @@
 //! The injected sidecar container and what it changes in the pod's other containers.
 
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, ObjectFieldSelector, Probe,
-    ResourceRequirements, SeccompProfile, SecretKeySelector, SecurityContext, VolumeMount,
+    Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, KeyToPath, ObjectFieldSelector,
+    Probe, ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
+    Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::BTreeMap;
 
 use super::{CONTAINER_ENV, SIDECAR_CONTAINER, SidecarTemplate};
@@ -24,12 +25,24 @@ const CA_VOLUME: &str = "podlock-etcd-ca";
 /// The pod volume with etcd's CA from the namespace's credentials Secret, with etcd TLS.
 /// Optional, like the credentials: a pod started before its namespace has them still starts,
 /// and its sidecar says why it cannot reach etcd.
-pub(super) fn ca_volume(tpl: &SidecarTemplate) -> Option<Value> {
+pub(super) fn ca_volume(tpl: &SidecarTemplate) -> Option<Volume> {
     let secret = tpl.credentials_secret.as_ref().filter(|_| tpl.etcd_ca)?;
-    Some(
-        json!({"name": CA_VOLUME, "secret": {"secretName": secret, "optional": true,
-                "items": [{"key": "ca.crt", "path": "ca.crt"}]}}),
-    )
+    let ca = KeyToPath {
+        key: "ca.crt".into(),
+        path: "ca.crt".into(),
+        mode: None,
+    };
+    let source = SecretVolumeSource {
+        secret_name: Some(secret.clone()),
+        optional: Some(true),
+        items: Some(vec![ca]),
+        default_mode: None,
+    };
+    Some(Volume {
+        name: CA_VOLUME.into(),
+        secret: Some(source),
+        ..Volume::default()
+    })
 }
 
 /// The image's own path to the binary (the Dockerfile's ENTRYPOINT), for the exec probes.
@@ -37,17 +50,21 @@ const BINARY: &str = "/usr/local/bin/podlock";
 
 /// Gives every app container `PODLOCK_ADDR` and its own name in `PODLOCK_CONTAINER`.
 pub(super) fn give_app_containers_their_env(pod_spec: &mut serde_json::Map<String, Value>, port: u16) {
-    let addr = json!({"name": "PODLOCK_ADDR", "value": format!("http://127.0.0.1:{port}")});
+    let json = |var: EnvVar| serde_json::to_value(var).expect("a variable serializes");
+    let addr = json(env_var("PODLOCK_ADDR", format!("http://127.0.0.1:{port}")));
     let containers = pod_spec.get_mut("containers").and_then(Value::as_array_mut);
     for c in containers.into_iter().flatten() {
         // Kubernetes cannot tell a container its own name: the app passes this with its
         // acquires so that its holds follow its own restarts only.
-        let own = json!({"name": CONTAINER_ENV, "value": c["name"].clone()});
+        let own = json(env_var(
+            CONTAINER_ENV,
+            c["name"].as_str().unwrap_or_default().into(),
+        ));
         let env = c
             .as_object_mut()
             .expect("container")
             .entry("env")
-            .or_insert(json!([]));
+            .or_insert(Value::Array(vec![]));
         if let Some(env) = env.as_array_mut() {
             for var in [&addr, &own] {
                 if !env.iter().any(|e| e["name"] == var["name"]) {
@@ -55,6 +72,15 @@ pub(super) fn give_app_containers_their_env(pod_spec: &mut serde_json::Map<Strin
                 }
             }
         }
+    }
+}
+
+/// The variable `name` set to `value`.
+fn env_var(name: &str, value: String) -> EnvVar {
+    EnvVar {
+        name: name.into(),
+        value: Some(value),
+        ..EnvVar::default()
     }
 }
 
@@ -148,11 +174,6 @@ fn restricted() -> SecurityContext {
 
 /// The sidecar's environment: the pod's identity from the downward API, its listeners, etcd.
 fn sidecar_env(tpl: &SidecarTemplate, options: &Options) -> Vec<EnvVar> {
-    let value = |name: &str, value: String| EnvVar {
-        name: name.into(),
-        value: Some(value),
-        ..Default::default()
-    };
     let from = |name: &str, source: EnvVarSource| EnvVar {
         name: name.into(),
         value_from: Some(source),
@@ -175,18 +196,18 @@ fn sidecar_env(tpl: &SidecarTemplate, options: &Options) -> Vec<EnvVar> {
         field("PODLOCK_POD_NAME", "metadata.name"),
         field("PODLOCK_NAMESPACE", "metadata.namespace"),
         field("PODLOCK_POD_UID", "metadata.uid"),
-        value("PODLOCK_LISTEN", format!("127.0.0.1:{}", options.port)),
-        value("PODLOCK_HEALTH_LISTEN", format!("[::]:{metrics}")),
-        value("PODLOCK_ETCD_ENDPOINTS", tpl.etcd_endpoints.clone()),
+        env_var("PODLOCK_LISTEN", format!("127.0.0.1:{}", options.port)),
+        env_var("PODLOCK_HEALTH_LISTEN", format!("[::]:{metrics}")),
+        env_var("PODLOCK_ETCD_ENDPOINTS", tpl.etcd_endpoints.clone()),
     ];
     if let Some(h) = options.heartbeat {
-        env.push(value("PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", h.to_string()));
+        env.push(env_var("PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", h.to_string()));
     }
     let Some(secret) = &tpl.credentials_secret else {
         return env;
     };
     if tpl.etcd_ca {
-        env.push(value("PODLOCK_ETCD_CA_FILE", format!("{CA_DIR}/ca.crt")));
+        env.push(env_var("PODLOCK_ETCD_CA_FILE", format!("{CA_DIR}/ca.crt")));
     }
     for (var, key) in [
         ("PODLOCK_ETCD_USER", "username"),

@@ -16,13 +16,21 @@
 //!
 //! Objects without the annotation, in `kube-system`, or of the operator itself are never
 //! changed; injection is idempotent.
+//!
+//! The admitted object stays JSON, and only what is added (the sidecar, its volume, the
+//! variables) is built from k8s-openapi's types: read into a typed `Pod` and written back, a
+//! pod would lose the fields k8s-openapi does not know (a newer cluster's), and the patch, a
+//! diff of the two, would remove them.
 
 mod container;
 mod stamp;
 #[cfg(test)]
 mod tests;
 
-use serde_json::{Value, json};
+use serde_json::{Map, Value};
+// The tests (`use super::*`) build their objects with it.
+#[cfg(test)]
+use serde_json::json;
 
 use container::{Options, give_app_containers_their_env, position, sidecar};
 
@@ -58,6 +66,17 @@ pub struct SidecarTemplate {
     pub etcd_ca: bool,
 }
 
+/// Why an object cannot be admitted: an annotation the sidecar cannot be set up from.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// [`PORT`] is not a port number.
+    #[error("{PORT} must be a port number, got {0:?}", PORT = PORT)]
+    InvalidPort(String),
+    /// [`HEARTBEAT`] is not a whole number of seconds.
+    #[error("{HEARTBEAT} must be whole seconds, got {0:?}", HEARTBEAT = HEARTBEAT)]
+    InvalidHeartbeat(String),
+}
+
 /// The webhook's answer for one object: a patch, a warning for the user, both or neither.
 #[derive(Debug, Default)]
 pub struct Mutation {
@@ -75,7 +94,7 @@ pub fn mutate(
     creating: bool,
     namespace: &str,
     object: &Value,
-) -> Result<Mutation, String> {
+) -> Result<Mutation, Error> {
     if namespace == "kube-system" || is_operator(object) {
         return Ok(Mutation::default());
     }
@@ -89,11 +108,11 @@ pub fn mutate(
 }
 
 /// The sidecar added to a new pod that asks for it.
-fn inject(tpl: &SidecarTemplate, pod: &Value) -> Result<Mutation, String> {
+fn inject(tpl: &SidecarTemplate, pod: &Value) -> Result<Mutation, Error> {
     if annotation(pod, "/metadata", INJECT) != Some("true") || has_sidecar(pod) {
         return Ok(Mutation::default());
     }
-    if pod.pointer("/spec/hostNetwork") == Some(&json!(true)) {
+    if pod.pointer("/spec/hostNetwork") == Some(&Value::Bool(true)) {
         // On the node's network the sidecar's loopback port would be every such pod's.
         let warning = "podlock: hostNetwork pods get no sidecar (its loopback port would be node-wide)";
         return Ok(Mutation {
@@ -104,17 +123,17 @@ fn inject(tpl: &SidecarTemplate, pod: &Value) -> Result<Mutation, String> {
     let options = options(pod)?;
     let mut mutated = pod.clone();
     let labels = ensure_object(&mut mutated, "/metadata/labels");
-    labels.insert(SIDECAR_LABEL.into(), json!("true"));
+    labels.insert(SIDECAR_LABEL.into(), "true".into());
     let pod_spec = ensure_object(&mut mutated, "/spec");
     give_app_containers_their_env(pod_spec, options.port);
     if let Some(volume) = container::ca_volume(tpl) {
-        let volumes = pod_spec.entry("volumes").or_insert(json!([]));
+        let volumes = pod_spec.entry("volumes").or_insert(Value::Array(vec![]));
         if let Some(volumes) = volumes.as_array_mut() {
-            volumes.push(volume);
+            volumes.push(serde_json::to_value(volume).expect("a volume serializes"));
         }
     }
     let sidecar = serde_json::to_value(sidecar(tpl, &options)).expect("a container serializes");
-    let init = pod_spec.entry("initContainers").or_insert(json!([]));
+    let init = pod_spec.entry("initContainers").or_insert(Value::Array(vec![]));
     if let Some(init) = init.as_array_mut() {
         init.insert(position(init), sidecar);
     }
@@ -127,8 +146,10 @@ fn inject(tpl: &SidecarTemplate, pod: &Value) -> Result<Mutation, String> {
 /// Whether the operator's own label is on `object` or on its pod template.
 fn is_operator(object: &Value) -> bool {
     ["/metadata", "/spec/template/metadata"].iter().any(|meta| {
-        object.pointer(&format!("{meta}/labels/{}", escape(OPERATOR_LABEL.0)))
-            == Some(&json!(OPERATOR_LABEL.1))
+        object
+            .pointer(&format!("{meta}/labels/{}", escape(OPERATOR_LABEL.0)))
+            .and_then(Value::as_str)
+            == Some(OPERATOR_LABEL.1)
     })
 }
 
@@ -149,32 +170,27 @@ fn annotation<'a>(object: &'a Value, meta: &str, name: &str) -> Option<&'a str> 
 }
 
 /// The port and heartbeat annotations of a pod.
-fn options(pod: &Value) -> Result<Options, String> {
+fn options(pod: &Value) -> Result<Options, Error> {
     let port = match annotation(pod, "/metadata", PORT) {
-        Some(p) => p
-            .parse()
-            .map_err(|_| format!("{PORT} must be a port number, got {p:?}"))?,
+        Some(p) => p.parse().map_err(|_| Error::InvalidPort(p.into()))?,
         None => 4040,
     };
     let heartbeat = match annotation(pod, "/metadata", HEARTBEAT) {
-        Some(h) => Some(
-            h.parse::<u32>()
-                .map_err(|_| format!("{HEARTBEAT} must be whole seconds, got {h:?}"))?,
-        ),
+        Some(h) => Some(h.parse().map_err(|_| Error::InvalidHeartbeat(h.into()))?),
         None => None,
     };
     Ok(Options { port, heartbeat })
 }
 
 /// The object at `path`, created (with its parents) when missing.
-fn ensure_object<'a>(root: &'a mut Value, path: &str) -> &'a mut serde_json::Map<String, Value> {
+fn ensure_object<'a>(root: &'a mut Value, path: &str) -> &'a mut Map<String, Value> {
     let mut node = root;
     for part in path.split('/').skip(1) {
         node = node
             .as_object_mut()
             .expect("objects along the path")
             .entry(part)
-            .or_insert(json!({}));
+            .or_insert(Value::Object(Map::new()));
     }
     node.as_object_mut().expect("an object")
 }

@@ -1,7 +1,7 @@
 //! A workload's own podlock annotations, copied into its pod template so that its pods ask
 //! for the sidecar (and a change rolls them out), and removed again with the workload's.
 
-use serde_json::{Value, json};
+use serde_json::Value;
 
 use super::{HEARTBEAT, INJECT, Mutation, PORT, STAMP, annotation, ensure_object};
 
@@ -33,7 +33,7 @@ pub(super) fn stamp(kind: &str, creating: bool, object: &Value) -> Mutation {
         let ours = copied.contains(&key);
         match annotation(object, "/metadata", key).filter(|_| asked) {
             Some(value) if ours || !annotations.contains_key(key) => {
-                annotations.insert(key.into(), json!(value));
+                annotations.insert(key.into(), value.into());
                 copies.push(key);
             }
             None if ours => {
@@ -44,7 +44,7 @@ pub(super) fn stamp(kind: &str, creating: bool, object: &Value) -> Mutation {
     }
     match copies.is_empty() {
         true => annotations.remove(STAMP),
-        false => annotations.insert(STAMP.into(), json!(copies.join(","))),
+        false => annotations.insert(STAMP.into(), copies.join(",").into()),
     };
     let patch = json_patch::diff(object, &mutated);
     Mutation {

@@ -103,7 +103,7 @@ fn port_and_heartbeat_annotations() {
         "app",
         &pod(json!({INJECT: "true", PORT: "http"})),
     );
-    assert!(bad.unwrap_err().contains(PORT));
+    assert!(bad.unwrap_err().to_string().contains(PORT));
 }
 
 #[test]

@@ -1,0 +1,79 @@
+//! Why a reconciliation failed, and the cause as a metric label.
+
+use crate::lock::LockError;
+
+/// Why a reconciliation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// etcd failed.
+    #[error(transparent)]
+    Lock(#[from] LockError),
+    /// The API server failed.
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// Provisioning the namespace's etcd credentials failed.
+    #[error("etcd credentials for the namespace: {0}")]
+    Isolation(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// The object cannot carry the finalizer (no name, or a malformed finalizer).
+    #[error("finalizer: {0}")]
+    Finalizer(String),
+}
+
+impl Error {
+    /// Every [`label`](Self::label), so that each `reconcile_total` series exists from the start.
+    pub const LABELS: [&str; 8] = [
+        "etcd_unavailable",
+        "etcd_forbidden",
+        "etcd_corrupt",
+        "invalid_spec",
+        "lock_unexpected",
+        "etcd_credentials",
+        "kube_api",
+        "finalizer",
+    ];
+
+    /// The cause as `podlock_reconcile_total`'s `result` label: what an operator of the cluster
+    /// would look at first.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Error::Lock(LockError::Unavailable(_)) => "etcd_unavailable",
+            Error::Lock(LockError::Forbidden(_)) => "etcd_forbidden",
+            Error::Lock(LockError::Corrupt(_)) => "etcd_corrupt",
+            // The spec's settings, out of bounds (the CRD's schema admits only valid ones).
+            Error::Lock(LockError::Invalid(_)) => "invalid_spec",
+            // The lock engine's other answers are not expected from declaring or deleting.
+            Error::Lock(_) => "lock_unexpected",
+            Error::Isolation(_) => "etcd_credentials",
+            Error::Kube(_) => "kube_api",
+            Error::Finalizer(_) => "finalizer",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::LockId;
+
+    #[test]
+    fn every_cause_has_its_own_listed_snake_case_label() {
+        let errors = [
+            Error::Lock(LockError::Unavailable("no leader".into())),
+            Error::Lock(LockError::Forbidden("wrong password".into())),
+            Error::Lock(LockError::Corrupt("not JSON".into())),
+            Error::Lock(LockError::Invalid("ttlSeconds out of bounds".into())),
+            Error::Lock(LockError::NotFound(LockId::new("ns", "l").unwrap())),
+            Error::Isolation("cannot add the user".into()),
+            Error::Kube(kube::Error::LinesCodecMaxLineLengthExceeded),
+            Error::Finalizer("unnamed object".into()),
+        ];
+        let labels: Vec<_> = errors.iter().map(Error::label).collect();
+        assert_eq!(labels, Error::LABELS);
+        for label in labels {
+            assert!(
+                label.chars().all(|c| c.is_ascii_lowercase() || c == '_'),
+                "{label}"
+            );
+        }
+    }
+}
