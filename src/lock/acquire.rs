@@ -10,7 +10,7 @@ use tracing::{info, warn};
 use super::Engine;
 use super::detached;
 use super::entry::{Entry, Mode, rfc3339};
-use super::error::LockError;
+use super::error::{LockError, Unavailable};
 use super::held::Hold;
 use super::hold::{self, MarkWhen};
 use super::model::{AcquireRequest, EventKind, Grant};
@@ -165,10 +165,11 @@ impl Engine {
                 Err(e) => return Err(e),
             }
         }
-        Err(LockError::NotPlaced {
+        Err(Unavailable::NotPlaced {
             lock: req.lock.clone(),
             attempts: MAX_PLACEMENTS,
-        })
+        }
+        .into())
     }
 
     /// Waits for the placed key's turn; returns the revision at which it was granted. At the
@@ -250,7 +251,7 @@ impl Engine {
         // the lease may end any moment and the lock move on while the app believes it holds.
         let confirmed = session.expires_at().saturating_duration_since(Instant::now());
         if session.is_lost() || confirmed < Duration::from_secs(session.ttl.into()) / 2 {
-            return Err(LockError::LeaseUnconfirmed(confirmed));
+            return Err(Unavailable::LeaseUnconfirmed(confirmed).into());
         }
         let heartbeat = req
             .heartbeat_timeout_seconds
@@ -297,7 +298,7 @@ impl Engine {
         self.check_session(session).await;
         match self.declared(lock, true).await {
             Err(e) => e,
-            Ok(_) => LockError::Vanished,
+            Ok(_) => Unavailable::Vanished.into(),
         }
     }
 }

@@ -5,7 +5,7 @@
 use etcd_client::{EventType, KeyValue, WatchStream};
 
 use super::entry::Entry;
-use super::error::LockError;
+use super::error::{LockError, Unavailable};
 use super::keys;
 use super::names::LockId;
 
@@ -87,13 +87,13 @@ impl Changes {
     /// The next batch of changes (one etcd revision or more). An error ends the watch: read
     /// again and watch anew from the read's revision.
     pub async fn next(&mut self) -> Result<Vec<Change>, LockError> {
-        let resp =
-            (self.0.message().await?).ok_or_else(|| LockError::WatchEnded("it closed the stream".into()))?;
+        let resp = (self.0.message().await?)
+            .ok_or_else(|| LockError::from(Unavailable::WatchEnded("it closed the stream".into())))?;
         if resp.canceled() {
-            return Err(LockError::WatchEnded(format!(
+            return Err(LockError::from(Unavailable::WatchEnded(format!(
                 "cancelled: {}",
                 resp.cancel_reason()
-            )));
+            ))));
         }
         let changes = resp.events().iter().filter_map(|ev| {
             let kind = ev.event_type();

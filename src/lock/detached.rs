@@ -9,7 +9,7 @@ use tokio::sync::oneshot;
 use tracing::{info, warn};
 
 use super::Engine;
-use super::error::LockError;
+use super::error::{LockError, Unavailable};
 use super::queue::{self, Enqueued, Ticket};
 use super::session::Session;
 use crate::retry;
@@ -36,7 +36,7 @@ pub async fn enqueue_to_completion(
     });
     match rx.await {
         Ok(mut answer) => answer.result.take().expect("answered once"),
-        Err(_) => Err(LockError::TaskEnded),
+        Err(_) => Err(Unavailable::TaskEnded.into()),
     }
 }
 

@@ -111,6 +111,20 @@ pub enum LockError {
     #[error("corrupt data in etcd: {0}")]
     Corrupt(String),
 
+    /// etcd could not serve the request now, in a way that may pass: the cause says which.
+    #[error(transparent)]
+    Unavailable(#[from] Unavailable),
+
+    /// etcd rejected the request as bad (too large, too many operations, a wrong argument):
+    /// sending it again will not help.
+    #[error("etcd rejected the request: {0}")]
+    Rejected(String),
+}
+
+/// Why etcd could not serve a request now. Each may pass (an outage, a failover, a lease or
+/// watch that ended, etcd full until freed): the sidecar answers 503, the caller may retry.
+#[derive(Debug, thiserror::Error)]
+pub enum Unavailable {
     /// etcd could not be reached, or failed in a way that may pass (no leader, a member
     /// down): worth retrying.
     #[error("etcd is unavailable: {0}; retry")]
@@ -168,11 +182,6 @@ pub enum LockError {
          (docs/operations.md)"
     )]
     EtcdFull(String),
-
-    /// etcd rejected the request as bad (too large, too many operations, a wrong argument):
-    /// sending it again will not help.
-    #[error("etcd rejected the request: {0}")]
-    Rejected(String),
 }
 
 impl From<InvalidName> for LockError {
@@ -231,8 +240,8 @@ impl From<etcd_client::Error> for LockError {
         match EtcdFailure::of(&e) {
             EtcdFailure::Refused => LockError::Forbidden(message(&e)),
             EtcdFailure::LeaseGone => LockError::LeaseNotFound(message(&e)),
-            EtcdFailure::Transient => LockError::Unreachable(e),
-            EtcdFailure::Full => LockError::EtcdFull(message(&e)),
+            EtcdFailure::Transient => Unavailable::Unreachable(e).into(),
+            EtcdFailure::Full => Unavailable::EtcdFull(message(&e)).into(),
             EtcdFailure::Final => LockError::Rejected(message(&e)),
         }
     }
@@ -275,9 +284,18 @@ mod tests {
             matches!(too_large, LockError::Rejected(ref m) if m.contains("too large")),
             "{too_large:?}"
         );
-        assert!(matches!(full, LockError::EtcdFull(_)), "{full:?}");
-        assert!(matches!(busy, LockError::Unreachable(_)), "{busy:?}");
-        assert!(matches!(no_leader, LockError::Unreachable(_)), "{no_leader:?}");
+        assert!(
+            matches!(full, LockError::Unavailable(Unavailable::EtcdFull(_))),
+            "{full:?}"
+        );
+        assert!(
+            matches!(busy, LockError::Unavailable(Unavailable::Unreachable(_))),
+            "{busy:?}"
+        );
+        assert!(
+            matches!(no_leader, LockError::Unavailable(Unavailable::Unreachable(_))),
+            "{no_leader:?}"
+        );
         assert!(matches!(denied, LockError::Forbidden(_)), "{denied:?}");
         assert!(full.to_string().contains("NOSPACE"), "{full}");
     }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use tokio::time::{Instant, timeout_at};
 
 use super::error::EtcdFailure;
-use super::error::LockError;
+use super::error::{LockError, Unavailable};
 use super::members::Members;
 use crate::retry::{self, Pauses};
 
@@ -174,7 +174,7 @@ async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
     let deadline = Instant::now() + BUDGET;
     let mut attempts: VecDeque<Pin<Box<F>>> = VecDeque::new();
     let (mut send_at, mut first) = (Instant::now(), true);
-    let mut error = LockError::Timeout(BUDGET);
+    let mut error = LockError::from(Unavailable::Timeout(BUDGET));
     let mut pauses = Pauses::new(retry::etcd());
     while Instant::now() < deadline {
         if Instant::now() >= send_at {
@@ -305,7 +305,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn silence_ends_at_the_budget() {
         let (result, sent, took) = run(vec![]).await;
-        assert!(matches!(result, Err(LockError::Timeout(_))), "{result:?}");
+        assert!(
+            matches!(result, Err(LockError::Unavailable(Unavailable::Timeout(_)))),
+            "{result:?}"
+        );
         assert_eq!(
             (sent, took),
             ((BUDGET.as_millis() / HEDGE.as_millis()) as u64, BUDGET)

@@ -37,7 +37,7 @@ mod watch;
 
 pub use changes::{Change, Changes, QueueEntry};
 pub use entry::{Entry, HolderInfo, Mode, PodRef, rfc3339};
-pub use error::LockError;
+pub use error::{LockError, Unavailable};
 pub use etcd::Stats;
 pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo};
 pub use names::{InvalidName, LockId, check_container, check_dns_subdomain, unique_holder_id};

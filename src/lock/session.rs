@@ -16,7 +16,7 @@ use tokio::time::{Instant, sleep_until, timeout};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::error::LockError;
+use super::error::{LockError, Unavailable};
 use super::etcd::Etcd;
 use super::members::{Members, Route};
 use crate::retry::{self, Pauses};
@@ -202,7 +202,7 @@ async fn renew(client: &Client, id: i64, stream: &mut Option<KeepAlive>) -> Resu
     keeper.keep_alive().await?;
     match responses.message().await? {
         Some(resp) => Ok(resp.ttl()),
-        None => Err(LockError::KeepaliveEnded),
+        None => Err(Unavailable::KeepaliveEnded.into()),
     }
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::time::timeout;
 use tracing::debug;
 
-use super::error::LockError;
+use super::error::{LockError, Unavailable};
 use super::etcd::{Etcd, Stats};
 use super::members::Members;
 
@@ -46,10 +46,10 @@ impl Etcd {
         let open = client.watch(first.key.clone(), first.options());
         let Ok(opened) = timeout(2 * WATCH_SILENCE, open).await else {
             self.members.suspect(member, "it did not open a watch");
-            return Err(LockError::MemberStalled {
+            return Err(LockError::Unavailable(Unavailable::MemberStalled {
                 what: "did not open a watch",
                 within: 2 * WATCH_SILENCE,
-            });
+            }));
         };
         let mut stream = opened?;
         self.stats.watches.fetch_add(1, Ordering::Relaxed);
@@ -178,10 +178,10 @@ impl KeyWatch {
                 Ok(message) => break message?,
                 Err(_) if asked => {
                     self.members.suspect(self.member, "a watch on it went silent");
-                    return Err(LockError::MemberStalled {
+                    return Err(LockError::Unavailable(Unavailable::MemberStalled {
                         what: "serving a watch did not answer a progress request",
                         within: WATCH_SILENCE,
-                    });
+                    }));
                 }
                 Err(_) => {
                     self.stream.request_progress().await?;
@@ -189,12 +189,13 @@ impl KeyWatch {
                 }
             }
         };
-        let resp = resp.ok_or_else(|| LockError::WatchEnded("it closed the stream".into()))?;
+        let resp =
+            resp.ok_or_else(|| LockError::from(Unavailable::WatchEnded("it closed the stream".into())))?;
         if resp.canceled() {
-            return Err(LockError::WatchEnded(format!(
+            return Err(LockError::from(Unavailable::WatchEnded(format!(
                 "cancelled: {}",
                 resp.cancel_reason()
-            )));
+            ))));
         }
         let n = resp.events().len() as u64;
         if n > 0 {

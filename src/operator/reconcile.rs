@@ -397,7 +397,10 @@ mod tests {
         let metrics = OperatorMetrics::new();
         metrics.start_at_zero(&Error::LABELS, &[]);
         count(&metrics, &Ok(Action::await_change()));
-        count(&metrics, &Err(LockError::Unavailable("no leader".into()).into()));
+        count(
+            &metrics,
+            &Err(LockError::from(crate::lock::Unavailable::KeepaliveEnded).into()),
+        );
         count(&metrics, &Err(Error::Finalizer("unnamed object".into())));
         let text = metrics.render();
         for (result, n) in [

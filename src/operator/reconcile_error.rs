@@ -1,6 +1,6 @@
 //! Why a reconciliation failed, and the cause as a metric label.
 
-use crate::lock::LockError;
+use crate::lock::{LockError, Unavailable};
 
 /// Why a reconciliation failed.
 #[derive(Debug, thiserror::Error)]
@@ -21,8 +21,10 @@ pub enum Error {
 
 impl Error {
     /// Every [`label`](Self::label), so that each `reconcile_total` series exists from the start.
-    pub const LABELS: [&str; 8] = [
+    pub const LABELS: [&str; 10] = [
         "etcd_unavailable",
+        "etcd_full",
+        "etcd_rejected",
         "etcd_forbidden",
         "etcd_corrupt",
         "invalid_spec",
@@ -36,7 +38,9 @@ impl Error {
     /// would look at first.
     pub fn label(&self) -> &'static str {
         match self {
-            Error::Lock(LockError::Unavailable(_)) => "etcd_unavailable",
+            Error::Lock(LockError::Unavailable(Unavailable::EtcdFull(_))) => "etcd_full",
+            Error::Lock(LockError::Unavailable(_) | LockError::LeaseNotFound(_)) => "etcd_unavailable",
+            Error::Lock(LockError::Rejected(_)) => "etcd_rejected",
             Error::Lock(LockError::Forbidden(_)) => "etcd_forbidden",
             Error::Lock(LockError::Corrupt(_)) => "etcd_corrupt",
             // The spec's settings, out of bounds (the CRD's schema admits only valid ones).
@@ -58,7 +62,9 @@ mod tests {
     #[test]
     fn every_cause_has_its_own_listed_snake_case_label() {
         let errors = [
-            Error::Lock(LockError::Unavailable("no leader".into())),
+            Error::Lock(Unavailable::Timeout(std::time::Duration::from_secs(5)).into()),
+            Error::Lock(Unavailable::EtcdFull("database space exceeded".into()).into()),
+            Error::Lock(LockError::Rejected("request is too large".into())),
             Error::Lock(LockError::Forbidden("wrong password".into())),
             Error::Lock(LockError::Corrupt("not JSON".into())),
             Error::Lock(LockError::Invalid("ttlSeconds out of bounds".into())),

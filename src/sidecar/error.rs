@@ -67,19 +67,9 @@ impl From<LockError> for ApiError {
             LockError::Corrupt(_) => {
                 ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "corrupt_data", message)
             }
-            // Each of these may pass: etcd down or failing over, a lease or watch ended, a
-            // placement raced, or etcd full (until its administrator frees it).
-            LockError::Unreachable(_)
-            | LockError::Timeout(_)
-            | LockError::MemberStalled { .. }
-            | LockError::WatchEnded(_)
-            | LockError::KeepaliveEnded
-            | LockError::LeaseUnconfirmed(_)
-            | LockError::LeaseNotFound(_)
-            | LockError::Vanished
-            | LockError::NotPlaced { .. }
-            | LockError::TaskEnded
-            | LockError::EtcdFull(_) => unavailable(message),
+            // etcd down or failing over, a lease or watch that ended, a placement that raced,
+            // etcd full until its administrator frees it: each may pass.
+            LockError::Unavailable(_) | LockError::LeaseNotFound(_) => unavailable(message),
         }
     }
 }
@@ -97,13 +87,15 @@ impl IntoResponse for ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock::Unavailable;
 
     #[test]
     fn a_request_etcd_rejects_is_a_400_and_an_outage_a_503() {
         let status = |e: LockError| ApiError::from(e).into_response().status();
         assert_eq!(status(LockError::Rejected("request is too large".into())), 400);
-        let full = LockError::EtcdFull("database space exceeded".into());
-        assert_eq!(status(full), 503);
-        assert_eq!(status(LockError::Timeout(std::time::Duration::from_secs(5))), 503);
+        let full = Unavailable::EtcdFull("database space exceeded".into());
+        assert_eq!(status(full.into()), 503);
+        let timeout = Unavailable::Timeout(std::time::Duration::from_secs(5));
+        assert_eq!(status(timeout.into()), 503);
     }
 }
