@@ -13,7 +13,7 @@ use kube::api::{Api, DeleteParams, Patch, Preconditions};
 use kube::{Resource, ResourceExt};
 use tracing::info;
 
-use super::server_side_apply;
+use super::owner::server_side_apply;
 use crate::crd::{DistributedLock, Holder, HolderService, HolderServiceStatus};
 
 /// The label on every Service and EndpointSlice the operator makes for a lock; it watches only

@@ -21,7 +21,7 @@ use axum::extract::State;
 use axum::routing::get;
 use clap::Args;
 use futures::StreamExt;
-use kube::api::{Api, ListParams, PatchParams};
+use kube::api::{Api, ListParams};
 use kube::runtime::controller::{Config, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::{Predicate, WatchStreamExt, predicates, reflector, watcher};
@@ -38,12 +38,6 @@ use crate::metrics::OperatorMetrics;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use reconcile::{Context, error_policy, reconcile};
-
-/// How the operator writes the objects it owns: server-side apply as `podlock-operator`,
-/// taking over any field another manager set (the operator is the one to say what they hold).
-pub(crate) fn server_side_apply() -> PatchParams {
-    PatchParams::apply("podlock-operator").force()
-}
 
 /// Flags of `podlock operator`.
 #[derive(Debug, Clone, Args)]

@@ -6,13 +6,21 @@
 //!
 //! An object created again after its owner is gone (a terminating replica re-applying the
 //! webhook configuration) names an owner that no longer exists, and the collector deletes it.
+//!
+//! Every object the operator owns is written the one way [`server_side_apply`] says.
 
 use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::Resource;
-use kube::api::{Api, Patch};
+use kube::api::{Api, Patch, PatchParams};
 use kube::core::PartialObjectMetaExt;
 use serde::de::DeserializeOwned;
+
+/// How the operator writes the objects it owns: server-side apply as `podlock-operator`,
+/// taking over any field another manager set (the operator is the one to say what they hold).
+pub fn server_side_apply() -> PatchParams {
+    PatchParams::apply("podlock-operator").force()
+}
 
 /// The owner reference to ClusterRole `name`, if one is named.
 pub async fn cluster_role(
@@ -46,7 +54,7 @@ where
         ..ObjectMeta::default()
     };
     let patch = Patch::Apply(metadata.into_request_partial::<K>());
-    api.patch_metadata(name, &super::server_side_apply(), &patch)
+    api.patch_metadata(name, &server_side_apply(), &patch)
         .await
         .map(|_| ())
 }

@@ -347,7 +347,7 @@ async fn patch_status(
         types: TypeMeta::resource::<DistributedLock>(),
         status,
     };
-    let params = super::server_side_apply();
+    let params = super::owner::server_side_apply();
     api.patch_status(&dl.name_any(), &params, &Patch::Apply(&apply))
         .await?;
     Ok(())

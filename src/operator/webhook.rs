@@ -87,7 +87,7 @@ pub async fn keep_configuration(
     owner: Option<OwnerReference>,
 ) {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client);
-    let params = super::server_side_apply();
+    let params = super::owner::server_side_apply();
     loop {
         let bundle = ca.borrow_and_update().clone();
         let config = configuration(
