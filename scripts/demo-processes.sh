@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\033[1m[demo]\033[0m %s\n' "$*" >&2; }
-bash scripts/setup.sh --kubernetes >/dev/null
+bash scripts/setup.sh --kubernetes --demo-only >/dev/null
 step "building podlock (release)"
 cargo build --release --locked --bin podlock --quiet
 PODLOCK=$PWD/target/release/podlock

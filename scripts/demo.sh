@@ -18,7 +18,7 @@ if [ "$(id -u)" != 0 ]; then
 fi
 
 step() { printf '\033[1m[demo]\033[0m %s\n' "$*" >&2; }
-BIN=$(bash scripts/setup.sh --node | tail -1)
+BIN=$(bash scripts/setup.sh --node --demo-only | tail -1)
 step "building podlock (release) and the images"
 cargo build --release --locked --bin podlock --quiet
 work=$(mktemp -d)

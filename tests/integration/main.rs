@@ -31,6 +31,7 @@ mod requests;
 mod restarts;
 mod safety;
 mod settings_change;
+mod setup_script;
 mod stalled_member;
 mod startup;
 mod status_size;
