@@ -13,7 +13,8 @@
 #                     k8s.io/kubernetes (about 3 + 3 minutes of compile on 2 cores), and helm
 #                     from helm.sh/helm/v3 (about 2 minutes), and promtool and prometheus from
 #                     github.com/prometheus/prometheus (the chart's alert rules are checked
-#                     with promtool; scripts/dashboard.sh runs prometheus; about 4 minutes)
+#                     with promtool; scripts/dashboard.sh runs prometheus; about 4 minutes),
+#                     and checkov from PyPI in a venv of its own (the chart's security scan)
 #   with --node:      all of --kubernetes, and for a real node (scripts/node.sh): kubelet,
 #                     kube-scheduler and kube-proxy from the same module (a minute or two once
 #                     the API server's build cache is warm), CoreDNS from github.com/coredns/coredns
@@ -22,7 +23,7 @@
 #                     shell) and binutils (strip)
 #
 #   --demo-only (with --kubernetes or --node): only what the demos run, without the tools of the
-#                     tests and benchmarks (redis-server, perf, hadolint, Porcupine, promtool,
+#                     tests and benchmarks (redis-server, perf, hadolint, Porcupine, promtool, checkov,
 #                     prometheus)
 #   --list:           names what this run would provide, one per line, and installs nothing
 #
@@ -34,6 +35,7 @@ ETCD_VERSION="${ETCD_VERSION:-v3.5.17}"
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.13.1}"
+CHECKOV_VERSION="${CHECKOV_VERSION:-3.3.30}"
 # Prometheus 3.x; its Go module numbers releases v0.3xx.y.
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 WITH_KUBERNETES=false WITH_NODE=false TEST_TOOLS=true LIST=false
@@ -173,6 +175,22 @@ build_kube_cmds() {
   rm -rf "$work"
 }
 
+# install_checkov: checkov at CHECKOV_VERSION in a venv of its own under the cache (its pinned
+# dependencies stay out of the system's Python), linked as $BIN/checkov.
+install_checkov() {
+  local venv="$CACHE/checkov-venv"
+  if [ -x "$BIN/checkov" ] && [ "$(cat "$BIN/.checkov.version" 2>/dev/null)" = "$CHECKOV_VERSION" ]; then
+    step "checkov $CHECKOV_VERSION: cached in $venv"
+    return
+  fi
+  step "installing checkov $CHECKOV_VERSION from PyPI into $venv (a minute or two)"
+  rm -rf "$venv"
+  python3 -m venv "$venv" >&2
+  "$venv/bin/pip" install --quiet "checkov==$CHECKOV_VERSION" >&2
+  ln -sf "$venv/bin/checkov" "$BIN/checkov"
+  echo "$CHECKOV_VERSION" >"$BIN/.checkov.version"
+}
+
 # kube_cmds CMD...: builds those of CMD this run provides, in one module resolution.
 kube_cmds() {
   local cmd wanted_cmds=()
@@ -234,6 +252,7 @@ if $WITH_KUBERNETES; then
   kube_cmds kube-apiserver kube-controller-manager
   wanted helm && build_go_cmd helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
   wanted promtool test && build_go_cmd promtool github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION"
+  wanted checkov test && install_checkov
   wanted prometheus test && build_go_cmd prometheus github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/prometheus "$PROMETHEUS_VERSION"
 fi
 if $WITH_NODE; then

@@ -8,6 +8,7 @@ mod api;
 mod certs;
 mod chart;
 mod chart_etcd;
+mod chart_scan;
 mod checkz;
 mod connection;
 mod dashboards;

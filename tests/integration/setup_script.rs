@@ -64,6 +64,7 @@ fn the_demo_setup_builds_no_tool_of_the_tests() {
     assert!(demo.is_subset(&all), "{demo:?} against {all:?}");
     let left_out: BTreeSet<&str> = all.difference(&demo).map(String::as_str).collect();
     let test_tools = BTreeSet::from([
+        "checkov",
         "hadolint",
         "perf",
         "porcupine",
