@@ -29,13 +29,10 @@ fn doubling(first: Duration, longest: Duration) -> Policy {
         .without_max_times()
 }
 
-/// An engine request to etcd sent again after a failure: from 100 ms up to 2 s. Within one
-/// request's 5 s budget (`lock::etcd`, whose hedge sends it again after 500 ms anyway) the first
-/// pauses count: a refused connection fails at once, and 50 to 100 ms keeps a down etcd from
-/// being asked in a tight loop while the next attempt, to another member, still comes well
-/// before the hedge. A write that must land past the budget (a grant's record, a key's removal)
-/// has already waited up to 5 s per attempt: 2 s between them keeps every sidecar from asking
-/// an etcd that is coming back at once.
+/// An engine write to etcd that must land past one request's budget (a grant's record, a key's
+/// removal), sent again after a failure: from 100 ms up to 2 s. Each attempt has already waited
+/// up to its 5 s budget (`lock::etcd`, which retries within it after a fixed 50 ms, see there):
+/// 2 s between attempts keeps every sidecar from asking an etcd that is coming back at once.
 pub fn etcd() -> Policy {
     doubling(Duration::from_millis(100), Duration::from_secs(2))
 }
@@ -68,7 +65,7 @@ pub fn rewatch() -> Policy {
 }
 
 /// One run of retries under a policy, for a loop that paces itself rather than retrying one
-/// call (a hedged request, a keepalive, a lock's requeue); a new run starts from the first
+/// call (a keepalive, a lock's requeue, a re-list); a new run starts from the first
 /// pause again.
 #[derive(Debug)]
 pub struct Pauses(<Policy as BackoffBuilder>::Backoff);
