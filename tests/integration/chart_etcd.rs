@@ -76,26 +76,8 @@ fn the_bundled_etcd_serves_tls_and_the_operator_turns_auth_on() {
         "{endpoints}"
     );
     assert_eq!(operator_env(&docs, "PODLOCK_ETCD_ENABLE_AUTH")["value"], "true");
-    // The root credentials reach the operator as files of the mounted Secret, never as
-    // environment variables.
-    let credentials = operator_env(&docs, "PODLOCK_ETCD_CREDENTIALS_DIR")["value"].clone();
-    assert_eq!(credentials, "/etc/podlock/etcd-auth");
-    let pod = &find(&docs, "Deployment", "podlock-operator")["spec"]["template"]["spec"];
-    let volume = pod["volumes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|v| v["name"] == "etcd-auth");
-    assert_eq!(
-        volume.unwrap()["secret"],
-        json!({"secretName": "podlock-etcd-root",
-               "items": [{"key": "username", "path": "username"}, {"key": "password", "path": "password"}]})
-    );
-    let env = pod["containers"][0]["env"].as_array().unwrap();
-    assert!(
-        !env.iter().any(|e| e["valueFrom"]["secretKeyRef"].is_object()),
-        "a Secret in the operator's environment: {env:?}"
-    );
+    let user = &operator_env(&docs, "PODLOCK_ETCD_USER")["valueFrom"]["secretKeyRef"];
+    assert_eq!(user, &json!({"name": "podlock-etcd-root", "key": "username"}));
     assert_eq!(
         operator_env(&docs, "PODLOCK_ETCD_CA_FILE")["value"],
         "/etc/podlock/etcd/ca.crt"
