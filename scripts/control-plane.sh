@@ -27,8 +27,10 @@ for b in etcd kube-apiserver kube-controller-manager; do
 done
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-# Each child gets SIGKILL when this script dies, however it dies.
-child() { setpriv --pdeathsig KILL "$@" & }
+# Each child gets SIGKILL when this script dies, however it dies. In a session of its own, so
+# that a terminal's Ctrl-C reaches this script and its caller, not the API server under a
+# node that still tears down.
+child() { setsid setpriv --pdeathsig KILL "$@" & }
 trap 'kill $(jobs -p) 2>/dev/null || true' EXIT
 
 etcd_port=$(free_port); peer_port=$(free_port); api_port=$(free_port); kcm_port=$(free_port)

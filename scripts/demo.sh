@@ -22,20 +22,34 @@ BIN=$(bash scripts/setup.sh --node --demo-only | tail -1)
 step "building podlock (release) and the images"
 cargo build --release --locked --bin podlock --quiet
 work=$(mktemp -d)
-node_pid=""
+node_pid="" plane_pid=""
+# Leaves nothing behind, whenever it runs: at the end, on an error, or on Ctrl-C (SIGINT) or
+# SIGTERM to the demo's process group at any step. The node goes first (it needs its directory
+# to tear down), then the control plane, then the directory.
 cleanup() {
+  trap '' INT TERM # a second Ctrl-C does not cut the teardown short
   [ -z "$node_pid" ] || { kill -TERM "$node_pid" 2>/dev/null || true; wait "$node_pid" 2>/dev/null || true; }
+  # node.sh tears down on SIGTERM; this catches what a node.sh that could not (killed) left.
+  if [ -d "$work/cp/node" ] && ! out=$(bash scripts/node.sh down "$work/cp" 2>&1); then
+    echo "$out" >&2
+  fi
   kill $(jobs -p) 2>/dev/null || true
   wait 2>/dev/null || true
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap 'step "interrupted: tearing down"; exit 130' INT
+trap 'step "terminated: tearing down"; exit 143' TERM
 bash scripts/images.sh "$work/images" target/release/podlock 2>/dev/null
 . "$work/images/images.env"
 
 step "starting etcd, kube-apiserver and kube-controller-manager, then the node (containerd, kubelet, kube-proxy, CoreDNS)"
 bash scripts/control-plane.sh "$work/cp" --node &
-until [ -f "$work/cp/ready" ]; do sleep 0.2; done
+plane_pid=$!
+until [ -f "$work/cp/ready" ]; do
+  kill -0 "$plane_pid" 2>/dev/null || { tail -20 "$work/cp"/*.log >&2; exit 1; }
+  sleep 0.2
+done
 bash scripts/node.sh up "$work/cp" "$work/images" 2>"$work/node.log" &
 node_pid=$!
 until [ -f "$work/cp/node/ready" ]; do

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A real single-node worker for the control plane of `scripts/control-plane.sh DIR --node`:
 # containerd (Debian's, CRI built in) with runc, the bridge CNI plugin, CoreDNS, kubelet,
-# kube-proxy (iptables mode) and kube-scheduler, so that Pods really run on this machine.
+# kube-proxy (iptables mode), kube-scheduler and kube-router's NetworkPolicy controller, so that
+# Pods really run on this machine.
 #
 #   scripts/node.sh up DIR [IMAGES_DIR]   runs in the foreground until SIGTERM or SIGINT, then
 #                                         tears down; imports IMAGES_DIR/*.tar (scripts/images.sh)
@@ -15,7 +16,9 @@
 # cluster.local (it forwards nothing), and forwarding is allowed only from the bridge to the
 # bridge: a pod's packet to any other address is dropped. Tear-down removes every process,
 # mount, network namespace, the bridge, the iptables rules and chains of kubelet, kube-proxy
-# and CNI, and the kubepods cgroups, and restores net.ipv4.ip_forward.
+# and CNI, kube-router's chains and sets, every process left in the pods' cgroups and
+# the cgroups, and restores net.ipv4.ip_forward. Its components run in sessions of their own: a
+# Ctrl-C reaches only the scripts, which tear down in order.
 set -euo pipefail
 cmd=${1:-}
 dir=$(realpath -m "${2:?usage: node.sh up|down DIR [IMAGES_DIR]}")
@@ -28,10 +31,24 @@ SYSCTLS="net.ipv4.ip_forward vm.overcommit_memory vm.panic_on_oom kernel.panic k
   kernel.keys.root_maxkeys kernel.keys.root_maxbytes"
 step() { printf '\033[1m[node]\033[0m %s\n' "$*" >&2; }
 
-# Every process of this node: the ones started here (pidfiles), and containerd's shims.
+# Every process of this node: the ones started here (pidfiles, or found by their state
+# directory when a pidfile is gone), and containerd's shims.
 node_pids() {
   cat "$state"/*.pid 2>/dev/null || true
-  pgrep -f -- "-address $state/containerd.sock" || true
+  pgrep -f -- "$state/" || true
+}
+
+# Every process in the pods' cgroups (containers and their children, pause), whatever became of
+# containerd, its shims and the kubelet: SIGKILL until none is left.
+kill_pod_processes() {
+  local pids
+  for _ in $(seq 50); do
+    pids=$(find /sys/fs/cgroup/*/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
+    [ -z "$pids" ] && return 0
+    kill -9 $pids 2>/dev/null || true
+    sleep 0.1
+  done
+  echo "node: processes in the pods' cgroups survive SIGKILL: $pids" >&2
 }
 
 stop_processes() {
@@ -50,6 +67,7 @@ stop_processes() {
     sleep 0.1
   done
   [ -n "$pids" ] && kill -9 $pids 2>/dev/null || true
+  kill_pod_processes
   rm -f "$state"/*.pid
 }
 
@@ -87,6 +105,7 @@ down() {
   ip rule del priority "$RULE" 2>/dev/null || true
   ip route flush table "$RULE" 2>/dev/null || true
   remove_iptables
+  remove_ipsets
   # Kernel settings the kubelet and the bridge plugin change, as they were before `up`.
   if [ -f "$state/sysctl.conf" ]; then
     sysctl -q -p "$state/sysctl.conf" >/dev/null
@@ -96,7 +115,8 @@ down() {
     [ -d "$h/kubepods" ] && find "$h/kubepods" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   done
   local left
-  left=$(node_pids; ip link show "$BRIDGE" 2>/dev/null | head -1; ls -d /sys/fs/cgroup/*/kubepods 2>/dev/null || true)
+  left=$(node_pids; ip link show "$BRIDGE" 2>/dev/null | head -1; ls -d /sys/fs/cgroup/*/kubepods 2>/dev/null
+    ipset list -n 2>/dev/null | grep -E '^(KUBE-|kube-router)' || true)
   [ -z "$left" ] || { echo "node: left behind: $left" >&2; return 1; }
   step "node torn down"
 }
@@ -128,11 +148,13 @@ JSON
 }
 
 # start NAME CMD...: runs CMD in the background (killed if this script dies), logging to
-# $state/NAME.log, its pid in $state/NAME.pid.
+# $state/NAME.log, its pid in $state/NAME.pid. In a session of its own: a terminal's Ctrl-C (a
+# SIGINT to the foreground process group) reaches this script, which tears down in order, and
+# not containerd and the kubelet, which would die at once and orphan the pods' processes.
 start() {
   local name=$1
   shift
-  setpriv --pdeathsig TERM "$@" >"$state/$name.log" 2>&1 &
+  setsid setpriv --pdeathsig TERM "$@" >"$state/$name.log" 2>&1 &
   echo $! >"$state/$name.pid"
 }
 
@@ -237,6 +259,34 @@ proxy_and_scheduler_up() {
     --leader-elect=false --secure-port "$(free_port)" --bind-address 127.0.0.1
 }
 
+# NetworkPolicy enforcement: kube-router's network policy controller alone (no routing, no
+# service proxy), a process of the node like kube-proxy, on iptables and ipset. SIG Network's
+# kube-network-policies (what kind runs) needs the kernel's nftables queue expression, which
+# this machine's kernel lacks (CONFIG_NFT_QUEUE). Ready once its forward chain is in place.
+policies_up() {
+  step "kube-router $("$BIN/kube-router" --version 2>&1 | grep -o 'v[0-9.]*' | head -1): NetworkPolicy enforcement (iptables, ipset)"
+  start kube-router "$BIN/kube-router" --run-firewall=true --run-router=false --run-service-proxy=false \
+    --kubeconfig "$KUBECONFIG" --hostname-override "$NODE_NAME" --service-cluster-ip-range "$SERVICE_CIDR" \
+    --health-port 0 --metrics-port 0
+  local start=$SECONDS
+  until iptables -S KUBE-ROUTER-FORWARD >/dev/null 2>&1; do
+    if [ $((SECONDS - start)) -ge 60 ]; then
+      echo "node: kube-router did not set up its chains within 60 s; its log ends:" >&2
+      tail -20 "$state/kube-router.log" >&2
+      exit 1
+    fi
+    sleep 0.5
+  done
+}
+
+# kube-router's sets, once no rule refers to them.
+remove_ipsets() {
+  local set
+  for set in $(ipset list -n 2>/dev/null | grep -E '^(KUBE-|kube-router)' || true); do
+    ipset destroy "$set" 2>/dev/null || true
+  done
+}
+
 # Volumes for PersistentVolumeClaims (the bundled etcd's): the node has no storage provisioner,
 # so it offers a few hostPath PersistentVolumes of its own, without a StorageClass, which claims
 # without one bind to. Writable by any user: fsGroup does not apply to hostPath.
@@ -262,10 +312,10 @@ YAML
 
 up() {
   local images=$1 b
-  for b in kubelet kube-proxy kube-scheduler coredns; do
+  for b in kubelet kube-proxy kube-scheduler coredns kube-router; do
     [ -x "$BIN/$b" ] || { echo "node: no $BIN/$b: run scripts/setup.sh --node" >&2; exit 1; }
   done
-  for b in containerd runc ctr iptables /usr/lib/cni/bridge; do
+  for b in containerd runc ctr iptables ipset /usr/lib/cni/bridge; do
     command -v "$b" >/dev/null || { echo "node: no $b: run scripts/setup.sh --node" >&2; exit 1; }
   done
   [ -f "$dir/env" ] || { echo "node: no $dir/env: start scripts/control-plane.sh $dir --node first" >&2; exit 1; }
@@ -297,6 +347,7 @@ up() {
     sleep 0.5
   done
   volumes
+  policies_up
   printf 'CONTAINERD_ADDRESS=%s\nNODE_NAME=%s\nNODE_IP=%s\n' "$state/containerd.sock" "$NODE_NAME" "$NODE_IP" >"$state/env"
   touch "$state/ready"
   step "node $NODE_NAME is Ready"

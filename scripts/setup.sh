@@ -18,7 +18,8 @@
 #   with --node:      all of --kubernetes, and for a real node (scripts/node.sh): kubelet,
 #                     kube-scheduler and kube-proxy from the same module (a minute or two once
 #                     the API server's build cache is warm), CoreDNS from github.com/coredns/coredns
-#                     (only its kubernetes, bind and errors plugins), and Debian's containerd, runc,
+#                     (only its kubernetes, bind and errors plugins), kube-router from its module
+#                     (NetworkPolicy enforcement only), and Debian's containerd, runc, ipset,
 #                     containernetworking-plugins, busybox-static (the demo app image's
 #                     shell) and binutils (strip)
 #
@@ -35,6 +36,7 @@ ETCD_VERSION="${ETCD_VERSION:-v3.5.17}"
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.13.1}"
+KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
 CHECKOV_VERSION="${CHECKOV_VERSION:-3.3.30}"
 # Prometheus 3.x; its Go module numbers releases v0.3xx.y.
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
@@ -263,6 +265,12 @@ if $WITH_NODE; then
   wanted strip && apt_install strip binutils "scripts/images.sh strips the podlock binary"
   kube_cmds kubelet kube-scheduler kube-proxy
   wanted coredns && build_coredns
+  # NetworkPolicy enforcement (the node's bridge CNI enforces none): kube-router's network
+  # policy controller, on iptables and ipset. SIG Network's kube-network-policies needs the
+  # kernel's nftables queue expression, which this machine kind's kernel lacks (see docs/node.md).
+  wanted ipset && apt_install ipset ipset "kube-router's NetworkPolicy sets"
+  wanted kube-router && build_go_cmd kube-router github.com/cloudnativelabs/kube-router/v2 \
+    github.com/cloudnativelabs/kube-router/v2/cmd/kube-router "$KUBE_ROUTER_VERSION"
 fi
 
 $LIST || echo "$BIN"

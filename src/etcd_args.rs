@@ -24,6 +24,11 @@ pub struct EtcdArgs {
     /// etcd password (etcd auth).
     #[arg(long, env = "PODLOCK_ETCD_PASSWORD", hide_env_values = true)]
     pub etcd_password: Option<String>,
+    /// A directory holding the etcd user name and password as files `username` and `password`
+    /// (a mounted Secret of type kubernetes.io/basic-auth), instead of --etcd-user and
+    /// --etcd-password: the password stays out of the process's environment.
+    #[arg(long, env = "PODLOCK_ETCD_CREDENTIALS_DIR", conflicts_with_all = ["etcd_user", "etcd_password"])]
+    pub etcd_credentials_dir: Option<PathBuf>,
     /// CA certificate (PEM) to verify etcd's serving certificate.
     #[arg(long, env = "PODLOCK_ETCD_CA_FILE")]
     pub etcd_ca_file: Option<PathBuf>,
@@ -56,6 +61,27 @@ impl EtcdArgs {
         Ok(clients)
     }
 
+    /// Whether podlock talks to etcd as a user (etcd auth): from the flags or a credentials
+    /// directory. Namespace isolation hangs on this, not on `--etcd-user` alone.
+    pub fn has_credentials(&self) -> bool {
+        self.etcd_user.is_some() || self.etcd_credentials_dir.is_some()
+    }
+
+    /// The etcd user name and password, from the flags or the credentials directory; `None`
+    /// without etcd auth.
+    pub fn credentials(&self) -> anyhow::Result<Option<(String, String)>> {
+        let Some(dir) = &self.etcd_credentials_dir else {
+            return Ok(self.etcd_user.clone().zip(self.etcd_password.clone()));
+        };
+        let read = |name: &str| {
+            let path = dir.join(name);
+            std::fs::read_to_string(&path)
+                .map(|s| s.trim_end_matches(['\r', '\n']).to_string())
+                .map_err(|e| anyhow::anyhow!("--etcd-credentials-dir: cannot read {}: {e}", path.display()))
+        };
+        Ok(Some((read("username")?, read("password")?)))
+    }
+
     async fn connect_to(&self, endpoints: &[String]) -> anyhow::Result<Client> {
         let tls = self.tls()?;
         let mut opts = ConnectOptions::new()
@@ -64,7 +90,7 @@ impl EtcdArgs {
             .with_keep_alive(PING_EVERY, PING_TIMEOUT)
             .with_keep_alive_while_idle(true)
             .with_require_leader(true);
-        if let (Some(user), Some(password)) = (&self.etcd_user, &self.etcd_password) {
+        if let Some((user, password)) = self.credentials()? {
             opts = opts.with_user(user, password);
         }
         let connected = match (endpoints, tls) {
@@ -124,4 +150,38 @@ fn endpoint(url: &str, tls: Option<TlsOptions>) -> anyhow::Result<Endpoint> {
         None => {}
     }
     Ok(endpoint)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        etcd: EtcdArgs,
+    }
+
+    #[test]
+    fn credentials_come_from_the_flags_or_the_mounted_secret() {
+        let flags = Cli::parse_from(["x", "--etcd-user", "u", "--etcd-password", "p"]).etcd;
+        assert_eq!(flags.credentials().unwrap(), Some(("u".into(), "p".into())));
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("username"), "root").unwrap();
+        std::fs::write(dir.path().join("password"), "s3cret\n").unwrap();
+        let path = dir.path().to_str().unwrap();
+        let mounted = Cli::parse_from(["x", "--etcd-credentials-dir", path]).etcd;
+        assert!(mounted.has_credentials() && flags.has_credentials());
+        assert!(!Cli::parse_from(["x"]).etcd.has_credentials());
+        assert_eq!(
+            mounted.credentials().unwrap(),
+            Some(("root".into(), "s3cret".into()))
+        );
+        std::fs::remove_file(dir.path().join("password")).unwrap();
+        let missing = mounted.credentials().unwrap_err().to_string();
+        assert!(missing.contains("password"), "{missing}");
+        let both = Cli::try_parse_from(["x", "--etcd-credentials-dir", path, "--etcd-password", "p"]);
+        assert!(both.is_err(), "a password given twice was taken");
+    }
 }

@@ -13,8 +13,12 @@ use crate::retry::{self, Pauses};
 /// Makes sure etcd has auth on with `root` and the password in `etcd`, and returns a store
 /// connected as root.
 pub async fn enable(etcd: &EtcdArgs) -> anyhow::Result<Store> {
-    let (Some("root"), Some(password)) = (etcd.etcd_user.as_deref(), etcd.etcd_password.as_deref()) else {
-        anyhow::bail!("--etcd-enable-auth needs --etcd-user root and --etcd-password");
+    let password = match etcd.credentials()? {
+        Some((user, password)) if user == "root" => password,
+        _ => anyhow::bail!(
+            "--etcd-enable-auth needs user root and its password (--etcd-user and --etcd-password, \
+             or --etcd-credentials-dir)"
+        ),
     };
     let root = || async { etcd.connect().await.map(Store::new) };
     let refused = match root().await {
@@ -24,6 +28,7 @@ pub async fn enable(etcd: &EtcdArgs) -> anyhow::Result<Store> {
     let anonymous = EtcdArgs {
         etcd_user: None,
         etcd_password: None,
+        etcd_credentials_dir: None,
         ..etcd.clone()
     };
     let (mut last, mut pauses) = (None, Pauses::new(retry::etcd()));
@@ -31,7 +36,7 @@ pub async fn enable(etcd: &EtcdArgs) -> anyhow::Result<Store> {
         // Each step is repeatable, so a replica that raced another (both adding root) or one
         // that stopped halfway simply goes through them again.
         match anonymous.connect().await {
-            Ok(c) => match Store::new(c).enable_auth(password).await {
+            Ok(c) => match Store::new(c).enable_auth(&password).await {
                 Ok(()) => {
                     info!("etcd auth was off: added user root and turned auth on");
                     return root().await;

@@ -203,7 +203,7 @@ fn context(
         recorder: Recorder::new(client.clone(), reporter),
         holder_events: reconcile::EventLimit::default(),
         backoff: backoff::Backoff::default(),
-        isolation: isolation::Isolation::new(args.etcd.etcd_user.is_some(), ca),
+        isolation: isolation::Isolation::new(args.etcd.has_credentials(), ca),
     }))
 }
 
@@ -236,6 +236,7 @@ fn sidecar_template(args: &OperatorArgs, ctx: &Context) -> inject::SidecarTempla
     let endpoints = args.webhook.sidecar_etcd_endpoints.clone();
     inject::SidecarTemplate {
         image: args.webhook.sidecar_image.clone(),
+        instance: args.webhook.instance.clone(),
         etcd_endpoints: endpoints.unwrap_or_else(|| args.etcd.etcd_endpoints.join(",")),
         credentials_secret: ctx.isolation.enabled().then(|| isolation::SECRET.to_string()),
         etcd_ca: ctx.isolation.has_ca(),

@@ -73,6 +73,23 @@ pub struct WebhookArgs {
     /// etcd endpoints given to injected sidecars (default: the operator's own).
     #[arg(long, env = "PODLOCK_SIDECAR_ETCD_ENDPOINTS")]
     pub sidecar_etcd_endpoints: Option<String>,
+    /// The installation's name (the chart passes its release name): injected pods are labelled
+    /// `podlock.io/instance=<this>`, which the bundled etcd's NetworkPolicy admits.
+    #[arg(long, env = "PODLOCK_INSTANCE", default_value = "podlock", value_parser = label_value)]
+    pub instance: String,
+}
+
+/// A Kubernetes label value: at most 63 characters, alphanumerics and `-_.` inside.
+fn label_value(value: &str) -> Result<String, String> {
+    let inner = |c: char| c.is_ascii_alphanumeric() || "-_.".contains(c);
+    let ends = |c: Option<char>| c.is_some_and(|c| c.is_ascii_alphanumeric());
+    let ok = value.len() <= 63
+        && value.chars().all(inner)
+        && ends(value.chars().next())
+        && ends(value.chars().last());
+    ok.then(|| value.to_string()).ok_or_else(|| {
+        format!("{value:?} is not a label value (at most 63 characters: letters, digits and -_. inside)")
+    })
 }
 
 /// Creates or updates the MutatingWebhookConfiguration (server-side apply) every minute, so
@@ -361,4 +378,18 @@ async fn ensure_credentials(ctx: &Context, namespace: &str) {
         error = failure,
         "could not give the namespace its etcd credentials before injecting; its sidecars may start without them"
     );
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_instance_must_be_a_label_value() {
+        for good in ["podlock", "team-a.locks_2", "a"] {
+            assert_eq!(super::label_value(good).as_deref(), Ok(good));
+        }
+        for bad in ["", "-podlock", "podlock-", "pod lock", "a/b", &"x".repeat(64)] {
+            let err = super::label_value(bad).unwrap_err();
+            assert!(err.contains("label value"), "{bad:?}: {err}");
+        }
+    }
 }

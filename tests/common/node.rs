@@ -17,8 +17,13 @@ use super::{bin_dir, log_file, spawn_dying_with_parent, wait_until};
 
 const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts");
 
+/// The node test bed: one node at a time on this machine (it owns the bridge `podlock0`), so
+/// every test that starts one holds this first.
+pub static BED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// A control plane and a node of this machine; torn down on drop.
 pub struct Node {
+    _bed: tokio::sync::MutexGuard<'static, ()>,
     plane: Option<Child>,
     node: Option<Child>,
     dir: tempfile::TempDir,
@@ -28,13 +33,32 @@ pub struct Node {
     pub images: HashMap<String, String>,
 }
 
+/// Whether a node can run here; prints why not and returns false (a test then skips), except
+/// under CI, where it fails.
+pub fn can_run() -> bool {
+    let Some(why) = missing() else { return true };
+    assert!(
+        std::env::var_os("CI").is_none(),
+        "a node test cannot run in CI: {why}"
+    );
+    eprintln!("SKIPPED: no real node on this machine: {why}");
+    false
+}
+
 /// Why a node cannot run here, or `None` when it can.
 fn missing() -> Option<String> {
     if unsafe { libc::geteuid() } != 0 {
         return Some("not root (containerd, the kubelet and the pod network need root)".into());
     }
     let bin = bin_dir();
-    for b in ["kubelet", "kube-proxy", "kube-scheduler", "coredns", "helm"] {
+    for b in [
+        "kubelet",
+        "kube-proxy",
+        "kube-scheduler",
+        "coredns",
+        "kube-router",
+        "helm",
+    ] {
         if !bin.join(b).exists() {
             return Some(format!(
                 "no {}: run scripts/setup.sh --node",
@@ -59,14 +83,10 @@ impl Node {
     /// Starts the control plane and the node and imports the images built from `podlock`;
     /// `None` (with a printed reason) when this machine cannot run a node outside CI.
     pub async fn start(podlock: &str) -> Option<Self> {
-        if let Some(why) = missing() {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "a node test cannot run in CI: {why}"
-            );
-            eprintln!("SKIPPED: no real node on this machine: {why}");
+        if !can_run() {
             return None;
         }
+        let bed = BED.lock().await;
         let dir = tempfile::Builder::new()
             .prefix("podlock-node-")
             .tempdir()
@@ -81,6 +101,7 @@ impl Node {
                 .stderr(log_file(dir.path(), "control-plane.log")),
         );
         let mut node = Node {
+            _bed: bed,
             plane: Some(plane),
             node: None,
             kubeconfig: dir.path().join("kubeconfig"),

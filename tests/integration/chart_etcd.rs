@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 
 use crate::chart::{CHART, helm, render};
 use crate::common::kube::{ControlPlane, with_crd};
-use podlock::operator::inject::SIDECAR_LABEL;
+use podlock::operator::inject::{INSTANCE_LABEL, SIDECAR_LABEL};
 
 /// The rendered documents, as JSON.
 fn documents(rendered: &str) -> Vec<Value> {
@@ -76,8 +76,26 @@ fn the_bundled_etcd_serves_tls_and_the_operator_turns_auth_on() {
         "{endpoints}"
     );
     assert_eq!(operator_env(&docs, "PODLOCK_ETCD_ENABLE_AUTH")["value"], "true");
-    let user = &operator_env(&docs, "PODLOCK_ETCD_USER")["valueFrom"]["secretKeyRef"];
-    assert_eq!(user, &json!({"name": "podlock-etcd-root", "key": "username"}));
+    // The root credentials reach the operator as files of the mounted Secret, never as
+    // environment variables.
+    let credentials = operator_env(&docs, "PODLOCK_ETCD_CREDENTIALS_DIR")["value"].clone();
+    assert_eq!(credentials, "/etc/podlock/etcd-auth");
+    let pod = &find(&docs, "Deployment", "podlock-operator")["spec"]["template"]["spec"];
+    let volume = pod["volumes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|v| v["name"] == "etcd-auth");
+    assert_eq!(
+        volume.unwrap()["secret"],
+        json!({"secretName": "podlock-etcd-root",
+               "items": [{"key": "username", "path": "username"}, {"key": "password", "path": "password"}]})
+    );
+    let env = pod["containers"][0]["env"].as_array().unwrap();
+    assert!(
+        !env.iter().any(|e| e["valueFrom"]["secretKeyRef"].is_object()),
+        "a Secret in the operator's environment: {env:?}"
+    );
     assert_eq!(
         operator_env(&docs, "PODLOCK_ETCD_CA_FILE")["value"],
         "/etc/podlock/etcd/ca.crt"
@@ -216,7 +234,7 @@ fn admitted(plane: &ControlPlane, policy_ns: &str, rule: &Value) -> BTreeSet<Str
 }
 
 #[tokio::test]
-async fn the_network_policy_admits_only_the_operator_injected_pods_and_members() {
+async fn the_network_policy_admits_only_the_operator_this_releases_injected_pods_and_members() {
     let plane = with_crd();
     let (release, app) = (plane.namespace("np-release"), plane.namespace("np-app"));
     let (ok, out, err) = helm(&[
@@ -251,7 +269,14 @@ async fn the_network_policy_admits_only_the_operator_injected_pods_and_members()
         plane,
         &app,
         "injected",
-        &json!({SIDECAR_LABEL: "true", "app": "web"}),
+        &json!({SIDECAR_LABEL: "true", INSTANCE_LABEL: "podlock", "app": "web"}),
+    );
+    // Injected by another release's webhook: labelled with that release.
+    pod(
+        plane,
+        &app,
+        "other-release",
+        &json!({SIDECAR_LABEL: "true", INSTANCE_LABEL: "other", "app": "web"}),
     );
     pod(plane, &app, "plain", &json!({"app": "web"}));
     pod(

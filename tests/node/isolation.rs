@@ -2,9 +2,10 @@
 //! etcd credentials (as its injected sidecar has them) can read `tenant`'s keys but neither
 //! read nor delete namespace `app`'s, and a pod without credentials gets nothing from etcd,
 //! whether it speaks plain HTTP, TLS without a user, or guesses root's password. etcdctl runs
-//! in pods from the bundled etcd's own image. The node's bridge CNI does not enforce
-//! NetworkPolicy, so these pods reach etcd's port: what refuses them here is TLS and auth
-//! (the policy's selectors are tested on the API server, `chart_etcd`).
+//! in pods from the bundled etcd's own image. Both pods carry the labels of an injected pod
+//! (any pod may label itself so), so the NetworkPolicy lets them reach etcd's port: what
+//! refuses the one without credentials is TLS and auth (`network_policy` shows the policy
+//! refusing pods without those labels).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -18,13 +19,12 @@ https://podlock-etcd-1.podlock-etcd.podlock.svc:2379,https://podlock-etcd-2.podl
 /// etcdctl's timeouts, so that a refused connection ends the command.
 const TIMEOUTS: &str = "{name: ETCDCTL_DIAL_TIMEOUT, value: 5s}, {name: ETCDCTL_COMMAND_TIMEOUT, value: 10s}";
 
-/// A pod in namespace `tenant` running one etcdctl command per container (`name`, args). With
-/// `credentials`, it is labelled like an injected pod (the NetworkPolicy would admit it) and
-/// has what the sidecar has: the namespace's Secret `podlock-etcd` (user, password, CA).
+/// A pod in namespace `tenant`, labelled like an injected pod, running one etcdctl command per
+/// container (`name`, args). With `credentials`, it has what the sidecar has: the namespace's
+/// Secret `podlock-etcd` (user, password, CA).
 fn etcdctl_pod(node: &Node, name: &str, credentials: bool, commands: &[(&str, &str)]) -> String {
-    let (labels, env, mount, volumes) = match credentials {
+    let (env, mount, volumes) = match credentials {
         true => (
-            "podlock.io/sidecar: \"true\"",
             format!(
                 "{TIMEOUTS}, {{name: ETCDCTL_ENDPOINTS, value: \"{ENDPOINTS}\"}}, \
                  {{name: ETCDCTL_CACERT, value: /creds/ca.crt}}, \
@@ -34,8 +34,9 @@ fn etcdctl_pod(node: &Node, name: &str, credentials: bool, commands: &[(&str, &s
             ", volumeMounts: [{name: creds, mountPath: /creds}]",
             "  volumes: [{name: creds, secret: {secretName: podlock-etcd}}]\n",
         ),
-        false => ("app: stranger", TIMEOUTS.to_string(), "", ""),
+        false => (TIMEOUTS.to_string(), "", ""),
     };
+    let labels = "podlock.io/sidecar: \"true\", podlock.io/instance: podlock";
     let containers: Vec<String> = commands
         .iter()
         .map(|(c, args)| {

@@ -7,8 +7,11 @@
 mod common;
 
 mod holder_service;
+mod interrupt;
 mod isolation;
 mod lifecycle;
+mod network_policy;
+mod upgrade;
 mod workload;
 
 use common::node::Node;
@@ -132,6 +135,7 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     let client = node.client().await;
     workload::deploy(&node).await;
     isolation::a_namespace_cannot_touch_anothers_keys_nor_anyone_etcd_without_credentials(&node);
+    network_policy::etcd_admits_only_this_releases_sidecars_and_the_operator(&node);
     holder_service::the_service_follows_the_holder(&node, &client).await;
     workload::pod_deletion_hands_the_lock_on(&node, &client).await;
     workload::app_crash_ends_the_hold(&node).await;

@@ -5,8 +5,10 @@
 //! current sidecar (a `helm upgrade` of podlock reaches the next pods) and workloads never
 //! carry a frozen copy of it. A Pod annotated `podlock.io/inject: "true"` (from its own
 //! metadata or its workload's pod template) gets a native sidecar (an init container with
-//! `restartPolicy: Always`) named `podlock`, the label `podlock.io/sidecar=true` (so the
-//! operator's pod watch sees it) and `PODLOCK_ADDR` in every app container.
+//! `restartPolicy: Always`) named `podlock`, the labels `podlock.io/sidecar=true` (so the
+//! operator's pod watch sees it) and `podlock.io/instance=<release>` (so the bundled etcd's
+//! NetworkPolicy admits it, and not another release's pods), and `PODLOCK_ADDR` in every app
+//! container.
 //!
 //! A Deployment, StatefulSet, DaemonSet or Job annotated in its own metadata (`kubectl
 //! annotate deployment web podlock.io/inject=true`) gets only that annotation copied into its
@@ -48,6 +50,8 @@ pub const CONTAINER_ENV: &str = "PODLOCK_CONTAINER";
 pub const OPERATOR_LABEL: (&str, &str) = ("app.kubernetes.io/component", "podlock-operator");
 /// The label that marks pods with a podlock sidecar (the operator's pod watch selects on it).
 pub const SIDECAR_LABEL: &str = "podlock.io/sidecar";
+/// The label that names the podlock installation (the chart's release) whose sidecar a pod has.
+pub const INSTANCE_LABEL: &str = "podlock.io/instance";
 /// The sidecar container's name.
 pub const SIDECAR_CONTAINER: &str = "podlock";
 /// The kinds whose pod template a workload annotation is copied into.
@@ -58,6 +62,8 @@ pub const WORKLOADS: [&str; 4] = ["Deployment", "StatefulSet", "DaemonSet", "Job
 pub struct SidecarTemplate {
     /// The podlock image.
     pub image: String,
+    /// The installation's name, the injected pods' [`INSTANCE_LABEL`].
+    pub instance: String,
     /// etcd endpoints for the sidecar, comma-separated.
     pub etcd_endpoints: String,
     /// A Secret with the namespace's etcd credentials (`username`, `password`), if any.
@@ -124,6 +130,7 @@ fn inject(tpl: &SidecarTemplate, pod: &Value) -> Result<Mutation, Error> {
     let mut mutated = pod.clone();
     let labels = ensure_object(&mut mutated, "/metadata/labels");
     labels.insert(SIDECAR_LABEL.into(), "true".into());
+    labels.insert(INSTANCE_LABEL.into(), tpl.instance.clone().into());
     let pod_spec = ensure_object(&mut mutated, "/spec");
     give_app_containers_their_env(pod_spec, options.port);
     if let Some(volume) = container::ca_volume(tpl) {

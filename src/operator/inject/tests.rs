@@ -3,6 +3,7 @@ use super::*;
 fn tpl() -> SidecarTemplate {
     SidecarTemplate {
         image: "podlock:test".into(),
+        instance: "podlock".into(),
         etcd_endpoints: "http://etcd:2379".into(),
         credentials_secret: None,
         etcd_ca: false,
@@ -52,6 +53,7 @@ fn an_annotated_pod_gets_one_native_sidecar_when_created() {
     assert!(env(0).contains(&json!({"name": CONTAINER_ENV, "value": "a"})));
     assert!(env(1).contains(&json!({"name": CONTAINER_ENV, "value": "istio-proxy"})));
     assert_eq!(out["metadata"]["labels"][SIDECAR_LABEL], "true");
+    assert_eq!(out["metadata"]["labels"][INSTANCE_LABEL], "podlock");
     // Idempotent: a second pass changes nothing.
     assert!(apply(&out, "Pod", true, "app").is_none());
 }
