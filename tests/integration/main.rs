@@ -15,6 +15,7 @@ mod dashboards;
 mod drain;
 mod etcd_tls;
 mod examples;
+mod failure_modes;
 mod holder_service;
 mod injection;
 mod isolation;
