@@ -12,6 +12,7 @@ mod chart_scan;
 mod checkz;
 mod connection;
 mod dashboards;
+mod docs;
 mod drain;
 mod etcd_tls;
 mod examples;
