@@ -6,6 +6,10 @@
 #                     a service; the benchmark starts its own on a free loopback port)
 #   ip, iptables      Debian's iproute2 and iptables (the safety checker's etcd partitions)
 #   perf              Debian's linux-perf (scripts/profile-handoff.sh)
+#   python3           Debian's python3: examples/fenced_store.py (the demo's and the tests'
+#                     fenced store) and the Python client example
+#   javac, node       Debian's openjdk-17-jdk-headless and nodejs, which run the Java and Node
+#                     client examples in their test (`java File.java` needs the JDK's compiler)
 #   etcd, etcdctl     built from the Go module go.etcd.io/etcd (server/v3, etcdctl/v3)
 #   Porcupine         the Go module github.com/anishathalye/porcupine, downloaded for the safety
 #                     run's linearizability checker (tests/linearizability/, built by the test)
@@ -91,9 +95,12 @@ apt_install() {
 
 wanted protoc && apt_install protoc protobuf-compiler "for etcd-client's build script"
 wanted redis-server test && apt_install redis-server redis-server "for bench/peers/redis-lock"
+wanted python3 && apt_install python3 python3 "the fenced store of the demo and tests, the Python example"
 wanted ip && apt_install ip iproute2 "the safety checker's partitions, and the node's pod network"
 wanted iptables && apt_install iptables iptables "the safety checker's partitions, kube-proxy and the kubelet"
 wanted perf test && apt_install perf linux-perf "scripts/profile-handoff.sh"
+wanted javac test && apt_install javac openjdk-17-jdk-headless "the Java client example's test"
+wanted node test && apt_install node nodejs "the Node client example's test"
 
 if ! wanted hadolint test; then
   :

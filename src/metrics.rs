@@ -213,6 +213,8 @@ pub struct OperatorMetrics {
     pub forced_releases: IntCounterVec,
     /// `podlock_operator_leader`: 1 while this replica leads.
     pub leader: IntGauge,
+    /// `podlock_etcd_reachable`: 1 while this replica's last probe of etcd was answered.
+    pub etcd_reachable: IntGauge,
     /// `podlock_webhook_admissions_total{kind,outcome}`: admission requests the webhook
     /// answered; `outcome` is `changed`, `unchanged`, `warned` or `denied`.
     pub admissions: IntCounterVec,
@@ -251,6 +253,11 @@ impl OperatorMetrics {
         )
         .unwrap();
         let leader = IntGauge::new("podlock_operator_leader", "1 while this replica leads").unwrap();
+        let etcd_reachable = IntGauge::new(
+            "podlock_etcd_reachable",
+            "1 while this replica's last probe of etcd (a read that needs its quorum) was answered",
+        )
+        .unwrap();
         let admissions = IntCounterVec::new(
             Opts::new(
                 "podlock_webhook_admissions_total",
@@ -261,6 +268,7 @@ impl OperatorMetrics {
         .unwrap();
         for c in [
             Box::new(leader.clone()) as Box<dyn prometheus::core::Collector>,
+            Box::new(etcd_reachable.clone()),
             Box::new(reconcile_total.clone()),
             Box::new(reconcile_duration.clone()),
             Box::new(lock_holders.clone()),
@@ -278,6 +286,7 @@ impl OperatorMetrics {
             lock_waiters,
             forced_releases,
             leader,
+            etcd_reachable,
             admissions,
         }
     }

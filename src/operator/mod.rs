@@ -3,6 +3,7 @@
 mod backoff;
 mod certs;
 mod etcd_auth;
+mod etcd_health;
 mod etcd_watch;
 mod holder_service;
 pub mod inject;
@@ -90,6 +91,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let reasons = [&reasons[..], &[reconcile::LOCK_DELETED]].concat();
     metrics.start_at_zero(&reconcile::Error::LABELS, &reasons);
     let ctx = context(&client, &store, &metrics, &args)?;
+    tokio::spawn(etcd_health::watch(store.clone(), metrics.etcd_reachable.clone()));
     let ready = Arc::new(readiness::Readiness::default());
     let health = health_server(&args, store, metrics.clone(), ready.clone()).await?;
     let own_ns = (args.operator_namespace.clone()).unwrap_or_else(|| client.default_namespace().into());

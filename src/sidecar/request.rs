@@ -80,7 +80,7 @@ pub fn options<T: DeserializeOwned + Default + Merge>(
     let body = body.map_err(|e| {
         if e.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
-                e.status(),
+                StatusCode::PAYLOAD_TOO_LARGE,
                 "payload_too_large",
                 "the request body is over 1 MiB; send a small JSON object",
             )

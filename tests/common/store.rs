@@ -65,7 +65,7 @@ impl FencedStore {
 
     /// Every accepted write so far, in the order the store accepted them.
     pub fn accepted(&self) -> Vec<AcceptedWrite> {
-        let text = std::fs::read_to_string(self.log.path().join("writes.log")).unwrap_or_default();
+        let text = self.log_text();
         text.lines()
             .map(|line| {
                 let f: Vec<&str> = line.split(' ').collect();
@@ -75,6 +75,22 @@ impl FencedStore {
                     value: field(&f, 3, line),
                 }
             })
+            .collect()
+    }
+
+    /// Its log of accepted writes: one line each, `TIME TOKEN WRITER VALUE`.
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(self.log.path().join("writes.log")).unwrap_or_default()
+    }
+
+    /// When the store accepted each write of `writer` (the `writer=` of its request), in
+    /// seconds since the Unix epoch, in order.
+    pub fn accepted_from(&self, writer: &str) -> Vec<f64> {
+        let text = self.log_text();
+        text.lines()
+            .map(|line| line.split(' ').collect::<Vec<_>>())
+            .filter(|f| f.get(2) == Some(&writer))
+            .map(|f| field(&f, 0, &f.join(" ")))
             .collect()
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::chart::render;
 use crate::common::kube::{Operator, with_crd};
-use crate::common::{Sidecar, bin_dir, wait_until};
+use crate::common::{EtcdServer, Sidecar, bin_dir, wait_until};
 use exprs::{dashboard_queries, exported, families, metric_names, rule_queries};
 
 /// The `spec.groups` of the PrometheusRule the chart renders with `prometheusRule.enabled`.
@@ -25,10 +25,12 @@ fn rule_groups() -> serde_yaml::Value {
 
 /// Waits until the operator's metrics show `line`.
 async fn reports(op: &Operator, line: &str) {
-    let seen = wait_until(Duration::from_secs(10), || async {
-        op.metrics().await.contains(line)
-    })
-    .await;
+    reports_within(op, line, Duration::from_secs(10)).await;
+}
+
+/// Waits up to `limit` until the operator's metrics show `line`.
+async fn reports_within(op: &Operator, line: &str, limit: Duration) {
+    let seen = wait_until(limit, || async { op.metrics().await.contains(line) }).await;
     seen.unwrap_or_else(|e| panic!("no {line} ({e}):\n{}", op.log()));
 }
 
@@ -97,21 +99,7 @@ async fn every_query_names_metrics_the_binaries_export() {
 #[test]
 fn the_alert_rules_pass_promtool_and_each_has_a_runbook() {
     let groups = rule_groups();
-    let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("podlock.rules.yaml");
-    let rules = serde_yaml::to_string(&serde_yaml::Mapping::from_iter([(
-        "groups".into(),
-        groups.clone(),
-    )]))
-    .unwrap();
-    std::fs::write(&file, rules).unwrap();
-    let out = std::process::Command::new(bin_dir().join("promtool"))
-        .args(["check", "rules"])
-        .arg(&file)
-        .output()
-        .expect("promtool: run scripts/setup.sh --kubernetes");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "promtool check rules: {text}");
+    let text = promtool(&groups, &["check", "rules", "podlock.rules.yaml"], &[]);
     eprintln!("{}", text.trim());
     let runbook = include_str!("../../docs/operations.md");
     let rules = groups[0]["rules"].as_sequence().unwrap();
@@ -127,4 +115,94 @@ fn the_alert_rules_pass_promtool_and_each_has_a_runbook() {
             "docs/operations.md has no runbook for {alert}"
         );
     }
+}
+
+/// Runs promtool with `args` in a directory holding `groups` as `podlock.rules.yaml`, and
+/// `files`; its output, or a panic with it.
+fn promtool(groups: &serde_yaml::Value, args: &[&str], files: &[(&str, String)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let rules = serde_yaml::to_string(&serde_yaml::Mapping::from_iter([(
+        "groups".into(),
+        groups.clone(),
+    )]))
+    .unwrap();
+    std::fs::write(dir.path().join("podlock.rules.yaml"), rules).unwrap();
+    for (name, text) in files {
+        std::fs::write(dir.path().join(name), text).unwrap();
+    }
+    let out = std::process::Command::new(bin_dir().join("promtool"))
+        .args(args)
+        .current_dir(dir.path())
+        .output()
+        .expect("promtool: run scripts/setup.sh --kubernetes");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "promtool {args:?}: {text}");
+    text
+}
+
+/// The annotations of `alert` as Prometheus fills them in for a series labelled `pod`.
+fn annotations(groups: &serde_yaml::Value, alert: &str, pod: &str) -> serde_yaml::Value {
+    let rules = groups[0]["rules"].as_sequence().unwrap();
+    let rule = rules.iter().find(|r| r["alert"] == alert).expect("the alert");
+    let mut filled = rule["annotations"].clone();
+    for (_, text) in filled.as_mapping_mut().unwrap().iter_mut() {
+        *text = text.as_str().unwrap().replace("{{ $labels.pod }}", pod).into();
+    }
+    filled
+}
+
+#[test]
+fn the_etcd_alert_fires_after_a_minute_of_failed_probes_and_names_the_replica() {
+    let groups = rule_groups();
+    let expected = annotations(&groups, "PodlockEtcdUnreachable", "op-0");
+    // op-0's probes fail from the 4th scrape (45 s) on; op-1 reaches etcd throughout. Pending
+    // from 45 s, the alert fires at 1m45s.
+    let tests = serde_json::json!({
+        "rule_files": ["podlock.rules.yaml"],
+        "evaluation_interval": "15s",
+        "tests": [{
+            "interval": "15s",
+            "input_series": [
+                {"series": "podlock_etcd_reachable{pod=\"op-0\"}", "values": "1 1 1 0x12"},
+                {"series": "podlock_etcd_reachable{pod=\"op-1\"}", "values": "1x15"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "1m30s", "alertname": "PodlockEtcdUnreachable", "exp_alerts": []},
+                {"eval_time": "2m", "alertname": "PodlockEtcdUnreachable", "exp_alerts": [{
+                    "exp_labels": {"severity": "critical", "pod": "op-0"},
+                    "exp_annotations": expected,
+                }]},
+            ],
+        }],
+    });
+    let text = promtool(
+        &groups,
+        &["test", "rules", "tests.yaml"],
+        &[("tests.yaml", serde_yaml::to_string(&tests).unwrap())],
+    );
+    eprintln!("{}", text.trim());
+}
+
+#[tokio::test]
+async fn the_operator_reports_whether_etcd_answers_with_its_quorum() {
+    let plane = with_crd();
+    let ns = plane.namespace("etcd-reachable");
+    let mut members = EtcdServer::cluster(3).await;
+    // The operator talks to the first member only: the one left running when quorum is lost.
+    let op = Operator::start_with(plane, &ns, &members[0].endpoint, &[]).await;
+    // Probed every 5 s with 2 s to answer.
+    let within = Duration::from_secs(15);
+    reports_within(&op, "podlock_etcd_reachable 1", within).await;
+    members[1].stop();
+    members[2].stop();
+    reports_within(&op, "podlock_etcd_reachable 0", within).await;
+    members[1].resume().await;
+    reports_within(&op, "podlock_etcd_reachable 1", within).await;
+    members[0].stop();
+    reports_within(&op, "podlock_etcd_reachable 0", within).await;
+    assert!(
+        op.log().contains("etcd does not answer"),
+        "the log says so:\n{}",
+        op.log()
+    );
 }

@@ -66,6 +66,8 @@ fn the_demo_setup_builds_no_tool_of_the_tests() {
     let test_tools = BTreeSet::from([
         "checkov",
         "hadolint",
+        "javac",
+        "node",
         "perf",
         "porcupine",
         "prometheus",
