@@ -264,7 +264,7 @@ proxy_and_scheduler_up() {
 # kube-network-policies (what kind runs) needs the kernel's nftables queue expression, which
 # this machine's kernel lacks (CONFIG_NFT_QUEUE). Ready once its forward chain is in place.
 policies_up() {
-  step "kube-router $("$BIN/kube-router" --version 2>&1 | grep -o 'v[0-9.]*' | head -1): NetworkPolicy enforcement (iptables, ipset)"
+  step "kube-router $(cat "$BIN/.kube-router.version"): NetworkPolicy enforcement only (iptables, ipset)"
   start kube-router "$BIN/kube-router" --run-firewall=true --run-router=false --run-service-proxy=false \
     --kubeconfig "$KUBECONFIG" --hostname-override "$NODE_NAME" --service-cluster-ip-range "$SERVICE_CIDR" \
     --health-port 0 --metrics-port 0

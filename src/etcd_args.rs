@@ -91,7 +91,11 @@ impl EtcdArgs {
             .with_keep_alive_while_idle(true)
             .with_require_leader(true);
         if let Some((user, password)) = self.credentials()? {
-            opts = opts.with_user(user, password);
+            // etcd's auth tokens are kept by the member that issued them (simple tokens) and
+            // expire: when that member restarts (a rolling upgrade of the bundled etcd) every
+            // request with the old token is refused as "invalid auth token". Authenticate again
+            // and retry, as etcd's Go client does, instead of failing every lock call with 403.
+            opts = opts.with_user(user, password).with_auto_token_refresh(true);
         }
         let connected = match (endpoints, tls) {
             ([one], tls) => {

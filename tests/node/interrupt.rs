@@ -6,6 +6,8 @@ use std::io::{BufRead, BufReader};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::common::node::{BED, can_run};
@@ -16,6 +18,10 @@ const DEMO: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/demo.sh");
 /// the bridge, rules and cgroups removed) takes a few seconds; this leaves headroom.
 const EXIT_WITHIN: Duration = Duration::from_secs(45);
 
+/// How long the demo may take to reach the step to interrupt (its release build and images
+/// included).
+const REACH_WITHIN: Duration = Duration::from_secs(900);
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_demo_interrupted_at_any_step_leaves_nothing_behind() {
     if !can_run() {
@@ -23,8 +29,9 @@ async fn the_demo_interrupted_at_any_step_leaves_nothing_behind() {
     }
     let _bed = BED.lock().await;
     // SIGTERM while the chart installs (the node is up, pods start); Ctrl-C once pods contend.
-    interrupt(libc::SIGTERM, "[demo] helm install", Duration::from_secs(5));
-    interrupt(libc::SIGINT, "[demo] three pods contend", Duration::from_secs(1));
+    // (The demo's step lines are "[demo] TEXT" with the tag in bold: match the text.)
+    interrupt(libc::SIGTERM, "helm install podlock", Duration::from_secs(5));
+    interrupt(libc::SIGINT, "three pods contend", Duration::from_secs(1));
 }
 
 /// Runs the demo in a process group of its own until its stderr shows `step`, waits `then`,
@@ -43,12 +50,25 @@ fn interrupt(signal: i32, step: &str, then: Duration) {
         .spawn()
         .unwrap();
     let group = demo.id() as i32;
+    let reached_step = Arc::new(AtomicBool::new(false));
+    let watchdog = reached_step.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(REACH_WITHIN);
+        if !watchdog.load(Ordering::SeqCst) {
+            // Ends the read below (the demo's stderr closes), which then fails the test.
+            unsafe { libc::kill(-group, libc::SIGKILL) };
+        }
+    });
     let mut lines = BufReader::new(demo.stderr.take().unwrap()).lines();
     let reached = lines.by_ref().map_while(Result::ok).any(|line| {
         eprintln!("  | {line}");
         line.contains(step)
     });
-    assert!(reached, "the demo ended before {step:?}");
+    reached_step.store(true, Ordering::SeqCst);
+    assert!(
+        reached,
+        "the demo ended, or did not reach {step:?} within {REACH_WITHIN:?}"
+    );
     std::thread::sleep(then);
     let sent = Instant::now();
     unsafe { libc::kill(-group, signal) };
