@@ -35,6 +35,21 @@ pub fn position(ahead: &[Ahead], more: bool, max_holders: u32, mode: Mode) -> Po
     super::position::decide(ahead, more, max_holders, mode)
 }
 
+/// How many of a queue's leading keys hold, given their modes in queue order: the leading run
+/// of shared keys when the first one is shared, else the leading run of exclusive keys, at most
+/// `max_holders` of them (the rule [`position`] decides by, seen from the whole queue). The
+/// operator reads holders by it (status, and who a force release ends), and so does the
+/// model's administrator.
+pub fn held_count(modes: impl Iterator<Item = Mode>, max_holders: u32) -> usize {
+    let mut modes = modes.peekable();
+    let Some(&first) = modes.peek() else { return 0 };
+    let limit = match first {
+        Mode::Shared => usize::MAX,
+        Mode::Exclusive => max_holders as usize,
+    };
+    modes.take(limit).take_while(|m| *m == first).count()
+}
+
 /// What a watched key must do to wake a waiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {

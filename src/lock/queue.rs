@@ -24,6 +24,7 @@ use super::error::LockError;
 use super::etcd::{self, Etcd};
 use super::names::LockId;
 use super::position::{self, Standing};
+use super::protocol;
 
 /// A contender's key in a queue.
 #[derive(Debug, Clone)]
@@ -208,31 +209,17 @@ pub struct QueueState {
     pub waiters: usize,
 }
 
-/// Splits a queue range (sorted by create revision) into holders and waiters by the rule of
-/// [`position::decide`]: the leading run of shared keys when the first one is shared, else the
-/// leading run of exclusive keys, at most `max_holders` of them.
+/// Splits a queue range (sorted by create revision) into holders and waiters by
+/// [`protocol::held_count`].
 pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32) -> QueueState {
     let entries: Vec<HolderInfo> = (kvs.iter())
         .filter_map(|kv| Some(Entry::decode(kv.value())?.holder(kv.create_revision())))
         .collect();
-    let held = held_count(entries.iter().map(|e| e.mode), max_holders);
+    let held = protocol::held_count(entries.iter().map(|e| e.mode), max_holders);
     QueueState {
         waiters: kvs.len().saturating_sub(held),
         holders: entries.into_iter().take(held).collect(),
     }
-}
-
-/// How many of a queue's leading entries hold, given their modes in queue order: the leading
-/// run of shared entries when the first one is shared, else the leading run of exclusive
-/// entries, at most `max_holders` of them (the rule of [`position::decide`]).
-pub fn held_count(modes: impl Iterator<Item = Mode>, max_holders: u32) -> usize {
-    let mut modes = modes.peekable();
-    let Some(&first) = modes.peek() else { return 0 };
-    let limit = match first {
-        Mode::Shared => usize::MAX,
-        Mode::Exclusive => max_holders as usize,
-    };
-    modes.take(limit).take_while(|m| *m == first).count()
 }
 
 /// Options to read a whole queue in order.

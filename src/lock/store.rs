@@ -137,7 +137,7 @@ impl Store {
             .filter(|e| e.entry.is_some())
             .collect();
         let modes = entries.iter().filter_map(|e| e.entry.as_ref()).map(|e| e.mode);
-        let held = queue::held_count(modes, declared.settings.max_holders);
+        let held = super::protocol::held_count(modes, declared.settings.max_holders);
         Ok(entries.into_iter().take(held).collect())
     }
 
