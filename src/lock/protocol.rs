@@ -74,3 +74,24 @@ pub fn wakes(pos: &Position, max_holders: u32) -> Vec<(Vec<u8>, Change)> {
         Position::Holder | Position::Gone => vec![],
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holders_are_the_leading_run_of_one_mode_within_the_limit() {
+        use Mode::{Exclusive as X, Shared as S};
+        let held = |modes: &[Mode], max| held_count(modes.iter().copied(), max);
+        assert_eq!(held(&[], 1), 0);
+        assert_eq!(held(&[X, X, X], 1), 1);
+        assert_eq!(held(&[X, X, X], 2), 2);
+        assert_eq!(held(&[X, S, X], 3), 1, "a reader never holds beside a writer");
+        assert_eq!(
+            held(&[S, S, X, S], 1),
+            2,
+            "readers ahead of a writer hold, whatever the limit"
+        );
+        assert_eq!(held(&[X], 0), 0);
+    }
+}
