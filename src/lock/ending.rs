@@ -13,6 +13,7 @@ use super::hold::{KEY_DELETED, SESSION_LOST, SHUTDOWN};
 use super::model::EventKind;
 use super::names::LockId;
 use super::queue;
+use super::released::{self, ADMIN_RELEASED, NOTE_READ};
 use super::session::Session;
 
 impl Engine {
@@ -51,7 +52,7 @@ impl Engine {
         }
         if !removed {
             self.check_session(&hold.session).await;
-            return Err(self.lose(&hold, KEY_DELETED).await);
+            return Err(self.lose(&hold, self.why_key_deleted(&hold).await).await);
         }
         if !self.0.registry.end_released(&hold) {
             // Its monitor ended it meanwhile (lost), and has reported that.
@@ -71,11 +72,21 @@ impl Engine {
         match queue::is_ours(&self.0.etcd, &hold.ticket).await {
             Ok(_) if hold.session.is_lost() => Err(self.lose(&hold, SESSION_LOST).await),
             Ok(true) => Ok(expires),
-            Ok(false) => Err(self.lose(&hold, KEY_DELETED).await),
+            Ok(false) => Err(self.lose(&hold, self.why_key_deleted(&hold).await).await),
             Err(e) => {
                 warn!(lock = %lock, holder, error = %e, "heartbeat could not read the hold's key");
                 Ok(expires)
             }
+        }
+    }
+
+    /// Why `hold`'s key, found deleted, is gone: an administrator's release if the operator left
+    /// a note for exactly this hold (read within [`NOTE_READ`]), else [`KEY_DELETED`].
+    pub(crate) async fn why_key_deleted(&self, hold: &Hold) -> &'static str {
+        let note = released::noted(&self.0.etcd, &hold.lock, &hold.holder_id, &hold.ticket);
+        match tokio::time::timeout(NOTE_READ, note).await {
+            Ok(Ok(true)) => ADMIN_RELEASED,
+            _ => KEY_DELETED,
         }
     }
 

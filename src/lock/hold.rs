@@ -73,9 +73,13 @@ pub(crate) fn spawn_monitor(engine: Engine, hold: Arc<Hold>, mark: MarkWhen, ent
                 reason = async { tokio::join!(record, key_deleted(&engine, &hold)).1 } => reason,
                 _ = heartbeat_missed(&hold) => "no heartbeat within heartbeatTimeoutSeconds",
             };
-            if reason == KEY_DELETED {
-                engine.check_session(&hold.session).await;
-            }
+            let reason = match reason {
+                KEY_DELETED => {
+                    engine.check_session(&hold.session).await;
+                    engine.why_key_deleted(&hold).await
+                }
+                other => other,
+            };
             engine.end_lost(&hold, reason).await;
         }
         .instrument(span),

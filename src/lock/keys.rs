@@ -4,6 +4,8 @@
 //! /podlock/v1/config/{namespace}/{lock}                     Settings (JSON), no lease
 //! /podlock/v1/queue/{namespace}/{lock}/{lease:016x}/{holder} Entry (JSON), bound to the lease
 //! /podlock/v1/credentials/{namespace}                       the namespace's etcd password
+//! /podlock/v1/config/{namespace}/.released/{lock}/{lease:016x}/{holder}
+//!                                                           why the operator ended that hold
 //! ```
 //!
 //! Settings and queues live under separate prefixes so that a role can be granted read-only
@@ -68,6 +70,16 @@ pub fn parse_entry_key(key: &str) -> Option<(LockId, String)> {
     }
     let lock = LockId::new(ns, name).ok()?;
     Some((lock, holder.to_string()))
+}
+
+/// The note beside an administrator's release of the hold of `holder` on `lease` in `lock`'s
+/// queue (see `released`): under the namespace's settings prefix, which its role may read but
+/// not write, and never a lock's settings key (a lock name cannot start with '.').
+pub fn release_note_key(lock: &LockId, lease: i64, holder: &str) -> String {
+    format!(
+        "{ROOT}/config/{}/.released/{}/{lease:016x}/{holder}",
+        lock.namespace, lock.name
+    )
 }
 
 /// The prefix of every lock's settings in a namespace (all namespaces when `None`).

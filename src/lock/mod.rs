@@ -28,6 +28,7 @@ mod position;
 pub mod protocol;
 mod queue;
 mod registry;
+mod released;
 mod session;
 mod settings;
 mod store;
@@ -40,7 +41,9 @@ pub use entry::{Entry, HolderInfo, Mode, PodRef, rfc3339};
 pub use error::{LockError, Unavailable};
 pub use etcd::Stats;
 pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo};
-pub use names::{InvalidName, LockId, check_container, check_dns_subdomain, unique_holder_id};
+pub use names::{
+    InvalidName, LockId, check_container, check_dns_subdomain, check_holder_id, unique_holder_id,
+};
 pub use queue::QueueState;
 pub use settings::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
 pub use store::{Revoked, RoundTripError, Store};

@@ -35,6 +35,21 @@ pub fn position(ahead: &[Ahead], more: bool, max_holders: u32, mode: Mode) -> Po
     super::position::decide(ahead, more, max_holders, mode)
 }
 
+/// How many of a queue's leading keys hold, given their modes in queue order: the leading run
+/// of shared keys when the first one is shared, else the leading run of exclusive keys, at most
+/// `max_holders` of them (the rule [`position`] decides by, seen from the whole queue). The
+/// operator reads holders by it (status, and who a force release ends), and so does the
+/// model's administrator.
+pub fn held_count(modes: impl Iterator<Item = Mode>, max_holders: u32) -> usize {
+    let mut modes = modes.peekable();
+    let Some(&first) = modes.peek() else { return 0 };
+    let limit = match first {
+        Mode::Shared => usize::MAX,
+        Mode::Exclusive => max_holders as usize,
+    };
+    modes.take(limit).take_while(|m| *m == first).count()
+}
+
 /// What a watched key must do to wake a waiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Change {
@@ -57,5 +72,26 @@ pub fn wakes(pos: &Position, max_holders: u32) -> Vec<(Vec<u8>, Change)> {
         Position::BehindUngranted(key) => vec![(key.clone(), Change::Any)],
         Position::BehindOtherMode(key) => vec![(key.clone(), Change::Deletion)],
         Position::Holder | Position::Gone => vec![],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holders_are_the_leading_run_of_one_mode_within_the_limit() {
+        use Mode::{Exclusive as X, Shared as S};
+        let held = |modes: &[Mode], max| held_count(modes.iter().copied(), max);
+        assert_eq!(held(&[], 1), 0);
+        assert_eq!(held(&[X, X, X], 1), 1);
+        assert_eq!(held(&[X, X, X], 2), 2);
+        assert_eq!(held(&[X, S, X], 3), 1, "a reader never holds beside a writer");
+        assert_eq!(
+            held(&[S, S, X, S], 1),
+            2,
+            "readers ahead of a writer hold, whatever the limit"
+        );
+        assert_eq!(held(&[X], 0), 0);
     }
 }

@@ -24,6 +24,7 @@ use super::error::LockError;
 use super::etcd::{self, Etcd};
 use super::names::LockId;
 use super::position::{self, Standing};
+use super::protocol;
 
 /// A contender's key in a queue.
 #[derive(Debug, Clone)]
@@ -171,7 +172,7 @@ fn enqueued(
 pub async fn mark_acquired(etcd: &Etcd, ticket: &Ticket, entry: &Entry) -> Result<bool, LockError> {
     let value = entry.encode();
     let put = etcd_client::PutOptions::new().with_lease(ticket.lease);
-    if_still_ours(etcd, ticket, TxnOp::put(ticket.key.as_str(), value, Some(put))).await
+    if_still_ours(etcd, ticket, [TxnOp::put(ticket.key.as_str(), value, Some(put))]).await
 }
 
 /// Whether `ticket`'s key is still in place (same create revision).
@@ -183,16 +184,20 @@ pub async fn is_ours(etcd: &Etcd, ticket: &Ticket) -> Result<bool, LockError> {
 /// Deletes `ticket`'s key if it is still the same key (same create revision), so that a late
 /// or retried release never deletes a newer hold. Returns whether it deleted.
 pub async fn remove(etcd: &Etcd, ticket: &Ticket) -> Result<bool, LockError> {
-    if_still_ours(etcd, ticket, TxnOp::delete(ticket.key.as_str(), None)).await
+    if_still_ours(etcd, ticket, [TxnOp::delete(ticket.key.as_str(), None)]).await
 }
 
-/// Runs `op` only while `ticket`'s key still has its create revision; returns whether it ran.
-async fn if_still_ours(etcd: &Etcd, ticket: &Ticket, op: TxnOp) -> Result<bool, LockError> {
+/// Deletes `ticket`'s key like [`remove`] and, in the same transaction, puts `note` (why it
+/// was deleted, for the key's owner to read when it sees the deletion).
+pub async fn remove_noting(etcd: &Etcd, ticket: &Ticket, note: TxnOp) -> Result<bool, LockError> {
+    let ops = vec![TxnOp::delete(ticket.key.as_str(), None), note];
+    if_still_ours(etcd, ticket, ops).await
+}
+
+/// Runs `ops` only while `ticket`'s key still has its create revision; returns whether they ran.
+async fn if_still_ours(etcd: &Etcd, ticket: &Ticket, ops: impl Into<Vec<TxnOp>>) -> Result<bool, LockError> {
     let ours = Compare::create_revision(ticket.key.as_str(), CompareOp::Equal, ticket.revision);
-    Ok(etcd
-        .txn(Txn::new().when([ours]).and_then([op]))
-        .await?
-        .succeeded())
+    Ok(etcd.txn(Txn::new().when([ours]).and_then(ops)).await?.succeeded())
 }
 
 /// A lock's queue as it stands: holders in acquisition order and the number of waiters.
@@ -204,21 +209,13 @@ pub struct QueueState {
     pub waiters: usize,
 }
 
-/// Splits a queue range (sorted by create revision) into holders and waiters by the rule of
-/// [`position::decide`]: the leading run of shared keys when the first one is shared, else the
-/// leading run of exclusive keys, at most `max_holders` of them.
+/// Splits a queue range (sorted by create revision) into holders and waiters by
+/// [`protocol::held_count`].
 pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32) -> QueueState {
     let entries: Vec<HolderInfo> = (kvs.iter())
         .filter_map(|kv| Some(Entry::decode(kv.value())?.holder(kv.create_revision())))
         .collect();
-    let first_mode = entries.first().map_or(Mode::Exclusive, |e| e.mode);
-    let limit = match first_mode {
-        Mode::Shared => usize::MAX,
-        Mode::Exclusive => max_holders as usize,
-    };
-    let held = (entries.iter().take(limit))
-        .take_while(|e| e.mode == first_mode)
-        .count();
+    let held = protocol::held_count(entries.iter().map(|e| e.mode), max_holders);
     QueueState {
         waiters: kvs.len().saturating_sub(held),
         holders: entries.into_iter().take(held).collect(),

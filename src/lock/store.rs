@@ -5,7 +5,7 @@
 //! what it returns is typed ([`QueueEntry`], [`Change`]): the key layout and etcd's own types
 //! stay inside the engine.
 
-use etcd_client::{GetOptions, Permission, Txn, TxnOp, WatchOptions};
+use etcd_client::{GetOptions, KeyValue, Permission, Txn, TxnOp, WatchOptions};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use super::etcd::{self, Etcd};
 use super::keys;
 use super::names::LockId;
 use super::queue::{self, QueueState, Ticket};
+use super::released;
 use super::settings::{self, Settings};
 
 /// podlock's data in etcd, for the operator and `podlock declare`. Cheap to clone.
@@ -97,6 +98,18 @@ impl Store {
         lock: &LockId,
         max_holders: u32,
     ) -> Result<(Option<Settings>, QueueState), LockError> {
+        let (declared, queue) = self.read_lock(lock).await?;
+        Ok((
+            declared.map(|d| d.settings),
+            queue::split_queue(&queue, max_holders),
+        ))
+    }
+
+    /// A lock's settings (`None` when undeclared) and its whole queue in order, in one read.
+    async fn read_lock(
+        &self,
+        lock: &LockId,
+    ) -> Result<(Option<settings::Declared>, Vec<KeyValue>), LockError> {
         let resp = (self.0)
             .txn(Txn::new().and_then([
                 TxnOp::get(lock.config_key(), None),
@@ -104,16 +117,43 @@ impl Store {
             ]))
             .await?;
         let mut gets = etcd::gets(resp.op_responses());
-        let (config, queue) = (gets.next().expect("config"), gets.next().expect("queue"));
+        let (config, mut queue) = (gets.next().expect("config"), gets.next().expect("queue"));
         let declared = config
             .kvs()
             .first()
             .map(settings::Declared::from_kv)
             .transpose()?;
-        Ok((
-            declared.map(|d| d.settings),
-            queue::split_queue(queue.kvs(), max_holders),
-        ))
+        Ok((declared, queue.take_kvs()))
+    }
+
+    /// The entries that hold `lock` now, in queue order, by the queue's rule under its
+    /// settings as etcd has them (none when it is not declared); one read.
+    pub async fn holding(&self, lock: &LockId) -> Result<Vec<QueueEntry>, LockError> {
+        let (Some(declared), queue) = self.read_lock(lock).await? else {
+            return Ok(vec![]);
+        };
+        let entries: Vec<QueueEntry> = (queue.iter())
+            .filter_map(QueueEntry::of)
+            .filter(|e| e.entry.is_some())
+            .collect();
+        let modes = entries.iter().filter_map(|e| e.entry.as_ref()).map(|e| e.mode);
+        let held = super::protocol::held_count(modes, declared.settings.max_holders);
+        Ok(entries.into_iter().take(held).collect())
+    }
+
+    /// Ends the hold `held` at an administrator's request, if its key still has its create
+    /// revision (a later hold of the same holder id is never touched), leaving a note that its
+    /// sidecar reads to say so (see `released`). Returns whether it ended it.
+    pub async fn release(&self, held: &QueueEntry) -> Result<bool, LockError> {
+        let Some((_, holder)) = keys::parse_entry_key(&held.key) else {
+            return Ok(false); // not a key the engine writes: no sidecar to tell
+        };
+        let ticket = Ticket {
+            key: held.key.clone(),
+            revision: held.revision,
+            lease: held.lease,
+        };
+        released::release(&self.0, &held.lock, &holder, &ticket).await
     }
 
     /// Every lock with settings or queue keys in `namespace` (all when `None`).

@@ -14,6 +14,7 @@ mod named_pods;
 mod owner;
 mod readiness;
 mod reconcile;
+pub mod release;
 mod verdict;
 mod webhook;
 
@@ -88,7 +89,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     };
     let metrics = OperatorMetrics::new();
     let reasons = liveness::Reason::ALL.map(liveness::Reason::label);
-    let reasons = [&reasons[..], &[reconcile::LOCK_DELETED]].concat();
+    let reasons = [&reasons[..], &[reconcile::LOCK_DELETED, release::REASON]].concat();
     metrics.start_at_zero(&reconcile::Error::LABELS, &reasons);
     let ctx = context(&client, &store, &metrics, &args)?;
     tokio::spawn(etcd_health::watch(store.clone(), metrics.etcd_reachable.clone()));
@@ -266,17 +267,20 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: D
         namespace.clone(),
         ctx.metrics.clone(),
     );
-    // Only a change of the spec (its generation, which a deletion bumps too) or of the finalizers
-    // starts a reconciliation. Without the filter, each status patch of the operator's own came
-    // back as a watch event and cost one more reconciliation (an etcd read that found nothing to
-    // write): half of a busy lock's reconciliations, queued ahead of the ones status lag waits for.
+    // Only a change of the spec (its generation, which a deletion bumps too), of the finalizers
+    // or of the force-release annotation starts a reconciliation. Without the filter, each
+    // status patch of the operator's own came back as a watch event and cost one more
+    // reconciliation (an etcd read that found nothing to write): half of a busy lock's
+    // reconciliations, queued ahead of the ones status lag waits for.
     let (reader, writer) = reflector::store();
     let changes = watcher(locks, watcher::Config::default())
         .default_backoff()
         .reflect(writer)
         .applied_objects()
         .predicate_filter(
-            predicates::generation.combine(predicates::finalizers),
+            predicates::generation
+                .combine(predicates::finalizers)
+                .combine(release::requested),
             Default::default(),
         );
     let controller = Controller::for_stream(changes, reader)

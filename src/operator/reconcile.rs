@@ -105,8 +105,10 @@ pub fn lock_id(dl: &DistributedLock) -> LockId {
     LockId::new(&namespace, &name).expect("the API server admits only valid object names")
 }
 
-/// Publishes the lock's settings to etcd and mirrors its queue into `status`.
+/// Acts on a force release (`podlock.io/release`), publishes the lock's settings to etcd and
+/// mirrors its queue into `status`.
 async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) -> Result<Action, Error> {
+    super::release::handle(dl, api, ctx).await?;
     let id = lock_id(dl);
     ctx.isolation
         .ensure(&ctx.client, &ctx.store, &id.namespace)
@@ -194,7 +196,7 @@ async fn mirror_status(
             ),
             None => "free".into(),
         };
-        publish(ctx, dl, "HolderChanged", note).await;
+        publish(ctx, dl, EventType::Normal, "HolderChanged", note).await;
     }
     route.failed.map_or(Ok(()), |e| Err(e.into()))
 }
@@ -302,6 +304,7 @@ async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     publish(
         ctx,
         dl,
+        EventType::Normal,
         "Deleted",
         format!("removed from etcd; {ended} holds and waits ended"),
     )
@@ -361,9 +364,10 @@ struct StatusApply<'a> {
     status: &'a DistributedLockStatus,
 }
 
-async fn publish(ctx: &Context, dl: &DistributedLock, reason: &str, note: String) {
+/// Records a Kubernetes Event on `dl` (a failure to is logged: Events are for people).
+pub async fn publish(ctx: &Context, dl: &DistributedLock, type_: EventType, reason: &str, note: String) {
     let event = Event {
-        type_: EventType::Normal,
+        type_,
         reason: reason.into(),
         note: Some(note),
         action: reason.into(),

@@ -2,6 +2,7 @@
 //! and the generated files (`manifests/`, the chart's `crds/`) in step with their sources.
 
 use serde::Deserialize;
+use std::collections::BTreeSet;
 use std::process::Command;
 
 use crate::common::bin_dir;
@@ -317,47 +318,145 @@ async fn the_rendered_objects_are_accepted_by_a_real_api_server() {
     }
 }
 
-/// The first Kubernetes minor version (1.x) that serves each API version and kind the chart
-/// renders; a kind not listed fails the test, so a new one comes with the version it needs.
-fn first_minor(api_version: &str, kind: &str) -> u32 {
-    match (api_version, kind) {
-        (
-            "admissionregistration.k8s.io/v1",
-            "ValidatingAdmissionPolicy" | "ValidatingAdmissionPolicyBinding",
-        ) => 30,
-        ("admissionregistration.k8s.io/v1", "MutatingWebhookConfiguration")
-        | ("apps/v1", "Deployment" | "StatefulSet")
-        | ("policy/v1", "PodDisruptionBudget")
-        | ("networking.k8s.io/v1", "NetworkPolicy")
-        | ("rbac.authorization.k8s.io/v1", _)
-        | ("v1", "ConfigMap" | "Pod" | "Secret" | "Service" | "ServiceAccount" | "Namespace") => 25,
-        _ => panic!("first_minor: add {api_version} {kind} with the first Kubernetes version that serves it"),
+/// Per Kubernetes minor version, the GA group/versions and kinds it serves by default, as
+/// `scripts/kube-apis.sh` lists them from k8s.io/api of that version.
+fn served_apis() -> std::collections::BTreeMap<u32, BTreeSet<(String, String)>> {
+    let text = include_str!("kube-apis.txt");
+    let mut served = std::collections::BTreeMap::<u32, BTreeSet<_>>::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let mut parts = line.split(' ');
+        let (Some(version), Some(api), Some(kind)) = (parts.next(), parts.next(), parts.next()) else {
+            panic!("kube-apis.txt: malformed line {line:?}")
+        };
+        let minor = version
+            .strip_prefix("1.")
+            .and_then(|m| m.parse().ok())
+            .expect(line);
+        served.entry(minor).or_default().insert((api.into(), kind.into()));
     }
+    served
+}
+
+/// Kinds of CustomResourceDefinitions that an optional feature needs (the Prometheus operator's,
+/// cert-manager's): no Kubernetes version serves them, the user installs them.
+const FROM_CRDS: [(&str, &str); 5] = [
+    ("monitoring.coreos.com/v1", "PodMonitor"),
+    ("monitoring.coreos.com/v1", "ServiceMonitor"),
+    ("monitoring.coreos.com/v1", "PrometheusRule"),
+    ("cert-manager.io/v1", "Certificate"),
+    ("cert-manager.io/v1", "Issuer"),
+];
+
+/// Every optional feature on.
+const EVERYTHING: [&str; 14] = [
+    "--set",
+    "etcd.bundled.enabled=true",
+    "--set",
+    "webhook.certManager.enabled=true",
+    "--set",
+    "metrics.serviceMonitor.enabled=true",
+    "--set",
+    "metrics.podMonitor.enabled=true",
+    "--set",
+    "dashboards.enabled=true",
+    "--set",
+    "prometheusRule.enabled=true",
+    "--set",
+    "operator.watchNamespace=apps",
+];
+
+/// The (apiVersion, kind) of every object in a rendering.
+fn kinds(rendered: &str) -> Vec<(String, String)> {
+    let docs =
+        serde_yaml::Deserializer::from_str(rendered).map(|d| serde_yaml::Value::deserialize(d).unwrap());
+    let text = |v: &serde_yaml::Value| v.as_str().map(str::to_string);
+    docs.filter_map(|d| Some((text(&d["apiVersion"])?, text(&d["kind"])?)))
+        .collect()
 }
 
 /// Finding 4 of the day-two review: `kubeVersion` admits 1.29, but the default values rendered a
-/// ValidatingAdmissionPolicy, which 1.29 does not serve.
+/// ValidatingAdmissionPolicy, which 1.29 does not serve. Every minor version from the chart's
+/// floor to the newest Kubernetes release, with default values, the bundled etcd and every
+/// optional feature, rendered as `helm template --kube-version` does and as an install does
+/// (the cluster's kinds as `--api-versions`, from the same list): each object's kind is served.
 #[test]
 fn every_admitted_minor_renders_only_apis_it_serves() {
-    for minor in 29..=34 {
+    let served = served_apis();
+    let chart = std::fs::read_to_string(format!("{CHART}/Chart.yaml")).unwrap();
+    let floor = chart
+        .lines()
+        .find_map(|l| l.strip_prefix("kubeVersion: \">=1."))
+        .expect("kubeVersion");
+    let floor: u32 = floor.split('.').next().unwrap().parse().unwrap();
+    assert_eq!(
+        served.keys().next(),
+        Some(&floor),
+        "kube-apis.txt must start at the chart's floor 1.{floor}"
+    );
+    let crd = |api: &str, kind: &str| FROM_CRDS.contains(&(api, kind));
+    for (minor, apis) in &served {
         let version = format!("1.{minor}.0");
-        for extra in [&[][..], &["--set", "etcd.bundled.enabled=true"]] {
-            let mut args = vec!["template", "podlock", CHART, "--namespace", "podlock"];
-            args.extend(["--kube-version", version.as_str()]);
-            args.extend_from_slice(extra);
-            let (ok, out, err) = helm(&args);
-            assert!(ok, "helm template for {version} {extra:?}: {err}");
-            for doc in serde_yaml::Deserializer::from_str(&out) {
-                let doc = serde_yaml::Value::deserialize(doc).unwrap();
-                let (Some(api), Some(kind)) = (doc["apiVersion"].as_str(), doc["kind"].as_str()) else {
-                    continue;
-                };
-                assert!(
-                    first_minor(api, kind) <= minor,
-                    "the chart renders {api} {kind} for Kubernetes {version} {extra:?}, which serves it only from 1.{}",
-                    first_minor(api, kind)
-                );
+        let discovered: Vec<String> = apis.iter().map(|(api, kind)| format!("{api}/{kind}")).collect();
+        let discovery = discovered.join(",");
+        for values in [&[][..], &["--set", "etcd.bundled.enabled=true"], &EVERYTHING] {
+            for listed in [None, Some(discovery.as_str())] {
+                let mut args = vec!["template", "podlock", CHART, "--namespace", "podlock"];
+                args.extend(["--kube-version", version.as_str()]);
+                args.extend(listed.map(|l| ["--api-versions", l]).into_iter().flatten());
+                args.extend_from_slice(values);
+                let (ok, out, err) = helm(&args);
+                assert!(ok, "helm template for {version} {values:?}: {err}");
+                for (api, kind) in kinds(&out) {
+                    let everything = values == EVERYTHING;
+                    assert!(
+                        apis.contains(&(api.clone(), kind.clone())) || (everything && crd(&api, &kind)),
+                        "the chart renders {api} {kind} for Kubernetes {version} {values:?}, which does not serve it"
+                    );
+                }
             }
         }
     }
+    let newest = served.keys().last().unwrap();
+    eprintln!("rendered for Kubernetes 1.{floor} to 1.{newest}");
+}
+
+/// Where the Secret policy cannot be rendered, the install notes say what that costs.
+#[test]
+fn the_notes_say_when_the_secret_policy_is_left_out() {
+    let copy = tempfile::tempdir().unwrap();
+    let chart = copy.path().join("podlock");
+    let copied = Command::new("cp")
+        .arg("-r")
+        .arg(CHART)
+        .arg(&chart)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    // NOTES.txt is not a manifest: render it as one, through tpl.
+    std::fs::copy(chart.join("templates/NOTES.txt"), chart.join("notes.txt")).unwrap();
+    let notes = "notes: |\n{{ tpl (.Files.Get \"notes.txt\") . | indent 2 }}\n";
+    std::fs::write(chart.join("templates/zz-notes.yaml"), notes).unwrap();
+    let render = |version: &str, extra: &[&str]| {
+        let mut args = vec!["template", "podlock", chart.to_str().unwrap(), "-n", "podlock"];
+        args.extend([
+            "--kube-version",
+            version,
+            "--show-only",
+            "templates/zz-notes.yaml",
+        ]);
+        args.extend_from_slice(extra);
+        let (ok, out, err) = helm(&args);
+        assert!(ok, "{err}");
+        out
+    };
+    let left_out = "podlock-operator-secrets was left out";
+    assert!(
+        render("1.29.5", &[]).contains(left_out),
+        "{}",
+        render("1.29.5", &[])
+    );
+    assert!(!render("1.30.0", &[]).contains(left_out));
+    assert!(!render("1.29.5", &["--set", "operator.secretPolicy=false"]).contains(left_out));
+    let no_policy = ["--api-versions", "v1/Pod"]; // a cluster whose discovery lacks the kind
+    assert!(render("1.34.0", &no_policy).contains(left_out));
 }

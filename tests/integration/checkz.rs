@@ -42,3 +42,27 @@ async fn checkz_makes_an_etcd_round_trip_and_names_etcd_when_it_is_down() {
         "readiness does not hang on etcd"
     );
 }
+
+/// With credentials etcd accepts but that may not write (a user whose role grants nothing), the
+/// round trip fails naming etcd's refusal, not an outage.
+#[tokio::test]
+async fn checkz_names_etcd_refusing_the_operators_credentials() {
+    let plane = with_crd();
+    let ns = plane.namespace("checkz-refused");
+    let etcd = EtcdServer::start().await;
+    let mut admin = etcd.client().await;
+    admin.role_add("nothing").await.unwrap();
+    admin.user_add("no-rights", "pw", None).await.unwrap();
+    admin.user_grant_role("no-rights", "nothing").await.unwrap();
+    etcd.enable_auth("root-pw").await;
+    let flags = ["--etcd-user", "no-rights", "--etcd-password", "pw"];
+    let op = Operator::start_with(plane, &ns, &etcd.endpoint, &flags).await;
+    let (status, body) = ask(&op, "/checkz").await;
+    eprintln!("/checkz with credentials that may not write: {status} {body}");
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("etcd refused access"), "the cause is named: {body}");
+    assert!(
+        body.contains("permission denied"),
+        "etcd's answer is passed on: {body}"
+    );
+}

@@ -17,6 +17,7 @@ mod drain;
 mod etcd_tls;
 mod examples;
 mod failure_modes;
+mod force_release;
 mod holder_service;
 mod injection;
 mod isolation;

@@ -92,3 +92,18 @@ priorityClassName: {{ . }}
   resources: [events]
   verbs: [create, patch]
 {{- end }}
+
+{{/*
+"true" when the operator's Secret policy is rendered: asked for (operator.secretPolicy) and
+served: admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy, which Kubernetes serves from
+1.30 (tests/integration/kube-apis.txt). On install and upgrade Helm reads the served kinds from
+the cluster's discovery (which lists v1/Pod too); helm template's defaults list group/versions
+only, and then --kube-version decides alone.
+*/}}
+{{- define "podlock.secretPolicy" -}}
+{{- $apis := .Capabilities.APIVersions -}}
+{{- $served := or (not ($apis.Has "v1/Pod")) ($apis.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") -}}
+{{- if and .Values.operator.secretPolicy (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) $served -}}
+true
+{{- end -}}
+{{- end }}

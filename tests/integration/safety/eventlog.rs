@@ -172,7 +172,8 @@ fn parse(key: &str) -> Option<(&str, &str, Option<&str>)> {
     let (kind, rest) = rest.split_once('/')?;
     let rest = rest.strip_prefix(NAMESPACE)?.strip_prefix('/')?;
     match kind {
-        "config" => Some((rest, "config", None)),
+        // A lock's settings key; not a force release's note (`config/{ns}/.released/...`).
+        "config" if !rest.contains('/') => Some((rest, "config", None)),
         "queue" => {
             let (lock, tail) = rest.split_once('/')?;
             Some((lock, "queue", tail.split_once('/').map(|(_, holder)| holder)))

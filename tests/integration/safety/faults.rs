@@ -55,11 +55,17 @@ pub enum Kind {
     /// The semaphore's `maxHolders` raised back (1 to 2) while waiters queue: the first waiter
     /// is let in beside the holder, in queue order.
     PoolRaised,
+    /// An administrator's force release of the mutex (`kubectl annotate dlock counter
+    /// podlock.io/release=HOLDER` while that holder is stalled between its grant and its write,
+    /// as a hung app would be; or `=*` every other time, on whoever holds): the operator ends
+    /// the hold, its client is told `lost`, the next waiter is granted, and a stalled holder's
+    /// late write is rejected by fencing.
+    ForceRelease,
 }
 
 impl Kind {
     /// Every kind, in the order the loop injects them.
-    pub const CYCLE: [Kind; 15] = [
+    pub const CYCLE: [Kind; 16] = [
         Kind::LeaderKill,
         Kind::SidecarKill,
         Kind::PoolLowered,
@@ -74,6 +80,7 @@ impl Kind {
         Kind::FollowerPartition,
         Kind::WorkerStall,
         Kind::PodDeleted,
+        Kind::ForceRelease,
         Kind::LockDeleted,
     ];
 
@@ -114,6 +121,7 @@ impl Kind {
             Kind::PodDeleted => "holder's Pod deleted, sidecar running",
             Kind::PoolLowered => "semaphore maxHolders 2 -> 1, waiters queued",
             Kind::PoolRaised => "semaphore maxHolders 1 -> 2, waiters queued",
+            Kind::ForceRelease => "force release (kubectl annotate)",
         }
     }
 }
@@ -156,6 +164,7 @@ impl Rig {
                 (0, at)
             }
             Kind::PodDeleted => self.delete_pod(round).await,
+            Kind::ForceRelease => self.force_release(round).await,
             Kind::PoolLowered | Kind::PoolRaised => self.set_pool_limit(kind).await,
         };
         Some(Fault {
@@ -178,6 +187,22 @@ impl Rig {
     /// Stalls a mutex worker picked by `round` (and for a pause its sidecar, for the TTL plus
     /// 1 s); returns the worker and when it stalled, or `None` if it did not get to stall.
     async fn stall(&mut self, kind: Kind, round: usize) -> Option<(usize, f64)> {
+        let i = self.start_stall(kind, round).await?;
+        let at = now();
+        if kind == Kind::WorkerStall {
+            sleep(STALL).await; // only the worker stalls; its sidecar runs on
+        } else {
+            self.sidecars[i].signal(libc::SIGSTOP);
+            sleep(TTL + Duration::from_secs(1)).await;
+            self.sidecars[i].signal(libc::SIGCONT);
+        }
+        Some((i, at))
+    }
+
+    /// Makes a mutex worker picked by `round` stall once it holds (before its release for a
+    /// [`Kind::ReleasePause`], else between its grant and its write); returns it once it
+    /// stalls, holding, or `None` if it did not get to stall within 10 s.
+    pub async fn start_stall(&self, kind: Kind, round: usize) -> Option<usize> {
         let i = round % self.counter_workers();
         let slot = &self.slots[i];
         let flag = if kind == Kind::ReleasePause {
@@ -194,15 +219,7 @@ impl Rig {
             flag.store(false, Ordering::Relaxed);
             return None;
         }
-        let at = now();
-        if kind == Kind::WorkerStall {
-            sleep(STALL).await; // only the worker stalls; its sidecar runs on
-        } else {
-            self.sidecars[i].signal(libc::SIGSTOP);
-            sleep(TTL + Duration::from_secs(1)).await;
-            self.sidecars[i].signal(libc::SIGCONT);
-        }
-        Some((i, at))
+        Some(i)
     }
 
     /// Kills, stalls (SIGSTOP) or partitions (each for the TTL plus 1 s) the etcd leader or a

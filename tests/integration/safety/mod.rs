@@ -20,7 +20,9 @@
 //! just before its release (the release must be told the hold was lost); a holder stalled past
 //! its heartbeat window, its sidecar running; the mutex holder's Pod deleted while its sidecar
 //! runs on (the operator must end its holds; the pod then comes back under its name with a new
-//! uid); the DistributedLock deleted and created again; the semaphore's `maxHolders` lowered to
+//! uid); an administrator's force release of the mutex's holder (`kubectl annotate dlock counter
+//! podlock.io/release=HOLDER`, or `=*`); the DistributedLock deleted and created again; the
+//! semaphore's `maxHolders` lowered to
 //! 1 on its DistributedLock while it is full and waiters queue, and later raised back to 2.
 //! The locks are DistributedLocks that an operator publishes to the checker's etcd, and each
 //! sidecar belongs to a Pod on the shared API server.
@@ -194,12 +196,19 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     eprintln!("{}", report::histories(&ops, &verdict));
     eprintln!("  {}", replay.summary(log.events.len(), grants));
     eprintln!("  {}", orphans.summary());
-    let deleted = faults.iter().filter(|f| f.kind == Kind::PodDeleted).count();
-    let ended = pod_deletion_ends(&rig.operator.metrics().await);
+    let count = |kind| faults.iter().filter(|f| f.kind == kind).count();
+    let (deleted, asked) = (count(Kind::PodDeleted), count(Kind::ForceRelease));
+    let metrics = rig.operator.metrics().await;
+    let (ended, released) = (forced(&metrics, "pod_deleted"), forced(&metrics, "admin_release"));
     eprintln!("  operator: {ended} holds and waits ended for {deleted} deleted pods");
+    eprintln!("  operator: {released} holds ended by {asked} force releases");
     assert!(
         deleted == 0 || ended >= 1,
         "pods were deleted but the operator ended nothing"
+    );
+    assert!(
+        asked == 0 || released >= 1,
+        "force releases were asked for but the operator ended nothing"
     );
     assert_eq!(
         verdict.result, "Ok",
@@ -217,10 +226,10 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     drained.expect("no queue key outlives its client");
 }
 
-/// The operator's count of holds and waits it ended because their pod was deleted.
-fn pod_deletion_ends(metrics: &str) -> u64 {
-    let line = r#"podlock_forced_releases_total{reason="pod_deleted"} "#;
-    let value = metrics.lines().find_map(|l| l.strip_prefix(line));
+/// The operator's count of holds (and waits) it ended for `reason`.
+fn forced(metrics: &str, reason: &str) -> u64 {
+    let line = format!("podlock_forced_releases_total{{reason=\"{reason}\"}} ");
+    let value = metrics.lines().find_map(|l| l.strip_prefix(line.as_str()));
     value.and_then(|v| v.trim().parse().ok()).unwrap_or(0)
 }
 

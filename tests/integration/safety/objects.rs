@@ -6,8 +6,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
 use std::time::Duration;
 
+use super::faults::Kind;
 use super::rig::Rig;
-use super::{POOL, TTL, now};
+use super::{COUNTER, POOL, TTL, now};
 use crate::common::kube::{ControlPlane, running_pod};
 use crate::common::wait_until;
 
@@ -77,6 +78,54 @@ impl Rig {
         self.replace_sidecar(i).await;
         (i, at)
     }
+
+    /// Asks for a force release of the mutex's holder: on odd rounds by its holder id, of a
+    /// worker stalled between its grant and its write (a hung app: nothing else would end its
+    /// hold), else as `*`, on whoever holds; waits until the operator has acted (the
+    /// annotation is gone). Returns the stalled worker (else the holder's, or 0) and when the
+    /// annotation was set.
+    pub async fn force_release(&self, round: usize) -> (usize, f64) {
+        let stalled = match round % 2 {
+            1 => self.start_stall(Kind::ForceRelease, round).await,
+            _ => None,
+        };
+        let (_, info) = self.sidecars[0].get(&format!("/v1/locks/{COUNTER}")).await;
+        let value = match info["holders"][0]["holderId"].as_str() {
+            Some(holder) if stalled.is_some() => holder.to_string(),
+            _ => "*".to_string(),
+        };
+        let target = match stalled {
+            Some(i) => i,
+            None => self.holder().await.unwrap_or(0),
+        };
+        let at = now();
+        tokio::task::block_in_place(|| annotate_release(self.plane, COUNTER, &value));
+        let acted = wait_until(Duration::from_secs(10), || async {
+            !tokio::task::block_in_place(|| release_pending(self.plane, COUNTER))
+        })
+        .await;
+        acted.unwrap_or_else(|e| {
+            panic!(
+                "the operator never acted on podlock.io/release ({e}):\n{}",
+                self.operator.log()
+            )
+        });
+        (target, at)
+    }
+}
+
+/// Sets `podlock.io/release=value` on the DistributedLock `lock`, as an administrator would.
+fn annotate_release(plane: &ControlPlane, lock: &str, value: &str) {
+    let arg = format!("podlock.io/release={value}");
+    let (ok, _, err) = plane.kubectl(&["annotate", "dlock", lock, "-n", NAMESPACE, &arg, "--overwrite"]);
+    assert!(ok, "annotate DistributedLock {lock}: {err}");
+}
+
+/// Whether the DistributedLock `lock` still carries a force release request.
+fn release_pending(plane: &ControlPlane, lock: &str) -> bool {
+    let path = "jsonpath={.metadata.annotations.podlock\\.io/release}";
+    let (ok, out, _) = plane.kubectl(&["get", "dlock", lock, "-n", NAMESPACE, "-o", path]);
+    !ok || !out.trim().is_empty()
 }
 
 /// The checker's pods' API.

@@ -63,6 +63,12 @@ pub enum Action {
     Declare(u8),
     /// The operator sets the lock's `maxHolders` to its next scheduled value.
     SetMax(u8),
+    /// An administrator asks to release a holder (`podlock.io/release`): the operator reads the
+    /// lock and picks the holder key with this create revision, by the queue's rule
+    /// (`protocol::held_count`) under the settings etcd has.
+    ReleaseRead(u8, Rev),
+    /// The operator deletes the key it read for the release, guarded by its create revision.
+    ReleaseDelete,
 }
 
 impl Action {
@@ -136,6 +142,9 @@ impl Protocol {
             locks,
             clients,
             faults: self.spec.faults,
+            releases: self.spec.releases,
+            release: None,
+            released_holder: false,
             broken: None,
             top: 0,
         };

@@ -17,6 +17,9 @@ pub const FENCING: &str = "fencing: tokens rise in grant order";
 /// Safety: a client that believes it holds has its key in place, or can learn it is gone.
 pub const BELIEF: &str = "belief: a holder's key is in place, or it learns it is gone";
 
+/// Reached: an administrator's force release ended a hold its client believed it had.
+const RELEASED: &str = "a holder released by an administrator";
+
 /// The Stateright properties.
 pub fn properties() -> Vec<Property<Protocol>> {
     vec![
@@ -43,6 +46,7 @@ pub fn properties() -> Vec<Property<Protocol>> {
         Property::sometimes("a key recorded on behalf", |_, s: &State| {
             (s.locks.iter().flat_map(|l| &l.queue)).any(|k| k.record == Record::Behalf)
         }),
+        Property::sometimes(RELEASED, |_, s: &State| s.released_holder),
     ]
 }
 
@@ -84,6 +88,9 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     }
     if spec.on_behalf != crate::spec::OnBehalf::Off {
         out.push("a key recorded on behalf");
+    }
+    if spec.releases > 0 {
+        out.push(RELEASED);
     }
     out
 }

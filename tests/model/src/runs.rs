@@ -34,6 +34,7 @@ fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8>>, clients
         changes,
         clients,
         faults: 1,
+        releases: 0,
         lock_deletion: false,
         on_behalf: OnBehalf::Off,
         bug: None,
@@ -96,6 +97,37 @@ fn protocol() -> Vec<Run> {
             },
             about: "a pod with a key in each lock (a lease's end deletes both at once), both locks' \
                     maxHolders changed, a fault",
+            expect: HOLDS,
+        },
+        Run {
+            spec: Spec {
+                releases: 1,
+                ..spec(
+                    "force release, semaphore",
+                    vec![2],
+                    vec![vec![1]],
+                    vec![C::new(0, 0), C::new(1, 0), C::new(2, 0).connection()],
+                )
+            },
+            about: "an administrator's force release (the operator reads a holder, then deletes \
+                    its key guarded by create revision) besides a fault, maxHolders 2 lowered to 1",
+            expect: HOLDS,
+        },
+        Run {
+            spec: Spec {
+                releases: 1,
+                ..spec(
+                    "force release, reader-writer",
+                    vec![1],
+                    vec![vec![2]],
+                    vec![
+                        C::new(0, 0),
+                        C::new(1, 0).shared(),
+                        C::new(2, 0).shared().heartbeat(),
+                    ],
+                )
+            },
+            about: "the same among a writer and readers, maxHolders 1 raised to 2",
             expect: HOLDS,
         },
     ]

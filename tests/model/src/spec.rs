@@ -69,6 +69,9 @@ pub struct Spec {
     /// How many faults may happen in a run: a lease ended (expired or revoked), a pod
     /// crashed, a key deleted by the operator, the lock deleted, a missed heartbeat.
     pub faults: u8,
+    /// How many force releases (`podlock.io/release`) an administrator may ask for in a run,
+    /// besides the faults.
+    pub releases: u8,
     /// Whether the operator may delete a lock (and declare it again).
     pub lock_deletion: bool,
     /// The recording-on-behalf variant.

@@ -149,6 +149,13 @@ pub struct State {
     pub clients: Vec<Client>,
     /// Faults still allowed.
     pub faults: u8,
+    /// Administrators' force releases still allowed.
+    pub releases: u8,
+    /// A force release the operator has read but not yet applied: the lock, and the create
+    /// revision of the holder's key it read (its guarded delete comes in a later step).
+    pub release: Option<(u8, Rev)>,
+    /// Whether a force release ended a hold its client believed it had.
+    pub released_holder: bool,
     /// The first safety rule a grant broke.
     pub broken: Option<Broken>,
     /// The highest revision the state remembers (after [`State::normalize`]).
@@ -180,6 +187,9 @@ impl State {
                 f(&mut key.create);
                 f(&mut key.modrev);
             }
+        }
+        if let Some((_, create)) = &mut self.release {
+            f(create);
         }
         for client in &mut self.clients {
             f(&mut client.cache.modrev);

@@ -1,8 +1,19 @@
 //! The world around the clients: leases that end, pods that die, and the operator, which
-//! revokes holds, deletes and declares locks and changes their `maxHolders`.
+//! revokes holds, deletes and declares locks and changes their `maxHolders`, and an
+//! administrator's force release, which the operator reads and applies in two steps.
+
+use podlock::lock::protocol::{self, Mode};
 
 use crate::model::{Action, Protocol};
-use crate::state::State;
+use crate::state::{Key, Lock, Phase, State};
+
+/// The keys of `lock` that hold, as the operator reads them (`Store::holding`).
+fn held(lock: &Lock) -> impl Iterator<Item = &Key> {
+    let modes = (lock.queue.iter()).map(|k| if k.shared { Mode::Shared } else { Mode::Exclusive });
+    lock.queue
+        .iter()
+        .take(protocol::held_count(modes, lock.max.into()))
+}
 
 impl Protocol {
     /// The world's steps possible now.
@@ -35,6 +46,12 @@ impl Protocol {
             if declared && (lock.changes as usize) < self.spec.changes[l as usize].len() {
                 out.push(Action::SetMax(l));
             }
+            if declared && s.releases > 0 && s.release.is_none() {
+                out.extend(held(lock).map(|k| Action::ReleaseRead(l, k.create)));
+            }
+        }
+        if s.release.is_some() {
+            out.push(Action::ReleaseDelete);
         }
     }
 
@@ -66,6 +83,20 @@ impl Protocol {
                 lock.max = self.spec.changes[l as usize][lock.changes as usize];
                 lock.changes += 1;
                 lock.modrev = rev;
+            }
+            Action::ReleaseRead(l, create) => {
+                s.releases -= 1;
+                s.release = Some((l, create));
+            }
+            Action::ReleaseDelete => {
+                let (l, create) = s.release.take().expect("a release read");
+                let believed = (s.clients.iter().enumerate()).any(|(c, client)| {
+                    self.spec.clients[c].lock == l
+                        && matches!(client.phase, Phase::Holding { ticket, .. } if ticket == create)
+                });
+                if s.delete(l, create) && believed {
+                    s.released_holder = true;
+                }
             }
             Action::Client(..) => unreachable!("a client's step"),
         }
