@@ -1,6 +1,7 @@
 //! Benchmark: podlock beside the locks people use instead, same machine, same run.
 //!
-//! `cargo bench --bench handoff` (add `-- --quick` for a short run) prints one markdown table:
+//! `cargo bench --bench handoff` (add `-- --quick` for a short run) prints one markdown table and
+//! writes it to bench/results/handoff.md (a quick run: handoff-quick.md; see tests/common/results):
 //! podlock through its sidecar (HTTP on loopback, one sidecar process per contender, like one pod
 //! each), etcd's own Go `concurrency.Mutex` and a Redis `SET NX PX` lock (bench/peers), client-go
 //! Lease leader election (failover rows) and `etcdctl lock` (shell rows), and the floor: what a
@@ -20,11 +21,11 @@ mod table;
 use std::time::Duration;
 
 use common::usage;
-use common::{EtcdServer, declare};
+use common::{EtcdServer, declare, results};
 use failover::{Fault, TTL};
 use measure::{Podlock, cli_rate, contended, uncontended, warm_up};
 use peers::{Peers, Redis};
-use table::{PEERS, Row, contended_rows, json_f64, rate_key, spread};
+use table::{RATIOS, Row, blocks, contended_rows, json_f64, rate_key, spread};
 
 /// One run of the benchmark: its sizes, and what every lock runs on.
 struct Run {
@@ -51,6 +52,7 @@ async fn main() {
         return profile::podlock_only(n as usize, Duration::from_secs(secs)).await;
     }
     let quick = args.iter().any(|a| a == "--quick");
+    let machine = results::machine();
     let (cycles, window, trials, pod_trials) = if quick {
         (300, Duration::from_secs(2), 1, 5)
     } else {
@@ -75,17 +77,21 @@ async fn main() {
     rows.extend(run.failovers().await);
     rows.extend(run.shell().await);
 
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!(
-        "machine: {cores} cores; {}; one local etcd and one redis-server; window {window:?} per contended run",
+    let setup = format!(
+        "{}; one local etcd and one redis-server; window {window:?} per contended run",
         etcd_version()
     );
-    println!("(x): podlock's value divided by the peer's\n");
-    println!("| measurement | {} |", PEERS.join(" | "));
-    println!("|---|{}", "---|".repeat(PEERS.len()));
-    for r in &rows {
-        r.print();
+    let table = table::render(&rows);
+    println!("machine: {machine}; {setup}\n{RATIOS}\n\n{table}");
+    let written = results::Run {
+        bench: "handoff",
+        quick,
+        machine,
+        setup,
+        blocks: blocks(&table),
     }
+    .write();
+    println!("\nwritten: {written}");
 }
 
 /// How many turns podlock and the peers take at the uncontended cycle.

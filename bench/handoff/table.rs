@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::common::percentile;
+use crate::common::{percentile, results};
 use crate::measure::Contended;
 
 /// Columns after "measurement".
@@ -36,7 +36,8 @@ impl Row {
         self
     }
 
-    pub fn print(&self) {
+    /// The row as a markdown table line.
+    pub fn render(&self) -> String {
         let podlock = self.cells[0].as_ref().map(|c| c.0);
         let cells: Vec<String> = self
             .cells
@@ -49,8 +50,39 @@ impl Row {
                 (Some((_, text)), _) => text.clone(),
             })
             .collect();
-        println!("| {} | {} |", self.name, cells.join(" | "));
+        format!("| {} | {} |", self.name, cells.join(" | "))
     }
+}
+
+/// The whole table: its header and every row.
+pub fn render(rows: &[Row]) -> String {
+    let mut lines = vec![
+        format!("| measurement | {} |", PEERS.join(" | ")),
+        format!("|---|{}", "---|".repeat(PEERS.len())),
+    ];
+    lines.extend(rows.iter().map(Row::render));
+    lines.join("\n")
+}
+
+/// What the cells' bracketed figures are.
+pub const RATIOS: &str =
+    "(x): podlock's value divided by the peer's (for the floor: the fraction of it podlock reaches)";
+
+/// The results file's blocks: the rows the docs compare, the targets, every row.
+pub fn blocks(table: &str) -> Vec<(&'static str, &'static str, String)> {
+    vec![
+        (
+            "side-by-side",
+            "The rows docs/comparison.md and the README quote; (x): podlock's value divided by the peer's.",
+            results::handoff::side_by_side(table),
+        ),
+        (
+            "targets",
+            "Issue #15's targets for this benchmark, each against this run's figure (from the table below).",
+            results::handoff::targets(table),
+        ),
+        ("table", RATIOS, table.to_string()),
+    ]
 }
 
 pub fn ms(d: Duration) -> String {

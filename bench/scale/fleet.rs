@@ -93,7 +93,7 @@ async fn count_ready(api: &Api<DistributedLock>) -> usize {
 /// client writing these here).
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ApiWrites {
-    /// PATCHes of `distributedlocks/status`.
+    /// PATCHes (server-side applies included) of `distributedlocks/status`.
     pub status: f64,
     /// The seconds the API server took over those PATCHes.
     pub status_seconds: f64,
@@ -114,8 +114,10 @@ impl ApiWrites {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(0.0);
             let is = |label: &str| line.contains(label);
-            let status_patch =
-                is("resource=\"distributedlocks\"") && is("subresource=\"status\"") && is("verb=\"PATCH\"");
+            // The operator writes the status by server-side apply: HTTP PATCHes that the API
+            // server counts under the verb APPLY.
+            let patch = is("verb=\"PATCH\"") || is("verb=\"APPLY\"");
+            let status_patch = is("resource=\"distributedlocks\"") && is("subresource=\"status\"") && patch;
             let event_write = is("resource=\"events\"") && (is("verb=\"POST\"") || is("verb=\"PATCH\""));
             if line.starts_with("apiserver_request_total{") {
                 if status_patch {

@@ -7,7 +7,8 @@
 //! takes to show in its lock's status; queues 1,000 waiters on one lock and lets each in turn;
 //! and has one sidecar take 200 holds. `-- --quick` does the same at a tenth of the size (a
 //! smoke run, no figure to quote). It prints one table, each row as soon as it is measured:
-//! each figure beside issue #15's target.
+//! each figure beside issue #15's target; at the end it writes the table to
+//! bench/results/scale.md (a quick run: scale-quick.md; see tests/common/results).
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -18,7 +19,7 @@ mod load;
 use std::time::{Duration, Instant};
 
 use common::kube::{Operator, with_crd};
-use common::{percentile, usage};
+use common::{percentile, results, usage};
 use cpu::Cpu;
 use fleet::ApiWrites;
 
@@ -67,12 +68,14 @@ struct Row(String, String, &'static str);
 
 #[tokio::main]
 async fn main() {
-    let sizes = Sizes::new(std::env::args().any(|a| a == "--quick"));
+    let quick = std::env::args().any(|a| a == "--quick");
+    let sizes = Sizes::new(quick);
+    let machine = results::machine();
     let plane = with_crd();
-    print_header();
+    let mut table = Table::start(&machine);
 
     let took = fleet::create(plane, &sizes);
-    print(&[Row(
+    table.add(&[Row(
         format!(
             "create {} DistributedLocks in {} namespaces (kubectl apply)",
             sizes.locks, sizes.namespaces
@@ -85,24 +88,38 @@ async fn main() {
     let operator = Operator::start_cluster_wide(plane, &own_ns, &[]).await;
     let ready = fleet::all_ready(plane, sizes.locks, Duration::from_secs(1800)).await;
     let (rss, cpu) = usage(operator.pid());
-    print(&[Row(
-        format!("operator start to {} locks Ready", sizes.locks),
-        format!("{:.1} s (CPU {cpu:.1} s)", (ready - started).as_secs_f64()),
-        "",
-    )]);
-    print(&[Row(
-        "operator RSS, locks Ready".into(),
-        format!("{rss:.1} MiB"),
-        "≤ 256 MiB",
-    )]);
-
-    print(&steady(plane, &operator, &sizes).await);
-    print(&queue_and_holds(plane, &sizes).await);
-    print(&[Row(
+    table.add(&[
+        Row(
+            format!("operator start to {} locks Ready", sizes.locks),
+            format!("{:.1} s (CPU {cpu:.1} s)", (ready - started).as_secs_f64()),
+            "",
+        ),
+        Row(
+            "operator RSS, locks Ready".into(),
+            format!("{rss:.1} MiB"),
+            "≤ 256 MiB",
+        ),
+    ]);
+    table.add(&steady(plane, &operator, &sizes).await);
+    table.add(&queue_and_holds(plane, &sizes).await);
+    table.add(&[Row(
         "operator RSS, at the end".into(),
         format!("{:.1} MiB", usage(operator.pid()).0),
         "≤ 256 MiB",
     )]);
+    let written = results::Run {
+        bench: "scale",
+        quick,
+        machine,
+        setup: SETUP.into(),
+        blocks: vec![(
+            "table",
+            "Each figure beside issue #15's target.",
+            table.lines.join("\n"),
+        )],
+    }
+    .write();
+    println!("\nwritten: {written}");
 }
 
 /// The steady load's rows: status lag, API writes, where the lag's time and the CPU went.
@@ -219,19 +236,33 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// The table's head; each row is printed as soon as it is measured, so a run that fails late
-/// keeps what it measured.
-fn print_header() {
-    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
-    println!(
-        "machine: {cores} cores; one etcd and one kube-apiserver, the operator watching every namespace\n"
-    );
-    println!("| measurement | podlock | target (issue #15) |");
-    println!("|---|---|---|");
+/// What the run ran on.
+const SETUP: &str = "one etcd and one kube-apiserver, the operator watching every namespace";
+
+/// The table: each row printed as soon as it is measured, so a run that fails late keeps what it
+/// measured, and kept for the results file.
+struct Table {
+    lines: Vec<String>,
 }
 
-fn print(rows: &[Row]) {
-    for Row(what, value, target) in rows {
-        println!("| {what} | {value} | {target} |");
+impl Table {
+    fn start(machine: &str) -> Self {
+        println!("machine: {machine}; {SETUP}\n");
+        let table = Table {
+            lines: vec![
+                "| measurement | podlock | target (issue #15) |".into(),
+                "|---|---|---|".into(),
+            ],
+        };
+        table.lines.iter().for_each(|l| println!("{l}"));
+        table
+    }
+
+    fn add(&mut self, rows: &[Row]) {
+        for Row(what, value, target) in rows {
+            let line = format!("| {what} | {value} | {target} |");
+            println!("{line}");
+            self.lines.push(line);
+        }
     }
 }

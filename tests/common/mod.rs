@@ -14,6 +14,7 @@ pub mod lag;
 pub mod members;
 pub mod netns;
 pub mod node;
+pub mod results;
 mod sidecar;
 pub mod store;
 

@@ -3,7 +3,10 @@
 //! command, and every flag there exists; every error code the sidecar answers is in docs/api.md's
 //! error table with its status, and every code there is answered; every metric is in
 //! docs/operations.md; every field and parameter of docs/openapi.yaml is in docs/api.md; the
-//! code docs/clients.md quotes is in the examples as quoted.
+//! code docs/clients.md quotes is in the examples as quoted; every measured figure agrees with
+//! the benchmarks' results files (`numbers`).
+
+mod numbers;
 
 use std::collections::BTreeSet;
 use std::process::Command;
