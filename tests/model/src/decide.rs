@@ -93,7 +93,7 @@ pub fn decide(model: &Protocol, state: &State, at: (u8, Rev), max: u8) -> Result
     };
     Err(Wait {
         ticket: at.1,
-        at: state.top,
+        at: state.etcd,
         wakes,
         behind,
     })
@@ -118,22 +118,30 @@ pub fn admissible(model: &Protocol, state: &State, client: u8) -> bool {
 /// a new exclusive holder and those whose keys are still there must fit in the `maxHolders`
 /// in force (holders let in under a higher limit may stay, but then nobody new is let in;
 /// shared holders have no count limit), and its token must be above every token granted
-/// before.
+/// before, across wipes and restores (one granted after a restore the operator has not
+/// reconciled yet is noted apart, see [`State::window_broken`]).
 pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), ticket: Rev) {
     let holders = live_holders(model, state, lock).count();
     let l = &state.locks[lock as usize];
     if !model.spec.clients[client as usize].shared && holders + 1 > l.max as usize {
         state.broken.get_or_insert(Broken::Limit);
     }
-    if ticket <= l.last_token {
+    let token = state.key(lock, ticket).expect("a key in place").token();
+    if token <= l.last_token && l.unreconciled {
+        state.window_broken = true;
+    } else if token <= l.last_token {
         state.broken.get_or_insert(Broken::TokenOrder);
     }
+    state.granted_after_rebuild |= model.spec.rebuild.is_some() && state.rebuilds == 0;
     let l = &mut state.locks[lock as usize];
-    l.last_token = l.last_token.max(ticket);
-    let epoch = state.pods[model.owners[client as usize] as usize].epoch;
+    l.last_token = l.last_token.max(token);
+    if !model.spec.status_lag {
+        l.status_token = l.status_token.max(token);
+    }
+    let session = state.pods[model.owners[client as usize] as usize].session;
     state.clients[client as usize].phase = Phase::Holding {
         ticket,
-        epoch,
+        session,
         recorded: false,
     };
 }

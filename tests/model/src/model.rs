@@ -63,6 +63,21 @@ pub enum Action {
     Declare(u8),
     /// The operator sets the lock's `maxHolders` to its next scheduled value.
     SetMax(u8),
+    /// etcd is wiped and started again, empty.
+    Wipe,
+    /// A snapshot of etcd is taken.
+    Snapshot,
+    /// etcd is restored from the snapshot.
+    Restore,
+    /// The operator reconciles a lock whose settings are gone or whose etcd was restored:
+    /// publishes its settings under the epoch its rule chooses. `Some(c)`: etcd's revision
+    /// happens to reach, at that write, the settings' mod revision client `c` cached from the
+    /// etcd before (revisions of two etcds can coincide).
+    Republish(u8, Option<u8>),
+    /// The operator mirrors a lock's holders into its status (`status.fencingToken`).
+    Mirror(u8),
+    /// A key no acquire tracks is removed (the sidecar's orphan sweep, or its lease expiring).
+    Sweep(u8, Rev),
 }
 
 impl Action {
@@ -72,7 +87,7 @@ impl Action {
     pub fn good(&self) -> bool {
         match self {
             Action::Client(_, step) => !matches!(step, Step::Rewatch | Step::GiveUp | Step::HeartbeatMiss),
-            Action::Expire(_) => true,
+            Action::Expire(_) | Action::Republish(..) | Action::Mirror(_) | Action::Sweep(..) => true,
             _ => false,
         }
     }
@@ -109,23 +124,25 @@ impl Protocol {
             .map(|(i, &max)| Lock {
                 max,
                 modrev: i as Rev + 1,
+                epoch: 0,
                 queue: vec![],
-                last_token: 0,
+                last_token: (0, 0),
                 changes: 0,
+                status_epoch: 0,
+                status_token: (0, 0),
+                unreconciled: false,
             })
             .collect::<Vec<_>>();
+        let locks_len = locks.len() as Rev;
         let pod = Pod {
-            epoch: 0,
+            session: 0,
             lease: true,
             crashed: false,
         };
         let clients = (self.spec.clients.iter())
             .map(|c| Client {
                 phase: Phase::Idle,
-                cache: Cached {
-                    max: locks[c.lock as usize].max,
-                    modrev: locks[c.lock as usize].modrev,
-                },
+                cache: Cached::of(&locks[c.lock as usize]),
                 left: c.acquires,
                 holder: 0,
                 removals: vec![],
@@ -137,7 +154,11 @@ impl Protocol {
             clients,
             faults: self.spec.faults,
             broken: None,
-            top: 0,
+            window_broken: false,
+            rebuilds: u8::from(self.spec.rebuild.is_some()),
+            granted_after_rebuild: false,
+            snapshot: None,
+            etcd: locks_len,
         };
         state.normalize();
         state

@@ -1,5 +1,7 @@
 //! The world around the clients: leases that end, pods that die, and the operator, which
-//! revokes holds, deletes and declares locks and changes their `maxHolders`.
+//! revokes holds, deletes and declares locks and changes their `maxHolders`; and, in the runs
+//! that rebuild it, etcd wiped or restored and the operator publishing the locks again (see
+//! [`crate::rebuild`]).
 
 use crate::model::{Action, Protocol};
 use crate::state::State;
@@ -29,18 +31,20 @@ impl Protocol {
             if declared && faults && self.spec.lock_deletion {
                 out.push(Action::DeleteLock(l));
             }
-            if !declared {
+            if !declared && self.spec.rebuild.is_none() {
                 out.push(Action::Declare(l));
             }
             if declared && (lock.changes as usize) < self.spec.changes[l as usize].len() {
                 out.push(Action::SetMax(l));
             }
         }
+        if self.spec.rebuild.is_some() {
+            self.rebuild_steps(s, out);
+        }
     }
 
     /// Takes the world's step `action`.
     pub fn world_step(&self, s: &mut State, action: Action) {
-        let rev = s.next_rev();
         match action {
             Action::Expire(p) => s.end_lease(p, &self.owners),
             Action::EndLease(p) => {
@@ -60,14 +64,16 @@ impl Protocol {
                 let lock = &mut s.locks[l as usize];
                 (lock.modrev, lock.queue) = (0, vec![]);
             }
-            Action::Declare(l) => s.locks[l as usize].modrev = rev,
+            Action::Declare(l) => s.locks[l as usize].modrev = s.next_rev(),
             Action::SetMax(l) => {
+                let rev = s.next_rev();
                 let lock = &mut s.locks[l as usize];
                 lock.max = self.spec.changes[l as usize][lock.changes as usize];
                 lock.changes += 1;
                 lock.modrev = rev;
             }
             Action::Client(..) => unreachable!("a client's step"),
+            _ => self.rebuild_step(s, action),
         }
     }
 }
