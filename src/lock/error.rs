@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::entry::{HolderInfo, Mode};
 use super::names::{InvalidName, LockId};
+use super::token::TokenError;
 
 /// Why a lock operation did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +120,17 @@ pub enum LockError {
     /// sending it again will not help.
     #[error("etcd rejected the request: {0}")]
     Rejected(String),
+
+    /// No fencing token can be made for this grant (etcd's revision has outgrown the token):
+    /// the acquire is refused, never answered with a wrapped token.
+    #[error("cannot give lock {lock} a fencing token: {source}")]
+    Token {
+        /// The lock asked for.
+        lock: LockId,
+        /// Why.
+        #[source]
+        source: TokenError,
+    },
 }
 
 /// Why etcd could not serve a request now. Each may pass (an outage, a failover, a lease or
