@@ -30,7 +30,8 @@ pub enum TokenError {
     #[error(
         "etcd's revision {0} is at or above 2^40 ({REVISION_LIMIT}), the largest a fencing \
          token can carry; move the locks to a new etcd (docs/operations.md, \"Backup and \
-         restore\"): the operator continues their tokens there under a higher epoch"
+         restore\"): the operator, or `podlock declare --min-token`, continues their tokens \
+         there under a higher epoch"
     )]
     Revision(i64),
     /// Every epoch is used up.
