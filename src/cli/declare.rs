@@ -63,8 +63,33 @@ pub async fn run(args: DeclareArgs) -> anyhow::Result<()> {
         epoch: 0,
     };
     let min = args.min_token.map(Token::from_raw);
+    let (s, ended) = publish(&store, &lock, spec, min).await?;
+    println!(
+        "declared lock {lock}: ttlSeconds={} maxHolders={} heartbeatTimeoutSeconds={} epoch={}",
+        s.ttl_seconds, s.max_holders, s.heartbeat_timeout_seconds, s.epoch
+    );
+    if let Some(ended) = ended {
+        let floor = Token::new(s.epoch, 0)?;
+        println!(
+            "fencing tokens continue above {floor} (epoch {}); {ended} holds and waits of the \
+             old epoch ended",
+            s.epoch
+        );
+    }
+    Ok(())
+}
+
+/// Writes `spec` under the epoch etcd has, or the next one above `min` if etcd could still
+/// hand out `min` or less; returns the settings written and, for a new epoch, how many holds
+/// and waits of the old one it ended.
+async fn publish(
+    store: &Store,
+    lock: &LockId,
+    spec: Settings,
+    min: Option<Token>,
+) -> anyhow::Result<(Settings, Option<i64>)> {
     for _ in 0..ATTEMPTS {
-        let state = store.lock_state(&lock, spec.max_holders).await?;
+        let state = store.lock_state(lock, spec.max_holders).await?;
         let kept = state.settings.map_or(0, |s| s.epoch);
         let epoch = match min {
             Some(min) if min.exceeds(kept, state.revision) => next_epoch(min.epoch())?,
@@ -72,27 +97,13 @@ pub async fn run(args: DeclareArgs) -> anyhow::Result<()> {
         };
         let s = Settings { epoch, ..spec };
         let renew = epoch != kept;
-        let ended = match state.settings == Some(s) {
-            true => 0,
-            false => match store.publish(&lock, &s, state.settings_revision, renew).await? {
-                Some(ended) => ended,
-                None => continue,
-            },
-        };
-        println!(
-            "declared lock {lock}: ttlSeconds={} maxHolders={} heartbeatTimeoutSeconds={} epoch={epoch}",
-            s.ttl_seconds, s.max_holders, s.heartbeat_timeout_seconds
-        );
-        if renew {
-            let floor = Token::new(epoch, 0)?;
-            println!(
-                "fencing tokens continue above {floor} (epoch {epoch}); {ended} holds and waits of \
-                 the old epoch ended"
-            );
+        // Written even if unchanged, as before epochs: a new mod revision, which waiters follow.
+        if let Some(ended) = store.publish(lock, &s, state.settings_revision, renew).await? {
+            return Ok((s, renew.then_some(ended)));
         }
-        return Ok(());
     }
     bail!(
-        "the settings of lock {lock} changed in etcd under every attempt to declare it: is something else declaring it?"
+        "the settings of lock {lock} changed in etcd under every attempt to declare it: is \
+         something else declaring it?"
     )
 }

@@ -35,18 +35,22 @@ pub async fn settings(
     for _ in 0..ATTEMPTS {
         let state = ctx.store.lock_state(id, spec.max_holders).await?;
         let found = state.settings.map(|s| s.epoch);
+        let want = |choice: Choice| Settings {
+            epoch: choice.epoch,
+            ..spec
+        };
         let mut choice = choose(id, status.as_ref(), found, state.revision)?;
-        if (choice.renewal.is_some() || found.is_none()) && !fresh {
-            // A new epoch must lie above every one recorded: decide on the status as the API
-            // server has it, not on a cache that may lag the operator's own last write.
+        if state.settings == Some(want(choice)) {
+            return Ok(state);
+        }
+        if !fresh {
+            // Whatever is written now rests on the epochs recorded: decide on the status as
+            // the API server has it, not on a cache that may lag the operator's last write.
             status = api.get_status(&dl.name_any()).await?.status;
             fresh = true;
             choice = choose(id, status.as_ref(), found, state.revision)?;
         }
-        let want = Settings {
-            epoch: choice.epoch,
-            ..spec
-        };
+        let want = want(choice);
         if state.settings == Some(want) {
             return Ok(state);
         }
