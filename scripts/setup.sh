@@ -29,8 +29,8 @@
 #                     shell) and binutils (strip)
 #
 #   --demo-only (with --kubernetes or --node): only what the demos run, without the tools of the
-#                     tests and benchmarks (redis-server, perf, hadolint, Porcupine, promtool, checkov,
-#                     prometheus)
+#                     tests and benchmarks (redis-server, perf, hadolint, Porcupine, etcdutl,
+#                     promtool, checkov, prometheus)
 #   --list:           names what this run would provide, one per line, and installs nothing
 #
 # Slow builds are cached outside the repo in $PODLOCK_CACHE (default ~/.cache/podlock) and
