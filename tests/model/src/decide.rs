@@ -119,7 +119,7 @@ pub fn admissible(model: &Protocol, state: &State, client: u8) -> bool {
 /// in force (holders let in under a higher limit may stay, but then nobody new is let in;
 /// shared holders have no count limit), and its token must be above every token granted
 /// before, across wipes and restores (one granted after a restore the operator has not
-/// reconciled yet is noted apart, see [`State::window_broken`]).
+/// reconciled yet is noted apart, see [`crate::state::Rebuilt::window_broken`]).
 pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), ticket: Rev) {
     let holders = live_holders(model, state, lock).count();
     let l = &state.locks[lock as usize];
@@ -127,16 +127,23 @@ pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), tick
         state.broken.get_or_insert(Broken::Limit);
     }
     let token = state.key(lock, ticket).expect("a key in place").token();
-    if token <= l.last_token && l.unreconciled {
-        state.window_broken = true;
-    } else if token <= l.last_token {
-        state.broken.get_or_insert(Broken::TokenOrder);
-    }
-    state.granted_after_rebuild |= model.spec.rebuild.is_some() && state.rebuilds == 0;
+    let below = token <= l.last_token;
     let l = &mut state.locks[lock as usize];
     l.last_token = l.last_token.max(token);
-    if !model.spec.status_lag {
-        l.status_token = l.status_token.max(token);
+    match state.rebuilt.as_deref_mut() {
+        Some(r) => {
+            let status = &mut r.status[lock as usize];
+            r.window_broken |= below && status.unreconciled;
+            if below && !status.unreconciled {
+                state.broken.get_or_insert(Broken::TokenOrder);
+            }
+            if !model.spec.status_lag {
+                status.token = status.token.max(token);
+            }
+            r.granted_after |= r.left == 0;
+        }
+        None if below => drop(state.broken.get_or_insert(Broken::TokenOrder)),
+        None => {}
     }
     let session = state.pods[model.owners[client as usize] as usize].session;
     state.clients[client as usize].phase = Phase::Holding {

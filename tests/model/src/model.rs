@@ -7,7 +7,7 @@ use stateright::{Model, Property};
 
 use crate::props;
 use crate::spec::Spec;
-use crate::state::{Cached, Client, Lock, Phase, Pod, Rev, State};
+use crate::state::{Cached, Client, Lock, Phase, Pod, Rebuilt, Rev, State, Status};
 
 /// One client's step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -128,9 +128,6 @@ impl Protocol {
                 queue: vec![],
                 last_token: (0, 0),
                 changes: 0,
-                status_epoch: 0,
-                status_token: (0, 0),
-                unreconciled: false,
             })
             .collect::<Vec<_>>();
         let locks_len = locks.len() as Rev;
@@ -154,11 +151,14 @@ impl Protocol {
             clients,
             faults: self.spec.faults,
             broken: None,
-            window_broken: false,
-            rebuilds: u8::from(self.spec.rebuild.is_some()),
-            granted_after_rebuild: false,
-            snapshot: None,
             etcd: locks_len,
+            rebuilt: self.spec.rebuild.map(|_| {
+                Box::new(Rebuilt {
+                    left: 1,
+                    status: vec![Status::default(); locks_len as usize],
+                    ..Rebuilt::default()
+                })
+            }),
         };
         state.normalize();
         state

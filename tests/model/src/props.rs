@@ -28,7 +28,9 @@ pub fn properties() -> Vec<Property<Protocol>> {
     vec![
         Property::always(LIMIT, |_, s: &State| s.broken != Some(Broken::Limit)),
         Property::always(FENCING, |_, s: &State| s.broken != Some(Broken::TokenOrder)),
-        Property::always(WINDOW, |_, s: &State| !s.window_broken),
+        Property::always(WINDOW, |_, s: &State| {
+            !s.rebuilt.as_ref().is_some_and(|r| r.window_broken)
+        }),
         Property::always(MODES, |m, s: &State| {
             (0..s.locks.len() as u8).all(|l| modes_apart(m, s, l))
         }),
@@ -50,7 +52,9 @@ pub fn properties() -> Vec<Property<Protocol>> {
         Property::sometimes("a key recorded on behalf", |_, s: &State| {
             (s.locks.iter().flat_map(|l| &l.queue)).any(|k| k.record == Record::Behalf)
         }),
-        Property::sometimes(REGRANTED, |_, s: &State| s.granted_after_rebuild),
+        Property::sometimes(REGRANTED, |_, s: &State| {
+            s.rebuilt.as_ref().is_some_and(|r| r.granted_after)
+        }),
     ]
 }
 

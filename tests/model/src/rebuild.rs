@@ -6,21 +6,23 @@
 
 use crate::model::{Action, Protocol};
 use crate::spec::{Bug, EpochRule, Rebuild};
-use crate::state::{Key, Lock, Rev, Snapshot, State, Token};
+use crate::state::{Key, Lock, Rev, Snapshot, State, Status, Token};
 
 impl Protocol {
     /// The steps of etcd's rebuild and of the operator's answer possible now.
     pub fn rebuild_steps(&self, s: &State, out: &mut Vec<Action>) {
-        if s.rebuilds > 0 {
-            out.push(match (self.spec.rebuild, &s.snapshot) {
+        let r = s.rebuilt.as_deref().expect("a run that rebuilds etcd");
+        if r.left > 0 {
+            out.push(match (self.spec.rebuild, &r.snapshot) {
                 (Some(Rebuild::Wipe), _) => Action::Wipe,
                 (_, None) => Action::Snapshot,
                 (_, Some(_)) => Action::Restore,
             });
         }
-        for (l, lock) in s.locks.iter().enumerate() {
+        for (l, (lock, status)) in s.locks.iter().zip(&r.status).enumerate() {
             let l = l as u8;
-            if lock.modrev == 0 || lock.unreconciled || self.epoch_for(lock, s.etcd) != lock.epoch {
+            let epoch = self.epoch_for(lock, status, s.etcd);
+            if lock.modrev == 0 || status.unreconciled || epoch != lock.epoch {
                 out.push(Action::Republish(l, None));
             }
             if lock.modrev == 0 {
@@ -28,7 +30,7 @@ impl Protocol {
                 let coincide = cached.enumerate().filter(|&(_, r)| r > s.etcd);
                 out.extend(coincide.map(|(c, _)| Action::Republish(l, Some(c as u8))));
             }
-            if self.spec.status_lag && mirrored(lock) > lock.status_token {
+            if self.spec.status_lag && mirrored(lock) > status.token {
                 out.push(Action::Mirror(l));
             }
             let untracked = lock.queue.iter().filter(|k| !self.tracked(s, l, k));
@@ -40,7 +42,7 @@ impl Protocol {
     pub fn rebuild_step(&self, s: &mut State, action: Action) {
         match action {
             Action::Wipe => {
-                s.rebuilds -= 1;
+                s.rebuilt().left -= 1;
                 for lock in &mut s.locks {
                     (lock.modrev, lock.epoch, lock.queue) = (0, 0, vec![]);
                 }
@@ -48,31 +50,33 @@ impl Protocol {
                 s.etcd = 0;
                 watches_break(s);
             }
-            Action::Snapshot => s.snapshot = Some(Box::new(snapshot(s))),
+            Action::Snapshot => s.rebuilt().snapshot = Some(snapshot(s)),
             Action::Restore => self.restore(s),
             Action::Republish(l, coincide) => self.republish(s, l, coincide),
             Action::Mirror(l) => {
-                let lock = &mut s.locks[l as usize];
-                lock.status_token = lock.status_token.max(mirrored(lock));
+                let mirrored = mirrored(&s.locks[l as usize]);
+                let status = &mut s.rebuilt().status[l as usize];
+                status.token = status.token.max(mirrored);
             }
             Action::Sweep(l, create) => drop(s.delete(l, create)),
             _ => unreachable!("{action:?} is no rebuild step"),
         }
     }
 
-    /// The epoch the operator's rule publishes `lock` under, etcd being at revision `etcd`.
-    pub fn epoch_for(&self, lock: &Lock, etcd: Rev) -> u8 {
+    /// The epoch the operator's rule publishes `lock` (whose status is `status`) under, etcd
+    /// being at revision `etcd`.
+    pub fn epoch_for(&self, lock: &Lock, status: &Status, etcd: Rev) -> u8 {
         let gone = lock.modrev == 0;
-        let went_back = (lock.epoch, etcd) < lock.status_token;
+        let went_back = (lock.epoch, etcd) < status.token;
         match self.spec.epoch_rule {
             EpochRule::Off => lock.epoch,
-            EpochRule::StatusToken if (gone && lock.status_token != (0, 0)) || (!gone && went_back) => {
-                lock.status_token.0 + 1
+            EpochRule::StatusToken if (gone && status.token != (0, 0)) || (!gone && went_back) => {
+                status.token.0 + 1
             }
             EpochRule::StatusToken if gone => 0,
             EpochRule::StatusToken => lock.epoch,
             EpochRule::WriteAhead => {
-                let known = lock.status_epoch.max(lock.status_token.0);
+                let known = status.epoch.max(status.token.0);
                 if gone || lock.epoch < known || went_back {
                     known + 1
                 } else {
@@ -85,13 +89,16 @@ impl Protocol {
     /// The operator's reconcile of lock `l`: the epoch its rule chooses is written into the
     /// status first, then the settings (with the queue removed) into etcd.
     fn republish(&self, s: &mut State, l: u8, coincide: Option<u8>) {
+        let status = s.rebuilt().status[l as usize];
         let lock = &s.locks[l as usize];
-        let epoch = self.epoch_for(lock, s.etcd);
+        let epoch = self.epoch_for(lock, &status, s.etcd);
         let publish = lock.modrev == 0 || epoch != lock.epoch;
-        s.locks[l as usize].unreconciled = false;
+        let status = &mut s.rebuilt().status[l as usize];
+        status.unreconciled = false;
         if !publish {
             return;
         }
+        status.epoch = status.epoch.max(epoch);
         let rev = match coincide {
             Some(c) => {
                 s.etcd = s.clients[c as usize].cache.modrev;
@@ -100,7 +107,6 @@ impl Protocol {
             None => s.next_rev(),
         };
         let lock = &mut s.locks[l as usize];
-        lock.status_epoch = lock.status_epoch.max(epoch);
         (lock.modrev, lock.epoch) = (rev, epoch);
         if self.spec.bug != Some(Bug::BumpKeepsQueue) {
             lock.queue.clear();
@@ -111,8 +117,10 @@ impl Protocol {
     /// are still their pods' sessions (a key on any other lease is gone: no one keeps it
     /// alive); its revision is the snapshot's, or above every earlier one if bumped.
     fn restore(&self, s: &mut State) {
-        let snap = s.snapshot.take().expect("a snapshot");
-        s.rebuilds -= 1;
+        let r = s.rebuilt();
+        let snap = r.snapshot.take().expect("a snapshot");
+        r.left -= 1;
+        r.status.iter_mut().for_each(|st| st.unreconciled = true);
         for (p, pod) in s.pods.iter_mut().enumerate() {
             pod.lease &= snap.leases[p] == Some(pod.session);
         }
@@ -124,7 +132,6 @@ impl Protocol {
             let queue = queue.into_iter().filter(|k| live(s, k)).collect();
             let lock = &mut s.locks[l];
             (lock.max, lock.modrev, lock.epoch, lock.queue) = (max, modrev, epoch, queue);
-            lock.unreconciled = true;
         }
         s.etcd = match self.spec.rebuild {
             Some(Rebuild::Restore { bump_revision: true }) => Rev::MAX,

@@ -23,22 +23,22 @@ impl Display for Shown<'_> {
                 queue.join(" "),
                 token(lock.last_token)
             )?;
-            if model.spec.rebuild.is_some() {
-                let unreconciled = if lock.unreconciled {
-                    ", restored, not reconciled"
-                } else {
-                    ""
+            if let Some(r) = &s.rebuilt {
+                let status = r.status[l];
+                let restored = match status.unreconciled {
+                    true => ", restored, not reconciled",
+                    false => "",
                 };
                 writeln!(
                     f,
-                    "      status: fencingEpoch {} fencingToken {}{unreconciled}",
-                    lock.status_epoch,
-                    token(lock.status_token)
+                    "      status: fencingEpoch {} fencingToken {}{restored}",
+                    status.epoch,
+                    token(status.token)
                 )?;
             }
         }
-        if model.spec.rebuild.is_some() {
-            let snapshot = if s.snapshot.is_some() {
+        if let Some(r) = &s.rebuilt {
+            let snapshot = if r.snapshot.is_some() {
                 "; a snapshot taken"
             } else {
                 ""
@@ -66,7 +66,7 @@ impl Display for Shown<'_> {
         if let Some(broken) = s.broken {
             writeln!(f, "    broken: {broken:?}")?;
         }
-        if s.window_broken {
+        if s.rebuilt.as_ref().is_some_and(|r| r.window_broken) {
             writeln!(
                 f,
                 "    broken: a token below an earlier one before the operator's reconcile"

@@ -82,13 +82,38 @@ pub struct Lock {
     pub last_token: Token,
     /// How many scheduled `maxHolders` changes were made.
     pub changes: u8,
+}
+
+/// What the operator keeps of a lock outside etcd, in its DistributedLock's status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Status {
     /// `status.fencingEpoch`: the highest epoch the operator published (written before it
     /// publishes one).
-    pub status_epoch: u8,
+    pub epoch: u8,
     /// `status.fencingToken`: the highest token the operator saw in the queue.
-    pub status_token: Token,
-    /// Restored from a snapshot and not yet reconciled by the operator.
+    pub token: Token,
+    /// etcd was restored from a snapshot, and the operator has not reconciled the lock since.
     pub unreconciled: bool,
+}
+
+/// What only the runs that rebuild etcd keep (`None` in the others, whose states stay as small
+/// as they were).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Rebuilt {
+    /// Wipes or restores still allowed.
+    pub left: u8,
+    /// The snapshot taken, if one was.
+    pub snapshot: Option<Snapshot>,
+    /// Per lock: its status.
+    pub status: Vec<Status>,
+    /// A grant went below an earlier token between a restore and the operator's reconcile of
+    /// it (kept, and the run goes on).
+    pub window_broken: bool,
+    /// A grant was made after etcd's wipe or restore.
+    pub granted_after: bool,
+    /// Whether revisions above etcd's are remembered (after a wipe or restore): set by
+    /// [`State::normalize`], so that a write finds out without looking at every revision.
+    pub behind: bool,
 }
 
 /// What a snapshot of etcd holds, and a restore brings back.
@@ -222,30 +247,30 @@ pub struct State {
     pub faults: u8,
     /// The first safety rule a grant broke.
     pub broken: Option<Broken>,
-    /// A grant went below an earlier token between a restore and the operator's reconcile of
-    /// it (kept, and the run goes on).
-    pub window_broken: bool,
-    /// Wipes or restores still allowed.
-    pub rebuilds: u8,
-    /// A grant was made after etcd's wipe or restore.
-    pub granted_after_rebuild: bool,
-    /// The snapshot taken, if one was.
-    pub snapshot: Option<Box<Snapshot>>,
     /// etcd's revision: the one the next write comes after.
     pub etcd: Rev,
+    /// The state of etcd's rebuild and of the operator's status, in the runs that rebuild.
+    pub rebuilt: Option<Box<Rebuilt>>,
 }
 
 impl State {
+    /// The rebuild's state (in a run that rebuilds etcd).
+    pub fn rebuilt(&mut self) -> &mut Rebuilt {
+        self.rebuilt.as_deref_mut().expect("a run that rebuilds etcd")
+    }
+
     /// The revision of a write made now: etcd's revision plus one. Revisions remembered above
     /// etcd's (handed out before a wipe or restore) move up to make room, so the new one lies
     /// below all of them.
     pub fn next_rev(&mut self) -> Rev {
         let etcd = self.etcd;
-        self.each_rev(|r| {
-            if *r > etcd {
-                *r += 1;
-            }
-        });
+        if self.rebuilt.as_ref().is_some_and(|r| r.behind) {
+            self.each_rev(|r| {
+                if *r > etcd {
+                    *r += 1;
+                }
+            });
+        }
         self.etcd = etcd + 1;
         self.etcd
     }
@@ -258,6 +283,9 @@ impl State {
         self.each_rev(|r| seen.push(*r));
         let top = seen.iter().copied().max().unwrap_or(0);
         self.etcd = self.etcd.min(top);
+        if let Some(r) = &mut self.rebuilt {
+            r.behind = self.etcd < top;
+        }
         seen.push(self.etcd);
         seen.sort_unstable();
         seen.dedup();
@@ -270,14 +298,16 @@ impl State {
         for lock in &mut self.locks {
             f(&mut lock.modrev);
             f(&mut lock.last_token.1);
-            f(&mut lock.status_token.1);
             lock.queue.iter_mut().for_each(|k| k.each_rev(&mut f));
         }
-        if let Some(snap) = &mut self.snapshot {
-            f(&mut snap.etcd);
-            for (_, modrev, _, queue) in &mut snap.locks {
-                f(modrev);
-                queue.iter_mut().for_each(|k| k.each_rev(&mut f));
+        if let Some(r) = &mut self.rebuilt {
+            r.status.iter_mut().for_each(|st| f(&mut st.token.1));
+            if let Some(snap) = &mut r.snapshot {
+                f(&mut snap.etcd);
+                for (_, modrev, _, queue) in &mut snap.locks {
+                    f(modrev);
+                    queue.iter_mut().for_each(|k| k.each_rev(&mut f));
+                }
             }
         }
         for client in &mut self.clients {
