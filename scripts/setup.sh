@@ -11,6 +11,7 @@
 #   javac, node       Debian's openjdk-17-jdk-headless and nodejs, which run the Java and Node
 #                     client examples in their test (`java File.java` needs the JDK's compiler)
 #   etcd, etcdctl     built from the Go module go.etcd.io/etcd (server/v3, etcdctl/v3)
+#   etcdutl           the same module's etcdutl/v3 (the backup and restore tests' snapshots)
 #   Porcupine         the Go module github.com/anishathalye/porcupine, downloaded for the safety
 #                     run's linearizability checker (tests/linearizability/, built by the test)
 #   with --kubernetes: kube-apiserver and kube-controller-manager, built from the Go module
@@ -28,8 +29,8 @@
 #                     shell) and binutils (strip)
 #
 #   --demo-only (with --kubernetes or --node): only what the demos run, without the tools of the
-#                     tests and benchmarks (redis-server, perf, hadolint, Porcupine, promtool, checkov,
-#                     prometheus)
+#                     tests and benchmarks (redis-server, perf, hadolint, Porcupine, etcdutl,
+#                     promtool, checkov, prometheus)
 #   --list:           names what this run would provide, one per line, and installs nothing
 #
 # Slow builds are cached outside the repo in $PODLOCK_CACHE (default ~/.cache/podlock) and
@@ -136,6 +137,7 @@ build_go_cmd() {
 
 wanted etcd && build_go_cmd etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
 wanted etcdctl && build_go_cmd etcdctl go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdctl/v3
+wanted etcdutl test && build_go_cmd etcdutl go.etcd.io/etcd/etcdutl/v3 go.etcd.io/etcd/etcdutl/v3
 if wanted porcupine test; then
   step "the linearizability checker's Go modules (tests/linearizability/go.mod)"
   (cd "$(dirname "$0")/../tests/linearizability" && go mod download)

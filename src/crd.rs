@@ -175,12 +175,13 @@ fn default_max_holders() -> u32 {
 }
 
 impl DistributedLockSpec {
-    /// The settings the operator publishes to etcd.
+    /// The settings the operator publishes to etcd (under the token epoch it chooses; 0 here).
     pub fn settings(&self) -> Settings {
         Settings {
             ttl_seconds: self.ttl_seconds,
             max_holders: self.max_holders,
             heartbeat_timeout_seconds: self.heartbeat_timeout_seconds,
+            epoch: 0,
         }
     }
 }
@@ -204,6 +205,12 @@ pub struct DistributedLockStatus {
     /// The largest fencing token issued for this lock.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fencing_token: Option<i64>,
+    /// The highest token epoch the operator published the lock under (recorded before it
+    /// publishes one): tokens are `epoch * 2^40 + etcd revision`, and a lock published again in
+    /// an etcd that lost it (wiped, rebuilt, restored from an older snapshot) gets a higher
+    /// epoch, so that its tokens keep rising.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fencing_epoch: Option<u32>,
     /// The generation the status reflects.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_generation: Option<i64>,

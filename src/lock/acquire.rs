@@ -21,6 +21,7 @@ use super::registry::{Claimed, SlotKey};
 use super::session::Session;
 use super::settings::Declared;
 use super::settings::{HEARTBEAT, Settings, TTL};
+use super::token::Token;
 use super::wait::{self, Turn};
 
 /// How many times an acquire puts its key again (settings changed, an earlier key of the same
@@ -34,6 +35,8 @@ const RECORDING_GRACE: Duration = Duration::from_secs(1);
 /// An acquire's key in the queue.
 struct Placed {
     ticket: Ticket,
+    /// The token it holds with, once granted: the epoch it was enqueued under, its revision.
+    token: Token,
     session: Arc<Session>,
     /// Where the key stands (`None`: not known without a read).
     standing: Option<Standing>,
@@ -132,19 +135,25 @@ impl Engine {
             let ttl = req.ttl_seconds.unwrap_or(s.ttl_seconds);
             let ttl = TTL.check(ttl)?;
             let session = self.0.sessions.get(ttl).await?;
-            let entry = self.entry(req, ttl, s);
+            let entry = self.entry(req, ttl, s, s.epoch);
             let key = req.lock.entry_key(session.id, &req.holder_id);
             self.0.registry.placing(&pending.slot, &key);
             let enqueue = {
-                let (etcd, lock, rev) = (self.0.etcd.clone(), req.lock.clone(), declared.revision);
-                let (lease, max) = (session.id, s.max_holders);
-                async move { queue::enqueue(&etcd, &lock, &key, &entry, lease, rev, max).await }
+                let (etcd, lock, under) = (self.0.etcd.clone(), req.lock.clone(), declared.clone());
+                let lease = session.id;
+                async move { queue::enqueue(&etcd, &lock, &key, &entry, lease, &under).await }
             };
             match detached::enqueue_to_completion(self, &session, enqueue).await {
                 Ok(Enqueued::Placed { ticket, standing }) => {
                     pending.ticket = Some((ticket.clone(), session.clone()));
+                    // A revision a token cannot carry: refused (the key leaves with `pending`).
+                    let token = Token::new(s.epoch, ticket.revision).map_err(|source| LockError::Token {
+                        lock: req.lock.clone(),
+                        source,
+                    })?;
                     return Ok(Placed {
                         ticket,
+                        token,
                         session,
                         standing,
                     });
@@ -237,8 +246,13 @@ impl Engine {
         seen: i64,
         mark: MarkWhen,
     ) -> Result<Grant, LockError> {
-        let Placed { ticket, session, .. } = placed;
-        let mut entry = self.entry(&req, session.ttl, settings);
+        let Placed {
+            ticket,
+            token,
+            session,
+            ..
+        } = placed;
+        let mut entry = self.entry(&req, session.ttl, settings, token.epoch());
         // Stamped before the grant is recorded in etcd (which may admit the next waiter of a
         // semaphore), and answered as the same instant etcd shows: grants' `acquiredAt` then
         // follow the order the lock made them in, whichever answer arrives first.
@@ -259,7 +273,7 @@ impl Engine {
         let mut hold = Hold::new(
             req.lock,
             req.holder_id,
-            ticket,
+            (ticket, token),
             seen,
             session,
             Duration::from_secs(heartbeat.into()),
@@ -276,7 +290,8 @@ impl Engine {
         Ok(Grant::of(&hold))
     }
 
-    fn entry(&self, req: &AcquireRequest, ttl: u32, s: Settings) -> Entry {
+    /// The entry of `req`'s key, enqueued under token epoch `epoch`.
+    fn entry(&self, req: &AcquireRequest, ttl: u32, s: Settings, epoch: u32) -> Entry {
         Entry {
             holder_id: req.holder_id.clone(),
             pod: self.0.pod.clone(),
@@ -288,6 +303,7 @@ impl Engine {
                 .unwrap_or(s.heartbeat_timeout_seconds),
             container: req.container.clone(),
             mode: req.mode,
+            epoch,
         }
     }
 

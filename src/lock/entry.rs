@@ -5,6 +5,8 @@
 use serde::{Deserialize, Serialize};
 use std::time::SystemTime;
 
+use super::token::Token;
+
 /// The pod a sidecar serves, recorded in every entry so the operator can revoke a dead pod's
 /// holds.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +71,14 @@ pub struct Entry {
     /// How the hold shares the lock (absent: exclusive).
     #[serde(default, skip_serializing_if = "Mode::is_exclusive")]
     pub mode: Mode,
+    /// The lock's token epoch when the key was enqueued (absent: 0): its token is this epoch
+    /// and the key's create revision ([`Token`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Entry {
@@ -88,15 +98,17 @@ impl Entry {
         self.acquired_at.is_some()
     }
 
-    /// The holder this entry is, at fencing token `token`.
-    pub fn holder(self, token: i64) -> HolderInfo {
-        HolderInfo {
-            fencing_token: token,
+    /// The holder this entry is, for its key created at `revision`; `None` if that revision
+    /// is beyond what a token can carry (such a key is never granted: its acquire is refused).
+    pub fn holder(self, revision: i64) -> Option<HolderInfo> {
+        let token = Token::new(self.epoch, revision).ok()?;
+        Some(HolderInfo {
+            fencing_token: token.get(),
             acquired_at: self.acquired_at.unwrap_or(self.requested_at),
             holder_id: self.holder_id,
             pod: self.pod.name,
             mode: self.mode,
-        }
+        })
     }
 }
 
@@ -108,7 +120,7 @@ pub struct HolderInfo {
     pub holder_id: String,
     /// The holder's pod name.
     pub pod: String,
-    /// The holder's fencing token (create revision of its queue key).
+    /// The holder's fencing token (its epoch and the create revision of its queue key).
     pub fencing_token: i64,
     /// When the hold began (RFC 3339).
     pub acquired_at: String,

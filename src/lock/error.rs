@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::entry::{HolderInfo, Mode};
 use super::names::{InvalidName, LockId};
+use super::token::TokenError;
 
 /// Why a lock operation did not succeed.
 #[derive(Debug, thiserror::Error)]
@@ -119,6 +120,17 @@ pub enum LockError {
     /// sending it again will not help.
     #[error("etcd rejected the request: {0}")]
     Rejected(String),
+
+    /// No fencing token can be made for this grant (etcd's revision has outgrown the token):
+    /// the acquire is refused, never answered with a wrapped token.
+    #[error("cannot give lock {lock} a fencing token: {source}")]
+    Token {
+        /// The lock asked for.
+        lock: LockId,
+        /// Why.
+        #[source]
+        source: TokenError,
+    },
 }
 
 /// Why etcd could not serve a request now. Each may pass (an outage, a failover, a lease or
@@ -218,6 +230,12 @@ impl EtcdFailure {
                 // (its apply queue is behind) with this code; only the second passes by itself.
                 Code::ResourceExhausted if s.message().contains("space exceeded") => EtcdFailure::Full,
                 Code::ResourceExhausted => EtcdFailure::Transient,
+                // An answer in plain HTTP, not etcd's: a member still starting after a restart
+                // answered 404 before serving gRPC (tonic maps it to Unimplemented), and a
+                // `podlock declare` of the safety run failed on it. Sent again, it reaches etcd.
+                Code::Unimplemented if s.message().contains("grpc-status header missing") => {
+                    EtcdFailure::Transient
+                }
                 Code::Unavailable
                 | Code::DeadlineExceeded
                 | Code::Cancelled
@@ -278,8 +296,12 @@ mod tests {
             (Code::ResourceExhausted, "etcdserver: too many requests"),
             (Code::Unavailable, "etcdserver: no leader"),
             (Code::PermissionDenied, "etcdserver: permission denied"),
+            (
+                Code::Unimplemented,
+                "grpc-status header missing, mapped from HTTP status code 404",
+            ),
         ];
-        let [too_large, full, busy, no_leader, denied] = cases.map(|(c, m)| from(c, m));
+        let [too_large, full, busy, no_leader, denied, starting] = cases.map(|(c, m)| from(c, m));
         assert!(
             matches!(too_large, LockError::Rejected(ref m) if m.contains("too large")),
             "{too_large:?}"
@@ -297,6 +319,10 @@ mod tests {
             "{no_leader:?}"
         );
         assert!(matches!(denied, LockError::Forbidden(_)), "{denied:?}");
+        assert!(
+            matches!(starting, LockError::Unavailable(Unavailable::Unreachable(_))),
+            "{starting:?}"
+        );
         assert!(full.to_string().contains("NOSPACE"), "{full}");
     }
 }

@@ -11,6 +11,7 @@ use super::entry::Mode;
 use super::names::LockId;
 use super::queue::Ticket;
 use super::session::Session;
+use super::token::Token;
 
 /// One granted hold of this sidecar.
 #[derive(Debug)]
@@ -19,8 +20,10 @@ pub struct Hold {
     pub lock: LockId,
     /// The holder id.
     pub holder_id: String,
-    /// The queue key; its create revision is the fencing token.
+    /// The queue key.
     pub ticket: Ticket,
+    /// The fencing token: the epoch its key was enqueued under and the key's create revision.
+    pub fencing: Token,
     /// A revision at which the key was known to be in place: its watch starts after it.
     pub confirmed: i64,
     /// The session whose lease the key is bound to.
@@ -41,11 +44,11 @@ pub struct Hold {
 }
 
 impl Hold {
-    /// A new hold; its heartbeat window (if any) starts now.
+    /// A new hold with token `fencing`; its heartbeat window (if any) starts now.
     pub fn new(
         lock: LockId,
         holder_id: String,
-        ticket: Ticket,
+        (ticket, fencing): (Ticket, Token),
         confirmed: i64,
         session: Arc<Session>,
         heartbeat: Duration,
@@ -55,6 +58,7 @@ impl Hold {
             lock,
             holder_id,
             ticket,
+            fencing,
             confirmed,
             session,
             acquired_at: SystemTime::now(),
@@ -66,9 +70,9 @@ impl Hold {
         }
     }
 
-    /// The fencing token.
+    /// The fencing token, as handed out.
     pub fn token(&self) -> i64 {
-        self.ticket.revision
+        self.fencing.get()
     }
 
     /// Restarts the heartbeat window; returns when the hold will end without another heartbeat

@@ -184,7 +184,15 @@ mod tests {
             lease: 1,
         };
         let lock = LockId::new("ns", "l").unwrap();
-        Hold::new(lock, "h".into(), ticket, 1, Session::detached(15), window)
+        let token = crate::lock::Token::new(0, ticket.revision).unwrap();
+        Hold::new(
+            lock,
+            "h".into(),
+            (ticket, token),
+            1,
+            Session::detached(15),
+            window,
+        )
     }
 
     #[tokio::test(start_paused = true)]

@@ -33,6 +33,7 @@ mod session;
 mod settings;
 mod store;
 mod sweep;
+mod token;
 mod wait;
 mod watch;
 
@@ -46,7 +47,8 @@ pub use names::{
 };
 pub use queue::QueueState;
 pub use settings::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
-pub use store::{Revoked, RoundTripError, Store};
+pub use store::{LockState, Revoked, RoundTripError, Store};
+pub use token::{MAX_EPOCH, REVISION_LIMIT, Token, TokenError, next_epoch};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -138,7 +140,7 @@ impl Engine {
     /// The settings of `lock`: declared ones (cached), or the defaults when standalone.
     async fn declared(&self, lock: &LockId, fresh: bool) -> Result<Declared, LockError> {
         if !fresh && let Some(d) = self.0.declared.lock().unwrap().get(lock) {
-            return Ok(*d);
+            return Ok(d.clone());
         }
         let found = settings::read(&self.0.etcd, lock).await?;
         self.remember(lock, found)
@@ -148,16 +150,13 @@ impl Engine {
         let mut cache = self.0.declared.lock().unwrap();
         let d = match found {
             Some(d) => d,
-            None if self.0.standalone => Declared {
-                settings: Settings::default(),
-                revision: 0,
-            },
+            None if self.0.standalone => Declared::undeclared(),
             None => {
                 cache.remove(lock);
                 return Err(LockError::NotFound(lock.clone()));
             }
         };
-        cache.insert(lock.clone(), d);
+        cache.insert(lock.clone(), d.clone());
         Ok(d)
     }
 

@@ -25,6 +25,7 @@ use super::etcd::{self, Etcd};
 use super::names::LockId;
 use super::position::{self, Standing};
 use super::protocol;
+use super::settings::Declared;
 
 /// A contender's key in a queue.
 #[derive(Debug, Clone)]
@@ -54,8 +55,8 @@ pub enum Enqueued {
     Stale(Ticket),
 }
 
-/// Puts `entry` at `key` (bound to `lease`) if the lock's settings still have `settings_rev`
-/// as their mod revision (0: undeclared), in one transaction that also reads the keys right
+/// Puts `entry` at `key` (bound to `lease`) if the lock's settings are still `declared` (the
+/// same mod revision and value; revision 0: undeclared), in one transaction that also reads the keys right
 /// ahead of it, so that where it stands needs no second request. An existing key keeps its
 /// place if it is this request's own (sent again: the same value); another one is an earlier
 /// request's ([`Enqueued::Stale`]): taking it over would hand out a grant whose key a pending
@@ -66,12 +67,12 @@ pub async fn enqueue(
     key: &str,
     entry: &Entry,
     lease: i64,
-    settings_rev: i64,
-    max_holders: u32,
+    declared: &Declared,
 ) -> Result<Enqueued, LockError> {
     let value = entry.encode();
+    let max_holders = declared.settings.max_holders;
     let (ahead, values) = position::keys_needed(max_holders, entry.mode);
-    let txn = enqueue_txn(lock, key, &value, lease, settings_rev, ahead, values);
+    let txn = enqueue_txn(lock, key, &value, lease, declared, (ahead, values));
     let resp = etcd.txn(txn).await?;
     Ok(enqueued(resp, key, &value, lease, (max_holders, entry.mode)))
 }
@@ -84,9 +85,8 @@ fn enqueue_txn(
     key: &str,
     value: &[u8],
     lease: i64,
-    settings_rev: i64,
-    ahead: u32,
-    values: bool,
+    declared: &Declared,
+    (ahead, values): (u32, bool),
 ) -> Txn {
     let config = lock.config_key();
     // A key put by this transaction has the queue's highest create revision: newest first,
@@ -107,11 +107,7 @@ fn enqueue_txn(
         ])
         .or_else([TxnOp::get(key, None)]);
     Txn::new()
-        .when([Compare::mod_revision(
-            config.as_str(),
-            CompareOp::Equal,
-            settings_rev,
-        )])
+        .when(declared.unchanged(config.as_str()))
         .and_then([TxnOp::txn(place)])
         .or_else([TxnOp::get(config.as_str(), None)])
 }
@@ -213,7 +209,7 @@ pub struct QueueState {
 /// [`protocol::held_count`].
 pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32) -> QueueState {
     let entries: Vec<HolderInfo> = (kvs.iter())
-        .filter_map(|kv| Some(Entry::decode(kv.value())?.holder(kv.create_revision())))
+        .filter_map(|kv| Entry::decode(kv.value())?.holder(kv.create_revision()))
         .collect();
     let held = protocol::held_count(entries.iter().map(|e| e.mode), max_holders);
     QueueState {

@@ -210,10 +210,11 @@ mod tests {
             revision: 1,
             lease: 1,
         };
+        let token = crate::lock::Token::new(0, ticket.revision).unwrap();
         let hold = Hold::new(
             lock.clone(),
             holder.into(),
-            ticket,
+            (ticket, token),
             1,
             Session::detached(15),
             Duration::ZERO,

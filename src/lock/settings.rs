@@ -1,12 +1,14 @@
 //! A lock's settings, their bounds (the one place they are written), and how they live in etcd:
 //! written by the operator (for a DistributedLock) or `podlock declare`, read by sidecars.
 
-use etcd_client::{DeleteOptions, KeyValue, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, DeleteOptions, KeyValue, Txn, TxnOp, TxnOpResponse, TxnResponse};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 use super::error::LockError;
 use super::etcd::Etcd;
 use super::names::LockId;
+use super::token::{MAX_EPOCH, TokenError};
 
 /// A lock's settings, as declared by a DistributedLock or `podlock declare`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -18,6 +20,15 @@ pub struct Settings {
     pub max_holders: u32,
     /// 0: a hold lives as long as its pod; >0: the app must heartbeat within this window.
     pub heartbeat_timeout_seconds: u32,
+    /// The fencing tokens' epoch (see [`Token`](super::Token)): 0 in a lock's first etcd,
+    /// raised when it is published again in an etcd that lost it. Absent from the stored value
+    /// while 0, so that settings written before epochs existed read as epoch 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub epoch: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Default for Settings {
@@ -26,6 +37,7 @@ impl Default for Settings {
             ttl_seconds: TTL.default,
             max_holders: MAX_HOLDERS.default,
             heartbeat_timeout_seconds: HEARTBEAT.default,
+            epoch: 0,
         }
     }
 }
@@ -91,20 +103,49 @@ impl Settings {
         TTL.check(self.ttl_seconds)?;
         MAX_HOLDERS.check(self.max_holders)?;
         HEARTBEAT.check(self.heartbeat_timeout_seconds)?;
+        if self.epoch > MAX_EPOCH {
+            return Err(LockError::Invalid(
+                TokenError::Epoch(self.epoch.into()).to_string(),
+            ));
+        }
         Ok(())
     }
 }
 
-/// Settings as read from etcd, with the mod revision that guards enqueues against a change.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Settings as read from etcd, with what guards enqueues against a change: the config key's
+/// mod revision and its value. The value matters across etcds: a settings value read from an
+/// etcd since wiped or restored can have the very mod revision the new etcd's has, with
+/// another epoch in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Declared {
     /// The settings.
     pub settings: Settings,
     /// The config key's mod revision; 0 for an undeclared lock served with defaults.
     pub revision: i64,
+    /// The config key's value as etcd holds it (empty for an undeclared lock).
+    pub value: Arc<[u8]>,
 }
 
 impl Declared {
+    /// The defaults, for an undeclared lock served by a standalone sidecar.
+    pub fn undeclared() -> Self {
+        Declared {
+            settings: Settings::default(),
+            revision: 0,
+            value: Arc::from([]),
+        }
+    }
+
+    /// The comparisons under which etcd still has these settings: the config key's mod
+    /// revision, and for a declared lock its value.
+    pub fn unchanged(&self, config: &str) -> Vec<Compare> {
+        let mut same = vec![Compare::mod_revision(config, CompareOp::Equal, self.revision)];
+        if self.revision != 0 {
+            same.push(Compare::value(config, CompareOp::Equal, self.value.to_vec()));
+        }
+        same
+    }
+
     /// Parses a config key-value pair.
     pub fn from_kv(kv: &KeyValue) -> Result<Self, LockError> {
         let settings: Settings = serde_json::from_slice(kv.value()).map_err(|e| {
@@ -117,6 +158,7 @@ impl Declared {
         Ok(Declared {
             settings,
             revision: kv.mod_revision(),
+            value: Arc::from(kv.value()),
         })
     }
 }
@@ -127,13 +169,36 @@ pub async fn read(etcd: &Etcd, lock: &LockId) -> Result<Option<Declared>, LockEr
     resp.kvs().first().map(Declared::from_kv).transpose()
 }
 
-/// Writes a lock's settings (creating or updating it).
-pub async fn declare(etcd: &Etcd, lock: &LockId, settings: &Settings) -> Result<(), LockError> {
+/// Writes a lock's settings if the config key still has mod revision `over` (0: absent);
+/// `renew` also removes its queue in the same transaction (a new epoch: no key enqueued under
+/// the old one may be granted under it). Returns the number of queue keys removed, or `None`
+/// if the settings changed since `over` was read.
+pub async fn publish(
+    etcd: &Etcd,
+    lock: &LockId,
+    settings: &Settings,
+    over: i64,
+    renew: bool,
+) -> Result<Option<i64>, LockError> {
     settings.validate()?;
     let value = serde_json::to_vec(settings).expect("settings serialize");
-    etcd.txn(Txn::new().and_then([TxnOp::put(lock.config_key(), value, None)]))
-        .await?;
-    Ok(())
+    let config = lock.config_key();
+    let mut ops = vec![TxnOp::put(config.as_str(), value, None)];
+    if renew {
+        let all = DeleteOptions::new().with_prefix();
+        ops.push(TxnOp::delete(lock.queue_prefix(), Some(all)));
+    }
+    let unchanged = Compare::mod_revision(config.as_str(), CompareOp::Equal, over);
+    let resp = etcd.txn(Txn::new().when([unchanged]).and_then(ops)).await?;
+    Ok(resp.succeeded().then(|| deleted(resp)))
+}
+
+/// How many keys the last operation of a transaction deleted (0 if it deleted none).
+fn deleted(resp: TxnResponse) -> i64 {
+    match resp.op_responses().pop() {
+        Some(TxnOpResponse::Delete(d)) => d.deleted(),
+        _ => 0,
+    }
 }
 
 /// Removes a lock: its settings and every queue key, in one transaction. Holders see `lost`.
@@ -145,10 +210,7 @@ pub async fn undeclare(etcd: &Etcd, lock: &LockId) -> Result<i64, LockError> {
             TxnOp::delete(lock.queue_prefix(), Some(DeleteOptions::new().with_prefix())),
         ]))
         .await?;
-    Ok(match resp.op_responses().pop() {
-        Some(etcd_client::TxnOpResponse::Delete(d)) => d.deleted(),
-        _ => 0,
-    })
+    Ok(deleted(resp))
 }
 
 #[cfg(test)]
@@ -169,5 +231,21 @@ mod tests {
             ..Settings::default()
         };
         assert!(bad.validate().unwrap_err().to_string().contains("maxHolders"));
+        let bad = Settings {
+            epoch: MAX_EPOCH + 1,
+            ..Settings::default()
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("epoch"));
+    }
+
+    #[test]
+    fn settings_written_before_epochs_read_as_epoch_0_and_epoch_0_writes_them_unchanged() {
+        let old = br#"{"ttlSeconds":15,"maxHolders":1,"heartbeatTimeoutSeconds":0}"#;
+        let read: Settings = serde_json::from_slice(old).unwrap();
+        assert_eq!(read, Settings::default());
+        assert_eq!(serde_json::to_vec(&read).unwrap(), old.to_vec());
+        let later = Settings { epoch: 2, ..read };
+        let text = String::from_utf8(serde_json::to_vec(&later).unwrap()).unwrap();
+        assert!(text.ends_with(r#""epoch":2}"#), "{text}");
     }
 }

@@ -1,5 +1,5 @@
 //! The narrow interface through which the operator and `podlock declare` use podlock's data in
-//! etcd, without the sidecar's engine: declare and undeclare a lock, read its settings and its
+//! etcd, without the sidecar's engine: publish and undeclare a lock, read its settings and its
 //! queue, list and watch what is there, end an entry, revoke a dead pod's lease, and give a
 //! namespace its etcd role. Every request goes through the engine's hedged, counted client;
 //! what it returns is typed ([`QueueEntry`], [`Change`]): the key layout and etcd's own types
@@ -21,6 +21,19 @@ use super::settings::{self, Settings};
 /// podlock's data in etcd, for the operator and `podlock declare`. Cheap to clone.
 #[derive(Clone)]
 pub struct Store(Etcd);
+
+/// A lock as etcd has it, read by [`Store::lock_state`].
+#[derive(Debug, Clone)]
+pub struct LockState {
+    /// Its settings; `None` when etcd does not have them.
+    pub settings: Option<Settings>,
+    /// The settings' mod revision (0: none), which [`Store::publish`] is guarded by.
+    pub settings_revision: i64,
+    /// Its holders, and how many wait.
+    pub queue: QueueState,
+    /// etcd's revision when it was read.
+    pub revision: i64,
+}
 
 /// What [`Store::revoke_lease_in`] did.
 #[derive(Debug, PartialEq, Eq)]
@@ -80,9 +93,19 @@ impl Store {
         written.and(revoked).map(|_| ())
     }
 
-    /// Writes a lock's settings (creating or updating it).
-    pub async fn declare(&self, lock: &LockId, s: &Settings) -> Result<(), LockError> {
-        settings::declare(&self.0, lock, s).await
+    /// Writes a lock's settings if etcd still has the ones of mod revision `over` (0: none);
+    /// `renew` (a new token epoch) also removes the lock's queue in the same transaction, so
+    /// that no key enqueued under the old epoch is granted under it: its holders see `lost`.
+    /// Returns how many queue keys it removed, or `None` if the settings changed meanwhile
+    /// (read them again and decide again).
+    pub async fn publish(
+        &self,
+        lock: &LockId,
+        s: &Settings,
+        over: i64,
+        renew: bool,
+    ) -> Result<Option<i64>, LockError> {
+        settings::publish(&self.0, lock, s, over, renew).await
     }
 
     /// Removes a lock: its settings and every queue key. Returns how many keys it ended.
@@ -90,32 +113,32 @@ impl Store {
         settings::undeclare(&self.0, lock).await
     }
 
-    /// A lock's settings (`None` when undeclared) and its queue (its first `max_holders`
-    /// entries as holders, and how many wait), read in one transaction: the operator reads
-    /// both on every reconciliation.
-    pub async fn lock_state(
-        &self,
-        lock: &LockId,
-        max_holders: u32,
-    ) -> Result<(Option<Settings>, QueueState), LockError> {
-        let (declared, queue) = self.read_lock(lock).await?;
-        Ok((
-            declared.map(|d| d.settings),
-            queue::split_queue(&queue, max_holders),
-        ))
+    /// A lock's settings and its queue (its first `max_holders` entries as holders, and how
+    /// many wait), read in one transaction with etcd's revision: the operator reads them on
+    /// every reconciliation.
+    pub async fn lock_state(&self, lock: &LockId, max_holders: u32) -> Result<LockState, LockError> {
+        let (declared, queue, revision) = self.read_lock(lock).await?;
+        Ok(LockState {
+            settings: declared.as_ref().map(|d| d.settings),
+            settings_revision: declared.map_or(0, |d| d.revision),
+            queue: queue::split_queue(&queue, max_holders),
+            revision,
+        })
     }
 
-    /// A lock's settings (`None` when undeclared) and its whole queue in order, in one read.
+    /// A lock's settings (`None` when undeclared), its whole queue in order, and etcd's
+    /// revision, in one read.
     async fn read_lock(
         &self,
         lock: &LockId,
-    ) -> Result<(Option<settings::Declared>, Vec<KeyValue>), LockError> {
+    ) -> Result<(Option<settings::Declared>, Vec<KeyValue>, i64), LockError> {
         let resp = (self.0)
             .txn(Txn::new().and_then([
                 TxnOp::get(lock.config_key(), None),
                 TxnOp::get(lock.queue_prefix(), Some(queue::queue_order())),
             ]))
             .await?;
+        let revision = resp.header().map_or(0, |h| h.revision());
         let mut gets = etcd::gets(resp.op_responses());
         let (config, mut queue) = (gets.next().expect("config"), gets.next().expect("queue"));
         let declared = config
@@ -123,13 +146,13 @@ impl Store {
             .first()
             .map(settings::Declared::from_kv)
             .transpose()?;
-        Ok((declared, queue.take_kvs()))
+        Ok((declared, queue.take_kvs(), revision))
     }
 
     /// The entries that hold `lock` now, in queue order, by the queue's rule under its
     /// settings as etcd has them (none when it is not declared); one read.
     pub async fn holding(&self, lock: &LockId) -> Result<Vec<QueueEntry>, LockError> {
-        let (Some(declared), queue) = self.read_lock(lock).await? else {
+        let (Some(declared), queue, _) = self.read_lock(lock).await? else {
             return Ok(vec![]);
         };
         let entries: Vec<QueueEntry> = (queue.iter())

@@ -257,7 +257,9 @@ async fn standing(
             return Ok(standing(Position::Gone));
         }
         match config.kvs().first().map(Declared::from_kv).transpose()? {
-            Some(now) if now.revision != declared.revision => *declared = now,
+            // Compared by value too: a settings value read from an etcd since wiped or
+            // restored can have the revision of the new etcd's.
+            Some(now) if now != *declared => *declared = now,
             None if declared.revision != 0 => return Ok(standing(Position::Gone)), // lock deleted
             _ => {
                 let at = position::of_keys(ahead.kvs(), ahead.more(), max, mode);

@@ -2,9 +2,11 @@
 
 mod backoff;
 mod certs;
+mod epoch;
 mod etcd_auth;
 mod etcd_health;
 mod etcd_watch;
+mod event_limit;
 mod holder_service;
 pub mod inject;
 pub mod isolation;
@@ -12,6 +14,7 @@ mod leader;
 pub mod liveness;
 mod named_pods;
 mod owner;
+mod publish;
 mod readiness;
 mod reconcile;
 pub mod release;
@@ -204,7 +207,7 @@ fn context(
         store: store.clone(),
         metrics: metrics.clone(),
         recorder: Recorder::new(client.clone(), reporter),
-        holder_events: reconcile::EventLimit::default(),
+        holder_events: event_limit::EventLimit::default(),
         backoff: backoff::Backoff::default(),
         isolation: isolation::Isolation::new(args.etcd.has_credentials(), ca),
     }))

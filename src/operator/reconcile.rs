@@ -7,17 +7,17 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
 use kube::{Resource, ResourceExt};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
 use tracing::{info, warn};
 
 use super::backoff::Backoff;
+use super::event_limit::EventLimit;
 use super::holder_service::{self, Followed};
 use super::isolation::Isolation;
 use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder, HolderServiceStatus};
 use crate::lock::rfc3339;
-use crate::lock::{LockError, LockId, QueueState, Settings, Store};
+use crate::lock::{LockId, LockState, Store};
 use crate::metrics::{OperatorMetrics, RECONCILED};
 
 #[path = "reconcile_error.rs"]
@@ -114,33 +114,25 @@ async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) 
         .ensure(&ctx.client, &ctx.store, &id.namespace)
         .await
         .map_err(|e| Error::Isolation(e.into()))?;
-    let want = dl.spec.settings();
-    let state = match publish_settings(ctx, &id, &want).await {
+    let state = match super::publish::settings(ctx, api, dl, &id).await {
         Ok(state) => state,
+        Err(e @ Error::Kube(_)) => return Err(e),
         Err(e) => {
-            let old = dl.status.clone().unwrap_or_default();
+            // Read the status afresh: the publish may have recorded a new epoch in it, which
+            // this write must keep.
+            let now = api.get_status(&dl.name_any()).await?.status;
+            let old = now.unwrap_or_default();
             let status = DistributedLockStatus {
                 phase: old.phase.clone().or(Some("Pending".into())),
                 conditions: vec![condition(dl, READY, "False", "EtcdUnavailable", &e.to_string())],
                 ..old
             };
             patch_status(api, dl, &status).await?;
-            return Err(e.into());
+            return Err(e);
         }
     };
     mirror_status(dl, api, ctx, &id, state).await?;
     Ok(Action::requeue(RESYNC))
-}
-
-/// Writes `want` to etcd unless it is there already; returns the lock's queue, read with the
-/// settings.
-async fn publish_settings(ctx: &Context, id: &LockId, want: &Settings) -> Result<QueueState, LockError> {
-    let (published, state) = ctx.store.lock_state(id, want.max_holders).await?;
-    if published != Some(*want) {
-        ctx.store.declare(id, want).await?;
-        info!(lock = %id, ?want, "published settings");
-    }
-    Ok(state)
 }
 
 /// Mirrors the queue into the object's `status` and the lock's gauges; records an Event when
@@ -150,11 +142,12 @@ async fn mirror_status(
     api: &Api<DistributedLock>,
     ctx: &Context,
     id: &LockId,
-    state: QueueState,
+    state: LockState,
 ) -> Result<(), Error> {
     let old = dl.status.clone().unwrap_or_default();
-    let newest = state.holders.iter().map(|h| h.fencing_token).max();
-    let holders: Vec<Holder> = state.holders.into_iter().map(Holder::from).collect();
+    let (queue, epoch) = (state.queue, state.settings.map(|s| s.epoch));
+    let newest = queue.holders.iter().map(|h| h.fencing_token).max();
+    let holders: Vec<Holder> = queue.holders.into_iter().map(Holder::from).collect();
     // The route first: it is what moves traffic to the new holder.
     let route = route(ctx, dl, &old, &holders).await;
     let mut conditions = vec![condition(
@@ -169,8 +162,10 @@ async fn mirror_status(
         phase: Some(if holders.is_empty() { "Free" } else { "Held" }.into()),
         holder_count: holders.len() as u32,
         holders: holders.into_iter().take(STATUS_HOLDERS).collect(),
-        waiters: state.waiters as u32,
+        waiters: queue.waiters as u32,
         fencing_token: old.fencing_token.max(newest),
+        // Never below etcd's: it holds every epoch published and not lost since.
+        fencing_epoch: old.fencing_epoch.max(epoch),
         observed_generation: dl.metadata.generation,
         conditions,
         holder_service: route.status,
@@ -196,7 +191,7 @@ async fn mirror_status(
             ),
             None => "free".into(),
         };
-        publish(ctx, dl, EventType::Normal, "HolderChanged", note).await;
+        event(ctx, dl, EventType::Normal, "HolderChanged", note).await;
     }
     route.failed.map_or(Ok(()), |e| Err(e.into()))
 }
@@ -253,35 +248,6 @@ async fn route(
     }
 }
 
-/// At most one `HolderChanged` Event per lock in this long. A busy lock changes hands many
-/// times a second; its status always says who holds it now, and an Event per handoff would
-/// flood the API server (the scale benchmark saw 76 Events/s at 95 handoffs/s).
-pub const HOLDER_EVENT_EVERY: Duration = Duration::from_secs(10);
-
-/// When each lock last got a `HolderChanged` Event.
-#[derive(Default)]
-pub struct EventLimit(Mutex<HashMap<LockId, Instant>>);
-
-impl EventLimit {
-    /// Whether `lock` may have an Event now (and if so, counts it as had).
-    pub fn allow(&self, lock: &LockId) -> bool {
-        let mut last = self.0.lock().unwrap();
-        let now = Instant::now();
-        match last.get(lock) {
-            Some(at) if now.duration_since(*at) < HOLDER_EVENT_EVERY => false,
-            _ => {
-                last.insert(lock.clone(), now);
-                true
-            }
-        }
-    }
-
-    /// Forgets a deleted lock.
-    pub fn forget(&self, lock: &LockId) {
-        self.0.lock().unwrap().remove(lock);
-    }
-}
-
 async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     let id = lock_id(dl);
     let ended = ctx.store.undeclare(&id).await?;
@@ -301,14 +267,8 @@ async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         .metrics
         .lock_waiters
         .remove_label_values(&[&id.namespace, &id.name]);
-    publish(
-        ctx,
-        dl,
-        EventType::Normal,
-        "Deleted",
-        format!("removed from etcd; {ended} holds and waits ended"),
-    )
-    .await;
+    let note = format!("removed from etcd; {ended} holds and waits ended");
+    event(ctx, dl, EventType::Normal, "Deleted", note).await;
     Ok(Action::await_change())
 }
 
@@ -341,7 +301,7 @@ fn condition(dl: &DistributedLock, kind: &str, status: &str, reason: &str, messa
 /// none as a map), so an applied list replaces the one there. (A field an earlier release
 /// merged in keeps that manager as co-owner until the value changes; left out before then, it
 /// stays, as it did with the merge patch.)
-async fn patch_status(
+pub(super) async fn patch_status(
     api: &Api<DistributedLock>,
     dl: &DistributedLock,
     status: &DistributedLockStatus,
@@ -364,8 +324,8 @@ struct StatusApply<'a> {
     status: &'a DistributedLockStatus,
 }
 
-/// Records a Kubernetes Event on `dl` (a failure to is logged: Events are for people).
-pub async fn publish(ctx: &Context, dl: &DistributedLock, type_: EventType, reason: &str, note: String) {
+/// Records a Kubernetes Event of `type_` on the DistributedLock (a failure is logged only).
+pub(super) async fn event(ctx: &Context, dl: &DistributedLock, type_: EventType, reason: &str, note: String) {
     let event = Event {
         type_,
         reason: reason.into(),
@@ -383,27 +343,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_busy_lock_gets_one_holder_event_per_interval() {
-        let limit = EventLimit::default();
-        let (busy, quiet) = (
-            LockId::new("ns", "busy").unwrap(),
-            LockId::new("ns", "quiet").unwrap(),
-        );
-        assert!(limit.allow(&busy));
-        assert!(!limit.allow(&busy), "a second handoff within the interval");
-        assert!(limit.allow(&quiet), "another lock has its own interval");
-        limit.forget(&busy);
-        assert!(limit.allow(&busy), "a lock made again starts afresh");
-    }
-
-    #[test]
     fn reconciliations_are_counted_by_the_cause_of_their_failure() {
         let metrics = OperatorMetrics::new();
         metrics.start_at_zero(&Error::LABELS, &[]);
         count(&metrics, &Ok(Action::await_change()));
         count(
             &metrics,
-            &Err(LockError::from(crate::lock::Unavailable::KeepaliveEnded).into()),
+            &Err(crate::lock::LockError::from(crate::lock::Unavailable::KeepaliveEnded).into()),
         );
         count(&metrics, &Err(Error::Finalizer("unnamed object".into())));
         let text = metrics.render();

@@ -1,6 +1,6 @@
 //! Why a reconciliation failed, and the cause as a metric label.
 
-use crate::lock::{LockError, Unavailable};
+use crate::lock::{LockError, LockId, Unavailable};
 
 /// Why a reconciliation failed.
 #[derive(Debug, thiserror::Error)]
@@ -17,11 +17,18 @@ pub enum Error {
     /// The object cannot carry the finalizer (no name, or a malformed finalizer).
     #[error("finalizer: {0}")]
     Finalizer(String),
+    /// The lock's settings in etcd changed under every publish (another operator replica, or
+    /// `podlock declare` on a lock that a DistributedLock declares).
+    #[error(
+        "the settings of lock {0} changed in etcd while the operator published them, again and \
+         again: is `podlock declare` run on it, or a second operator with another leader election?"
+    )]
+    SettingsChanging(LockId),
 }
 
 impl Error {
     /// Every [`label`](Self::label), so that each `reconcile_total` series exists from the start.
-    pub const LABELS: [&str; 10] = [
+    pub const LABELS: [&str; 11] = [
         "etcd_unavailable",
         "etcd_full",
         "etcd_rejected",
@@ -32,6 +39,7 @@ impl Error {
         "etcd_credentials",
         "kube_api",
         "finalizer",
+        "settings_changing",
     ];
 
     /// The cause as `podlock_reconcile_total`'s `result` label: what an operator of the cluster
@@ -50,6 +58,7 @@ impl Error {
             Error::Isolation(_) => "etcd_credentials",
             Error::Kube(_) => "kube_api",
             Error::Finalizer(_) => "finalizer",
+            Error::SettingsChanging(_) => "settings_changing",
         }
     }
 }
@@ -57,7 +66,6 @@ impl Error {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::LockId;
 
     #[test]
     fn every_cause_has_its_own_listed_snake_case_label() {
@@ -72,6 +80,7 @@ mod tests {
             Error::Isolation("cannot add the user".into()),
             Error::Kube(kube::Error::LinesCodecMaxLineLengthExceeded),
             Error::Finalizer("unnamed object".into()),
+            Error::SettingsChanging(LockId::new("ns", "l").unwrap()),
         ];
         let labels: Vec<_> = errors.iter().map(Error::label).collect();
         assert_eq!(labels, Error::LABELS);

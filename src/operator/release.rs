@@ -19,7 +19,7 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 use tracing::info;
 
-use super::reconcile::{Context, Error, lock_id, publish};
+use super::reconcile::{Context, Error, event, lock_id};
 use crate::crd::DistributedLock;
 use crate::lock::{QueueEntry, check_holder_id};
 
@@ -54,7 +54,7 @@ pub async fn handle(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Cont
     let asked = format!("{ANNOTATION}={value}{}", set_by(dl));
     if let Err(problem) = check(value) {
         let note = format!("{asked} ignored: {problem}");
-        publish(ctx, dl, EventType::Warning, "ReleaseInvalid", note).await;
+        event(ctx, dl, EventType::Warning, "ReleaseInvalid", note).await;
         return Ok(());
     }
     let held = ctx.store.holding(&lock_id(dl)).await;
@@ -154,7 +154,7 @@ async fn report(
     if !released.is_empty() {
         info!(lock = %lock_id(dl), ?released, "released at an administrator's request");
         let note = format!("{asked}: released {}", released.join(", "));
-        return publish(ctx, dl, EventType::Normal, "Released", note).await;
+        return event(ctx, dl, EventType::Normal, "Released", note).await;
     }
     let holders: Vec<String> = held.iter().map(describe).collect();
     let now = match holders.is_empty() {
@@ -162,7 +162,7 @@ async fn report(
         false => format!("the holders are {}", holders.join(", ")),
     };
     let note = format!("{asked}: nothing released: {now}");
-    publish(ctx, dl, EventType::Warning, "ReleaseNotHeld", note).await;
+    event(ctx, dl, EventType::Warning, "ReleaseNotHeld", note).await;
 }
 
 /// Records that etcd failed a request (after `released`), and returns the error.
@@ -178,7 +178,7 @@ async fn failed(
         false => format!("released {}", released.join(", ")),
     };
     let note = format!("{asked}: {done}, then etcd failed: {e}; set the annotation again to retry");
-    publish(ctx, dl, EventType::Warning, "ReleaseFailed", note).await;
+    event(ctx, dl, EventType::Warning, "ReleaseFailed", note).await;
     e.into()
 }
 

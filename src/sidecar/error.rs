@@ -70,6 +70,9 @@ impl From<LockError> for ApiError {
             // etcd down or failing over, a lease or watch that ended, a placement that raced,
             // etcd full until its administrator frees it: each may pass.
             LockError::Unavailable(_) | LockError::LeaseNotFound(_) => unavailable(message),
+            // etcd's revisions have outgrown the fencing token: no grant until the locks move
+            // to a new etcd (the message says so).
+            LockError::Token { .. } => unavailable(message),
         }
     }
 }

@@ -63,6 +63,14 @@ impl FencedStore {
             .unwrap()
     }
 
+    /// Writes to it with fencing token `token` as `writer`; returns the HTTP status (200
+    /// accepted, 409 a token below the highest it has seen).
+    pub async fn write(&self, token: i64, writer: &str) -> u16 {
+        let url = format!("{}/increment?token={token}&writer={writer}", self.url);
+        let resp = reqwest::Client::new().post(url).send().await.unwrap();
+        resp.status().as_u16()
+    }
+
     /// Every accepted write so far, in the order the store accepted them.
     pub fn accepted(&self) -> Vec<AcceptedWrite> {
         let text = self.log_text();

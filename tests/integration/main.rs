@@ -14,6 +14,7 @@ mod connection;
 mod dashboards;
 mod docs;
 mod drain;
+mod etcd_rebuild;
 mod etcd_tls;
 mod examples;
 mod failure_modes;

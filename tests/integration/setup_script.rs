@@ -65,6 +65,7 @@ fn the_demo_setup_builds_no_tool_of_the_tests() {
     let left_out: BTreeSet<&str> = all.difference(&demo).map(String::as_str).collect();
     let test_tools = BTreeSet::from([
         "checkov",
+        "etcdutl",
         "hadolint",
         "javac",
         "node",

@@ -65,13 +65,14 @@ priorityClassName: {{ . }}
 {{/* The operator's rules about locks and pods: in its ClusterRole, or with
      operator.watchNamespace in a Role of that namespace. */}}
 {{- define "podlock.lockRules" -}}
-# Reconcile DistributedLocks: watch them, manage the finalizer (a JSON patch), write status.
+# Reconcile DistributedLocks: watch them, manage the finalizer (a JSON patch), write status;
+# read the status afresh before choosing a lock's token epoch (not from a lagging cache).
 - apiGroups: [podlock.io]
   resources: [distributedlocks]
   verbs: [list, watch, patch]
 - apiGroups: [podlock.io]
   resources: [distributedlocks/status]
-  verbs: [patch]
+  verbs: [get, patch]
 # Pod liveness: watch pods with podlock sidecars and read one by name. RBAC cannot narrow a
 # watch by label, so this is every pod; it is read-only.
 - apiGroups: [""]

@@ -4,7 +4,7 @@
 use crate::decide::{decide, grant};
 use crate::model::{Action, Protocol, Step};
 use crate::spec::{Bug, OnBehalf};
-use crate::state::{Cached, Key, Name, Phase, Record, Rev, State, Wait};
+use crate::state::{Cached, Key, Lock, Name, Phase, Record, Rev, State, Wait};
 
 impl Protocol {
     /// The steps `c` can take now.
@@ -64,11 +64,11 @@ impl Protocol {
     /// Whether the holder `c` can tell that its hold ended: its key is gone (its watch), or
     /// its session's lease is (its keepalives).
     pub fn learns(&self, s: &State, c: u8) -> bool {
-        let Phase::Holding { ticket, epoch, .. } = s.clients[c as usize].phase else {
+        let Phase::Holding { ticket, session, .. } = s.clients[c as usize].phase else {
             return false;
         };
         let pod = &s.pods[self.owners[c as usize] as usize];
-        let session_lost = !pod.lease || pod.epoch != epoch;
+        let session_lost = !pod.lease || pod.session != session;
         let lock = self.spec.clients[c as usize].lock;
         session_lost || (s.key(lock, ticket).is_none() && self.spec.bug != Some(Bug::NoKeyWatch))
     }
@@ -95,7 +95,7 @@ impl Protocol {
             }
             (Step::Read, Phase::Reading { ticket }) => self.read(s, c, ticket),
             (_, Phase::Waiting(w)) => self.waiter_step(s, c, step, w),
-            (_, Phase::Holding { ticket, epoch, .. }) => self.holder_step(s, c, step, (ticket, epoch)),
+            (_, Phase::Holding { ticket, session, .. }) => self.holder_step(s, c, step, (ticket, session)),
             (step, phase) => unreachable!("{step:?} in {phase:?}"),
         }
     }
@@ -127,18 +127,19 @@ impl Protocol {
 
     /// A holder's step: it records its grant, releases, learns its hold ended, or misses its
     /// heartbeat (the sidecar ends the hold, then removes its key in the background).
-    fn holder_step(&self, s: &mut State, c: u8, step: Step, (ticket, epoch): (Rev, u8)) {
+    fn holder_step(&self, s: &mut State, c: u8, step: Step, (ticket, session): (Rev, u8)) {
         let lock = self.spec.clients[c as usize].lock;
         let me = &mut s.clients[c as usize];
         match step {
             Step::Record => {
                 me.phase = Phase::Holding {
                     ticket,
-                    epoch,
+                    session,
                     recorded: true,
                 };
-                let rev = s.next_rev();
-                if let Some(key) = s.key_mut(lock, ticket) {
+                if s.key(lock, ticket).is_some() {
+                    let rev = s.next_rev();
+                    let key = s.key_mut(lock, ticket).expect("in place");
                     key.record = Record::Own;
                     key.modrev = rev;
                 }
@@ -166,28 +167,25 @@ impl Protocol {
         let (spec, pod) = (self.spec.clients[c as usize], self.owners[c as usize]);
         let p = &mut s.pods[pod as usize];
         if !p.lease {
-            (p.epoch, p.lease) = (p.epoch + 1, true);
+            (p.session, p.lease) = (p.session + 1, true);
             return;
         }
-        let epoch = p.epoch;
+        let session = p.session;
         let l = &s.locks[spec.lock as usize];
         let me = &mut s.clients[c as usize];
-        if me.cache.modrev != l.modrev || l.modrev == 0 {
-            me.cache = Cached {
-                max: l.max,
-                modrev: l.modrev,
-            };
+        if !self.guard_holds(&me.cache, l) {
+            me.cache = Cached::of(l);
             if l.modrev == 0 {
                 me.phase = Phase::Idle; // not found
             }
             return;
         }
-        let (holder, max) = (me.holder, me.cache.max);
+        let (holder, max, epoch) = (me.holder, me.cache.max, me.cache.epoch);
         if spec.shared && max > 1 {
             me.phase = Phase::Idle; // refused: shared holds need maxHolders 1
             return;
         }
-        let mine = |k: &&Key| k.owner == c && k.epoch == epoch && k.holder == holder;
+        let mine = |k: &&Key| k.owner == c && k.session == session && k.holder == holder;
         if let Some(old) = l.queue.iter().find(mine) {
             me.phase = Phase::Requeue { old: old.create };
             return;
@@ -195,6 +193,7 @@ impl Protocol {
         let ticket = s.next_rev();
         s.locks[spec.lock as usize].queue.push(Key {
             owner: c,
+            session,
             epoch,
             holder,
             create: ticket,
@@ -202,7 +201,6 @@ impl Protocol {
             shared: spec.shared,
             record: Record::No,
         });
-        s.top = ticket; // the read in the same transaction is at its revision
         self.place(s, c, ticket, max);
     }
 
@@ -215,11 +213,8 @@ impl Protocol {
             me.phase = Phase::Idle; // its key vanished: the acquire fails
             return;
         };
-        if self.spec.bug != Some(Bug::StaleLimit) && me.cache.modrev != l.modrev {
-            me.cache = Cached {
-                max: l.max,
-                modrev: l.modrev,
-            };
+        if self.spec.bug != Some(Bug::StaleLimit) && !self.guard_holds(&me.cache, l) {
+            me.cache = Cached::of(l);
             me.phase = Phase::Reading { ticket }; // the settings changed: read again under them
             return;
         }
@@ -229,6 +224,14 @@ impl Protocol {
         }
         let max = me.cache.max;
         self.place(s, c, ticket, max);
+    }
+
+    /// Whether the settings `cached` are those of `lock` in etcd now, as the enqueue's guard
+    /// and a waiter's read compare them: by mod revision and value (by mod revision alone
+    /// with [`Bug::GuardByRevision`]). A lock that is not declared never matches.
+    fn guard_holds(&self, cached: &Cached, lock: &Lock) -> bool {
+        let by_value = self.spec.bug != Some(Bug::GuardByRevision);
+        lock.modrev != 0 && cached.modrev == lock.modrev && (!by_value || *cached == Cached::of(lock))
     }
 
     /// Acts on where a read placed `ticket`: holds, or waits.
@@ -245,11 +248,10 @@ impl Protocol {
 /// the settings still have the mod revision the waiter read (its read of the key and the
 /// guarded write, which fails if the key changed in between, taken as one step).
 fn record_for(s: &mut State, lock: u8, name: Name, settings: Rev) {
-    let (rev, unchanged) = (s.next_rev(), s.locks[lock as usize].modrev == settings);
-    if let Some(key) = s.named(lock, name)
-        && key.record == Record::No
-        && unchanged
-    {
+    let unchanged = s.locks[lock as usize].modrev == settings;
+    if unchanged && s.named(lock, name).is_some_and(|k| k.record == Record::No) {
+        let rev = s.next_rev();
+        let key = s.named(lock, name).expect("in place");
         key.record = Record::Behalf;
         key.modrev = rev;
     }

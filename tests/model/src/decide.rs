@@ -93,7 +93,7 @@ pub fn decide(model: &Protocol, state: &State, at: (u8, Rev), max: u8) -> Result
     };
     Err(Wait {
         ticket: at.1,
-        at: state.top,
+        at: state.etcd,
         wakes,
         behind,
     })
@@ -118,22 +118,37 @@ pub fn admissible(model: &Protocol, state: &State, client: u8) -> bool {
 /// a new exclusive holder and those whose keys are still there must fit in the `maxHolders`
 /// in force (holders let in under a higher limit may stay, but then nobody new is let in;
 /// shared holders have no count limit), and its token must be above every token granted
-/// before.
+/// before, across wipes and restores (one granted after a restore the operator has not
+/// reconciled yet is noted apart, see [`crate::state::Rebuilt::window_broken`]).
 pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), ticket: Rev) {
     let holders = live_holders(model, state, lock).count();
     let l = &state.locks[lock as usize];
     if !model.spec.clients[client as usize].shared && holders + 1 > l.max as usize {
         state.broken.get_or_insert(Broken::Limit);
     }
-    if ticket <= l.last_token {
-        state.broken.get_or_insert(Broken::TokenOrder);
-    }
+    let token = state.key(lock, ticket).expect("a key in place").token();
+    let below = token <= l.last_token;
     let l = &mut state.locks[lock as usize];
-    l.last_token = l.last_token.max(ticket);
-    let epoch = state.pods[model.owners[client as usize] as usize].epoch;
+    l.last_token = l.last_token.max(token);
+    match state.rebuilt.as_deref_mut() {
+        Some(r) => {
+            let status = &mut r.status[lock as usize];
+            r.window_broken |= below && status.unreconciled;
+            if below && !status.unreconciled {
+                state.broken.get_or_insert(Broken::TokenOrder);
+            }
+            if !model.spec.status_lag {
+                status.token = status.token.max(token);
+            }
+            r.granted_after |= r.left == 0;
+        }
+        None if below => drop(state.broken.get_or_insert(Broken::TokenOrder)),
+        None => {}
+    }
+    let session = state.pods[model.owners[client as usize] as usize].session;
     state.clients[client as usize].phase = Phase::Holding {
         ticket,
-        epoch,
+        session,
         recorded: false,
     };
 }

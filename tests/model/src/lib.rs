@@ -1,5 +1,6 @@
 //! The protocol model: podlock's queue protocol (enqueue, position, wait, grant, record,
-//! release, leases, the operator, settings changes, modes) as a Stateright model, checked for
+//! release, leases, the operator, settings changes, modes, etcd wiped or restored under the
+//! locks and the token epoch that keeps fencing tokens rising) as a Stateright model, checked for
 //! the configurations in [`runs`]. Positions are decided by the engine's own function
 //! (`podlock::lock::protocol`). See docs/design.md, "The protocol model".
 //!
@@ -14,6 +15,7 @@ mod decide;
 mod liveness;
 mod model;
 mod props;
+mod rebuild;
 mod report;
 mod runs;
 mod spec;

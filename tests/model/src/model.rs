@@ -7,7 +7,7 @@ use stateright::{Model, Property};
 
 use crate::props;
 use crate::spec::Spec;
-use crate::state::{Cached, Client, Lock, Phase, Pod, Rev, State};
+use crate::state::{Cached, Client, Lock, Phase, Pod, Rebuilt, Rev, State, Status};
 
 /// One client's step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,6 +69,21 @@ pub enum Action {
     ReleaseRead(u8, Rev),
     /// The operator deletes the key it read for the release, guarded by its create revision.
     ReleaseDelete,
+    /// etcd is wiped and started again, empty.
+    Wipe,
+    /// A snapshot of etcd is taken.
+    Snapshot,
+    /// etcd is restored from the snapshot.
+    Restore,
+    /// The operator reconciles a lock whose settings are gone or whose etcd was restored:
+    /// publishes its settings under the epoch its rule chooses. `Some(c)`: etcd's revision
+    /// happens to reach, at that write, the settings' mod revision client `c` cached from the
+    /// etcd before (revisions of two etcds can coincide).
+    Republish(u8, Option<u8>),
+    /// The operator mirrors a lock's holders into its status (`status.fencingToken`).
+    Mirror(u8),
+    /// A key no acquire tracks is removed (the sidecar's orphan sweep, or its lease expiring).
+    Sweep(u8, Rev),
 }
 
 impl Action {
@@ -78,7 +93,7 @@ impl Action {
     pub fn good(&self) -> bool {
         match self {
             Action::Client(_, step) => !matches!(step, Step::Rewatch | Step::GiveUp | Step::HeartbeatMiss),
-            Action::Expire(_) => true,
+            Action::Expire(_) | Action::Republish(..) | Action::Mirror(_) | Action::Sweep(..) => true,
             _ => false,
         }
     }
@@ -115,23 +130,22 @@ impl Protocol {
             .map(|(i, &max)| Lock {
                 max,
                 modrev: i as Rev + 1,
+                epoch: 0,
                 queue: vec![],
-                last_token: 0,
+                last_token: (0, 0),
                 changes: 0,
             })
             .collect::<Vec<_>>();
+        let locks_len = locks.len() as Rev;
         let pod = Pod {
-            epoch: 0,
+            session: 0,
             lease: true,
             crashed: false,
         };
         let clients = (self.spec.clients.iter())
             .map(|c| Client {
                 phase: Phase::Idle,
-                cache: Cached {
-                    max: locks[c.lock as usize].max,
-                    modrev: locks[c.lock as usize].modrev,
-                },
+                cache: Cached::of(&locks[c.lock as usize]),
                 left: c.acquires,
                 holder: 0,
                 removals: vec![],
@@ -146,7 +160,14 @@ impl Protocol {
             release: None,
             released_holder: false,
             broken: None,
-            top: 0,
+            etcd: locks_len,
+            rebuilt: self.spec.rebuild.map(|_| {
+                Box::new(Rebuilt {
+                    left: 1,
+                    status: vec![Status::default(); locks_len as usize],
+                    ..Rebuilt::default()
+                })
+            }),
         };
         state.normalize();
         state

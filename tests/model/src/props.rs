@@ -12,8 +12,14 @@ use crate::state::{Broken, Phase, Record, State};
 pub const LIMIT: &str = "limit: no grant beyond the maxHolders in force";
 /// Safety: shared and exclusive holders never hold together.
 pub const MODES: &str = "modes: no exclusive holder beside a shared one";
-/// Safety: fencing tokens rise in grant order.
-pub const FENCING: &str = "fencing: tokens rise in grant order";
+/// Safety: fencing tokens rise in grant order, across etcd wipes and restores (once the
+/// operator has reconciled a restored etcd).
+pub const FENCING: &str = "fencing: tokens rise in grant order, across etcd wipes and restores";
+/// Safety: no grant between a restore and the operator's reconcile of it goes below an
+/// earlier token.
+pub const WINDOW: &str = "restore window: tokens rise before the operator reconciles a restored etcd";
+/// A `sometimes` property of the runs that rebuild etcd.
+pub const REGRANTED: &str = "a grant after etcd's rebuild";
 /// Safety: a client that believes it holds has its key in place, or can learn it is gone.
 pub const BELIEF: &str = "belief: a holder's key is in place, or it learns it is gone";
 
@@ -25,6 +31,9 @@ pub fn properties() -> Vec<Property<Protocol>> {
     vec![
         Property::always(LIMIT, |_, s: &State| s.broken != Some(Broken::Limit)),
         Property::always(FENCING, |_, s: &State| s.broken != Some(Broken::TokenOrder)),
+        Property::always(WINDOW, |_, s: &State| {
+            !s.rebuilt.as_ref().is_some_and(|r| r.window_broken)
+        }),
         Property::always(MODES, |m, s: &State| {
             (0..s.locks.len() as u8).all(|l| modes_apart(m, s, l))
         }),
@@ -47,6 +56,9 @@ pub fn properties() -> Vec<Property<Protocol>> {
             (s.locks.iter().flat_map(|l| &l.queue)).any(|k| k.record == Record::Behalf)
         }),
         Property::sometimes(RELEASED, |_, s: &State| s.released_holder),
+        Property::sometimes(REGRANTED, |_, s: &State| {
+            s.rebuilt.as_ref().is_some_and(|r| r.granted_after)
+        }),
     ]
 }
 
@@ -91,6 +103,9 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     }
     if spec.releases > 0 {
         out.push(RELEASED);
+    }
+    if spec.rebuild.is_some() {
+        out.push(REGRANTED);
     }
     out
 }

@@ -14,20 +14,41 @@ impl Display for Shown<'_> {
         for (l, lock) in s.locks.iter().enumerate() {
             let settings = match lock.modrev {
                 0 => "deleted".to_string(),
-                r => format!("maxHolders {} @{r}", lock.max),
+                r => format!("maxHolders {} epoch {} @{r}", lock.max, lock.epoch),
             };
             let queue: Vec<_> = lock.queue.iter().map(key).collect();
             writeln!(
                 f,
                 "    lock {l}: {settings}; queue [{}]; last token {}",
                 queue.join(" "),
-                lock.last_token
+                token(lock.last_token)
             )?;
+            if let Some(r) = &s.rebuilt {
+                let status = r.status[l];
+                let restored = match status.unreconciled {
+                    true => ", restored, not reconciled",
+                    false => "",
+                };
+                writeln!(
+                    f,
+                    "      status: fencingEpoch {} fencingToken {}{restored}",
+                    status.epoch,
+                    token(status.token)
+                )?;
+            }
+        }
+        if let Some(r) = &s.rebuilt {
+            let snapshot = if r.snapshot.is_some() {
+                "; a snapshot taken"
+            } else {
+                ""
+            };
+            writeln!(f, "    etcd at @{}{snapshot}", s.etcd)?;
         }
         for (p, pod) in s.pods.iter().enumerate() {
             let lease = if pod.lease { "live" } else { "ended" };
             let crashed = if pod.crashed { ", crashed" } else { "" };
-            writeln!(f, "    pod {p}: lease epoch {} {lease}{crashed}", pod.epoch)?;
+            writeln!(f, "    pod {p}: session {} {lease}{crashed}", pod.session)?;
         }
         for (c, client) in s.clients.iter().enumerate() {
             let spec = model.spec.clients[c];
@@ -38,12 +59,18 @@ impl Display for Shown<'_> {
             }
             writeln!(
                 f,
-                "{line}; knows maxHolders {} @{}",
-                client.cache.max, client.cache.modrev
+                "{line}; knows maxHolders {} epoch {} @{}",
+                client.cache.max, client.cache.epoch, client.cache.modrev
             )?;
         }
         if let Some(broken) = s.broken {
             writeln!(f, "    broken: {broken:?}")?;
+        }
+        if s.rebuilt.as_ref().is_some_and(|r| r.window_broken) {
+            writeln!(
+                f,
+                "    broken: a token below an earlier one before the operator's reconcile"
+            )?;
         }
         Ok(())
     }
@@ -56,7 +83,15 @@ fn key(k: &Key) -> String {
         Record::Own => " granted",
         Record::Behalf => " granted-on-behalf",
     };
-    format!("c{}:{mode}#{} (mod {}){record}", k.owner, k.create, k.modrev)
+    format!(
+        "c{}:{mode}#{} (epoch {}, mod {}){record}",
+        k.owner, k.create, k.epoch, k.modrev
+    )
+}
+
+/// A token as epoch.revision.
+fn token((epoch, rev): crate::state::Token) -> String {
+    format!("{epoch}.{rev}")
 }
 
 fn phase(p: &Phase) -> String {

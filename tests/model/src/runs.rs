@@ -1,7 +1,7 @@
 //! The configurations checked, and what each must come to.
 
-use crate::props::{ADMITTED, BELIEF, FENCING, LIMIT, MODES};
-use crate::spec::{Bug, ClientSpec as C, OnBehalf, Spec};
+use crate::props::{ADMITTED, BELIEF, FENCING, LIMIT, MODES, WINDOW};
+use crate::spec::{Bug, ClientSpec as C, EpochRule, OnBehalf, Rebuild, Spec};
 
 /// What a run must come to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,6 +38,9 @@ fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8>>, clients
         lock_deletion: false,
         on_behalf: OnBehalf::Off,
         bug: None,
+        rebuild: None,
+        epoch_rule: EpochRule::WriteAhead,
+        status_lag: false,
     }
 }
 
@@ -225,7 +228,113 @@ fn bugs() -> Vec<Run> {
     ]
 }
 
+/// etcd wiped, or restored from an earlier snapshot, under a lock two pods take in turn, and
+/// the operator publishing the lock again (docs/operations.md, "Backup and restore"); then the
+/// rule's parts taken away, each of which the checker must find missing.
+fn rebuilds() -> Vec<Run> {
+    let rebuilt = |name, rebuild, epoch_rule, status_lag, bug| Spec {
+        rebuild: Some(rebuild),
+        epoch_rule,
+        status_lag,
+        bug,
+        faults: 0,
+        ..spec(
+            name,
+            vec![1],
+            vec![vec![]],
+            vec![C::new(0, 0).acquires(2), C::new(1, 0)],
+        )
+    };
+    let (wipe, bumped) = (Rebuild::Wipe, Rebuild::Restore { bump_revision: true });
+    let restore = Rebuild::Restore { bump_revision: false };
+    let rule = EpochRule::WriteAhead;
+    vec![
+        Run {
+            spec: rebuilt("etcd wiped", wipe, rule, true, None),
+            about: "etcd wiped and started again empty; the operator publishes the lock again \
+                    under a new epoch (its status behind etcd)",
+            expect: HOLDS,
+        },
+        Run {
+            spec: rebuilt("etcd restored with --bump-revision", bumped, rule, true, None),
+            about: "etcd restored from an earlier snapshot, its revisions bumped past every earlier one",
+            expect: HOLDS,
+        },
+        Run {
+            spec: rebuilt(
+                "etcd restored without --bump-revision",
+                restore,
+                rule,
+                false,
+                None,
+            ),
+            about: "etcd restored from an earlier snapshot without a bump: the operator, its status \
+                    current, sees the revision went back and bumps the epoch; grants before it \
+                    reconciles can go below earlier tokens",
+            expect: Expect::Fails(&[WINDOW]),
+        },
+        Run {
+            spec: rebuilt(
+                "etcd restored without --bump-revision, status behind",
+                restore,
+                rule,
+                true,
+                None,
+            ),
+            about: "the same, with the operator's status behind etcd: grants made after the snapshot \
+                    that never reached the status go undetected",
+            expect: Expect::Fails(&[FENCING, WINDOW]),
+        },
+        Run {
+            spec: rebuilt("bug: no epoch", wipe, EpochRule::Off, true, None),
+            about: "the lock published again after a wipe with the epoch it had (none)",
+            expect: Expect::Finds(FENCING),
+        },
+        Run {
+            spec: rebuilt(
+                "bug: epoch from the status token",
+                wipe,
+                EpochRule::StatusToken,
+                true,
+                None,
+            ),
+            about: "the new epoch taken from status.fencingToken alone, which lags etcd",
+            expect: Expect::Finds(FENCING),
+        },
+        Run {
+            spec: rebuilt(
+                "bug: guard by revision",
+                wipe,
+                rule,
+                true,
+                Some(Bug::GuardByRevision),
+            ),
+            about: "the enqueue's guard compares the settings' mod revision, which the new etcd can repeat",
+            expect: Expect::Finds(FENCING),
+        },
+        Run {
+            spec: rebuilt("bug: restore not detected", restore, EpochRule::Off, false, None),
+            about: "the operator does not compare etcd's revision with status.fencingToken",
+            expect: Expect::Finds(FENCING),
+        },
+        Run {
+            spec: rebuilt(
+                "bug: bump keeps the queue",
+                restore,
+                rule,
+                false,
+                Some(Bug::BumpKeepsQueue),
+            ),
+            about: "the epoch bumped, but keys enqueued under the old one left in the queue",
+            expect: Expect::Finds(FENCING),
+        },
+    ]
+}
+
 /// Every run, in order.
 pub fn runs() -> Vec<Run> {
-    [protocol(), on_behalf(), bugs()].into_iter().flatten().collect()
+    [protocol(), on_behalf(), bugs(), rebuilds()]
+        .into_iter()
+        .flatten()
+        .collect()
 }

@@ -37,6 +37,32 @@ pub enum OnBehalf {
     Forfeit,
 }
 
+/// What becomes of the lock etcd in a run, once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rebuild {
+    /// Wiped and started again empty at the same address (a bundled etcd reinstalled with
+    /// fresh volumes): its revisions start again from 1.
+    Wipe,
+    /// Restored from a snapshot taken earlier in the run. `bump_revision`: with etcdutl's
+    /// `--bump-revision` (and `--mark-compacted`), large enough that its revisions continue
+    /// above every one handed out before; without it, they continue from the snapshot's.
+    Restore { bump_revision: bool },
+}
+
+/// How the operator chooses the token epoch when it publishes a lock's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EpochRule {
+    /// Never bumps: every token has epoch 0 (podlock before epochs).
+    Off,
+    /// Bumps to `epoch(status.fencingToken) + 1` when the settings are gone while that token
+    /// is set, or when etcd's revision lies below that token's (a restore).
+    StatusToken,
+    /// The same, from the highest of `status.fencingEpoch` (written before an epoch is
+    /// published) and the token's epoch; and whenever the settings are gone from a lock it
+    /// published: what the operator does.
+    WriteAhead,
+}
+
 /// A known bug to inject, to show that the checker finds it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Bug {
@@ -51,6 +77,12 @@ pub enum Bug {
     /// A waiter behind a waiting key in a semaphore watches it for deletion only (the lost
     /// wake-up the `acquiredAt` write prevents).
     PredecessorDeletionOnly,
+    /// The enqueue's settings guard compares the settings' mod revision only, not their value:
+    /// a revision read from an etcd since wiped can match the new etcd's.
+    GuardByRevision,
+    /// The operator's epoch bump leaves the queue in place (keys enqueued under the old epoch
+    /// are granted under it).
+    BumpKeepsQueue,
 }
 
 /// One configuration to check.
@@ -78,6 +110,13 @@ pub struct Spec {
     pub on_behalf: OnBehalf,
     /// An injected bug, if any.
     pub bug: Option<Bug>,
+    /// What becomes of etcd, if anything.
+    pub rebuild: Option<Rebuild>,
+    /// How the operator chooses the token epoch.
+    pub epoch_rule: EpochRule,
+    /// Whether the operator's status lags: it mirrors the queue as a step of its own (else
+    /// every grant is in the status at once).
+    pub status_lag: bool,
 }
 
 impl ClientSpec {

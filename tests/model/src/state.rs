@@ -3,10 +3,18 @@
 //!
 //! Revisions are renumbered after every step, keeping their order ([`State::normalize`]): the
 //! protocol only compares them, so two states that differ only in how far the counter has run
-//! behave alike, and the state space stays finite.
+//! behave alike, and the state space stays finite. etcd's own counter ([`State::etcd`]) is kept
+//! apart: after a wipe or a restore from an older snapshot it lies below revisions handed out
+//! before, and every new revision then lands between it and the next one remembered
+//! ([`State::next_rev`]): the new etcd's revisions stay below the old ones, the worst case for
+//! fencing tokens.
 
 /// An etcd revision (0: none).
 pub type Rev = u16;
+
+/// A fencing token: the lock's epoch when its key was enqueued, then the key's create revision
+/// (`Token` in the engine: `epoch * 2^40 + revision`; (0, 0): none).
+pub type Token = (u8, Rev);
 
 /// Whether a queue entry records its grant (`acquiredAt`), and who wrote it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -24,7 +32,9 @@ pub enum Record {
 pub struct Key {
     /// The client that put it.
     pub owner: u8,
-    /// The lease epoch of the owner's pod it is bound to.
+    /// The session (lease) of the owner's pod it is bound to.
+    pub session: u8,
+    /// The token epoch its entry records (the settings' epoch it was enqueued under).
     pub epoch: u8,
     /// The holder id's generation (a connection-bound client has a new one per connection).
     pub holder: u8,
@@ -39,32 +49,89 @@ pub struct Key {
 }
 
 impl Key {
+    /// Its fencing token.
+    pub fn token(&self) -> Token {
+        (self.epoch, self.create)
+    }
+
+    fn each_rev(&mut self, f: &mut impl FnMut(&mut Rev)) {
+        f(&mut self.create);
+        f(&mut self.modrev);
+    }
+
     /// Its name.
     pub fn name(&self) -> Name {
-        (self.owner, self.epoch, self.holder)
+        (self.owner, self.session, self.holder)
     }
 }
 
-/// A lock: its settings key and its queue.
+/// A lock: its settings key and its queue in etcd, what the operator keeps in its
+/// DistributedLock's status, and the highest token granted (which no one reads: the property's
+/// record).
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Lock {
     /// `maxHolders`, as the settings key says (or said, while the lock is deleted).
     pub max: u8,
-    /// The settings key's mod revision; 0 while the lock is deleted.
+    /// The settings key's mod revision; 0 while the lock is deleted (or etcd lost it).
     pub modrev: Rev,
+    /// The settings' token epoch.
+    pub epoch: u8,
     /// The queue, in create-revision order.
     pub queue: Vec<Key>,
     /// The highest fencing token granted so far.
-    pub last_token: Rev,
+    pub last_token: Token,
     /// How many scheduled `maxHolders` changes were made.
     pub changes: u8,
+}
+
+/// What the operator keeps of a lock outside etcd, in its DistributedLock's status.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Status {
+    /// `status.fencingEpoch`: the highest epoch the operator published (written before it
+    /// publishes one).
+    pub epoch: u8,
+    /// `status.fencingToken`: the highest token the operator saw in the queue.
+    pub token: Token,
+    /// etcd was restored from a snapshot, and the operator has not reconciled the lock since.
+    pub unreconciled: bool,
+}
+
+/// What only the runs that rebuild etcd keep (`None` in the others, whose states stay as small
+/// as they were).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Rebuilt {
+    /// Wipes or restores still allowed.
+    pub left: u8,
+    /// The snapshot taken, if one was.
+    pub snapshot: Option<Snapshot>,
+    /// Per lock: its status.
+    pub status: Vec<Status>,
+    /// A grant went below an earlier token between a restore and the operator's reconcile of
+    /// it (kept, and the run goes on).
+    pub window_broken: bool,
+    /// A grant was made after etcd's wipe or restore.
+    pub granted_after: bool,
+    /// Whether revisions above etcd's are remembered (after a wipe or restore): set by
+    /// [`State::normalize`], so that a write finds out without looking at every revision.
+    pub behind: bool,
+}
+
+/// What a snapshot of etcd holds, and a restore brings back.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Snapshot {
+    /// Per lock: `maxHolders`, the settings' mod revision and epoch, and the queue.
+    pub locks: Vec<(u8, Rev, u8, Vec<Key>)>,
+    /// Per pod: the session whose lease was live.
+    pub leases: Vec<Option<u8>>,
+    /// etcd's revision.
+    pub etcd: Rev,
 }
 
 /// A pod's sidecar and its session.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Pod {
-    /// Its lease's epoch: a new session has a new lease.
-    pub epoch: u8,
+    /// Its session: a new session has a new lease.
+    pub session: u8,
     /// Whether etcd still has that lease.
     pub lease: bool,
     /// Whether the pod died (its clients act no more; its lease expires).
@@ -78,6 +145,19 @@ pub struct Cached {
     pub max: u8,
     /// The settings key's mod revision (0: the lock was not found).
     pub modrev: Rev,
+    /// The settings' token epoch.
+    pub epoch: u8,
+}
+
+impl Cached {
+    /// The settings of `lock` as etcd has them now.
+    pub fn of(lock: &Lock) -> Self {
+        Cached {
+            max: lock.max,
+            modrev: lock.modrev,
+            epoch: lock.epoch,
+        }
+    }
 }
 
 /// What a waiter read and what wakes it.
@@ -93,7 +173,7 @@ pub struct Wait {
     pub behind: Option<Name>,
 }
 
-/// A queue key's name: its owner, the lease epoch in it, and the holder id's generation.
+/// A queue key's name: its owner, the session (lease) in it, and the holder id's generation.
 pub type Name = (u8, u8, u8);
 
 /// Where a client's current acquire or hold is.
@@ -111,7 +191,11 @@ pub enum Phase {
     Reading { ticket: Rev },
     /// Holding (from its grant decision on); `recorded`: its grant record was written or
     /// tried.
-    Holding { ticket: Rev, epoch: u8, recorded: bool },
+    Holding {
+        ticket: Rev,
+        session: u8,
+        recorded: bool,
+    },
 }
 
 /// A client: an app and the engine's acquire or hold for it.
@@ -127,6 +211,18 @@ pub struct Client {
     pub holder: u8,
     /// Keys its sidecar is removing in the background (create revisions).
     pub removals: Vec<Rev>,
+}
+
+impl Client {
+    /// The create revision of the key its acquire or hold is about, if any.
+    pub fn ticket(&self) -> Option<Rev> {
+        match &self.phase {
+            Phase::Idle | Phase::Enqueue => None,
+            Phase::Requeue { old: r } | Phase::Reading { ticket: r } => Some(*r),
+            Phase::Holding { ticket, .. } => Some(*ticket),
+            Phase::Waiting(w) => Some(w.ticket),
+        }
+    }
 }
 
 /// A grant that broke a safety rule as it was made (kept, so the property sees it).
@@ -158,34 +254,67 @@ pub struct State {
     pub released_holder: bool,
     /// The first safety rule a grant broke.
     pub broken: Option<Broken>,
-    /// The highest revision the state remembers (after [`State::normalize`]).
-    pub top: Rev,
+    /// etcd's revision: the one the next write comes after.
+    pub etcd: Rev,
+    /// The state of etcd's rebuild and of the operator's status, in the runs that rebuild.
+    pub rebuilt: Option<Box<Rebuilt>>,
 }
 
 impl State {
-    /// The revision the next write gets: above every revision the state remembers (one step
-    /// makes at most one write transaction).
-    pub fn next_rev(&self) -> Rev {
-        self.top + 1
+    /// The rebuild's state (in a run that rebuilds etcd).
+    pub fn rebuilt(&mut self) -> &mut Rebuilt {
+        self.rebuilt.as_deref_mut().expect("a run that rebuilds etcd")
     }
 
-    /// Renumbers revisions 1, 2, ... in their order (0 stays "none"), and sets `top`.
+    /// The revision of a write made now: etcd's revision plus one. Revisions remembered above
+    /// etcd's (handed out before a wipe or restore) move up to make room, so the new one lies
+    /// below all of them.
+    pub fn next_rev(&mut self) -> Rev {
+        let etcd = self.etcd;
+        if self.rebuilt.as_ref().is_some_and(|r| r.behind) {
+            self.each_rev(|r| {
+                if *r > etcd {
+                    *r += 1;
+                }
+            });
+        }
+        self.etcd = etcd + 1;
+        self.etcd
+    }
+
+    /// Renumbers revisions 1, 2, ... in their order (0 stays "none"). etcd's revision, when at
+    /// or above every remembered one, becomes the highest of them: how far beyond it lies
+    /// changes nothing.
     pub fn normalize(&mut self) {
         let mut seen = vec![0];
         self.each_rev(|r| seen.push(*r));
+        let top = seen.iter().copied().max().unwrap_or(0);
+        self.etcd = self.etcd.min(top);
+        if let Some(r) = &mut self.rebuilt {
+            r.behind = self.etcd < top;
+        }
+        seen.push(self.etcd);
         seen.sort_unstable();
         seen.dedup();
-        self.each_rev(|r| *r = seen.binary_search(r).expect("seen") as Rev);
-        self.top = (seen.len() - 1) as Rev;
+        let rank = |r: &mut Rev| *r = seen.binary_search(r).expect("seen") as Rev;
+        self.each_rev(rank);
+        rank(&mut self.etcd);
     }
 
     fn each_rev(&mut self, mut f: impl FnMut(&mut Rev)) {
         for lock in &mut self.locks {
             f(&mut lock.modrev);
-            f(&mut lock.last_token);
-            for key in &mut lock.queue {
-                f(&mut key.create);
-                f(&mut key.modrev);
+            f(&mut lock.last_token.1);
+            lock.queue.iter_mut().for_each(|k| k.each_rev(&mut f));
+        }
+        if let Some(r) = &mut self.rebuilt {
+            r.status.iter_mut().for_each(|st| f(&mut st.token.1));
+            if let Some(snap) = &mut r.snapshot {
+                f(&mut snap.etcd);
+                for (_, modrev, _, queue) in &mut snap.locks {
+                    f(modrev);
+                    queue.iter_mut().for_each(|k| k.each_rev(&mut f));
+                }
             }
         }
         if let Some((_, create)) = &mut self.release {
@@ -236,9 +365,9 @@ impl State {
 
     /// Ends `pod`'s lease: etcd deletes every key bound to it, in every lock, at once.
     pub fn end_lease(&mut self, pod: u8, owners: &[u8]) {
-        let epoch = self.pods[pod as usize].epoch;
+        let session = self.pods[pod as usize].session;
         for lock in &mut self.locks {
-            (lock.queue).retain(|k| owners[k.owner as usize] != pod || k.epoch != epoch);
+            (lock.queue).retain(|k| owners[k.owner as usize] != pod || k.session != session);
         }
         self.pods[pod as usize].lease = false;
     }

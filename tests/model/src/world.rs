@@ -1,6 +1,8 @@
 //! The world around the clients: leases that end, pods that die, and the operator, which
-//! revokes holds, deletes and declares locks and changes their `maxHolders`, and an
-//! administrator's force release, which the operator reads and applies in two steps.
+//! revokes holds, deletes and declares locks and changes their `maxHolders`; an
+//! administrator's force release, which the operator reads and applies in two steps; and, in
+//! the runs that rebuild it, etcd wiped or restored and the operator publishing the locks again
+//! (see [`crate::rebuild`]).
 
 use podlock::lock::protocol::{self, Mode};
 
@@ -40,7 +42,7 @@ impl Protocol {
             if declared && faults && self.spec.lock_deletion {
                 out.push(Action::DeleteLock(l));
             }
-            if !declared {
+            if !declared && self.spec.rebuild.is_none() {
                 out.push(Action::Declare(l));
             }
             if declared && (lock.changes as usize) < self.spec.changes[l as usize].len() {
@@ -53,11 +55,13 @@ impl Protocol {
         if s.release.is_some() {
             out.push(Action::ReleaseDelete);
         }
+        if self.spec.rebuild.is_some() {
+            self.rebuild_steps(s, out);
+        }
     }
 
     /// Takes the world's step `action`.
     pub fn world_step(&self, s: &mut State, action: Action) {
-        let rev = s.next_rev();
         match action {
             Action::Expire(p) => s.end_lease(p, &self.owners),
             Action::EndLease(p) => {
@@ -77,8 +81,9 @@ impl Protocol {
                 let lock = &mut s.locks[l as usize];
                 (lock.modrev, lock.queue) = (0, vec![]);
             }
-            Action::Declare(l) => s.locks[l as usize].modrev = rev,
+            Action::Declare(l) => s.locks[l as usize].modrev = s.next_rev(),
             Action::SetMax(l) => {
+                let rev = s.next_rev();
                 let lock = &mut s.locks[l as usize];
                 lock.max = self.spec.changes[l as usize][lock.changes as usize];
                 lock.changes += 1;
@@ -99,6 +104,7 @@ impl Protocol {
                 }
             }
             Action::Client(..) => unreachable!("a client's step"),
+            _ => self.rebuild_step(s, action),
         }
     }
 }

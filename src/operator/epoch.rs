@@ -1,0 +1,190 @@
+//! The token epoch a DistributedLock is published under. Fencing tokens are etcd create
+//! revisions under an epoch (`lock::Token`). An etcd wiped, rebuilt or restored from an older
+//! snapshot starts its revisions low again; the operator then publishes the lock under a new
+//! epoch, so that its tokens keep rising. It knows which epochs and tokens were handed out from
+//! the DistributedLock's status, which the etcd's loss cannot take back: `fencingEpoch`, recorded
+//! before an epoch is published, and `fencingToken`, the largest token seen.
+
+use std::fmt;
+
+use crate::crd::DistributedLockStatus;
+use crate::lock::{Token, TokenError, next_epoch};
+
+/// Why a lock moves to a new epoch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Renewal {
+    /// etcd does not have the settings of a lock published before, under `epoch`.
+    Lost {
+        /// The highest epoch published before.
+        epoch: u32,
+    },
+    /// etcd's revision lies below the revision part of the largest token seen, under the same
+    /// epoch: the revisions went backwards.
+    WentBack {
+        /// etcd's revision now.
+        revision: i64,
+        /// `status.fencingToken`.
+        token: Token,
+    },
+    /// etcd's settings carry an epoch below one published before.
+    OlderEpoch {
+        /// The epoch in etcd.
+        found: u32,
+        /// The highest epoch published before.
+        published: u32,
+    },
+}
+
+impl fmt::Display for Renewal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Renewal::Lost { epoch } => write!(
+                f,
+                "etcd does not have the lock's settings, published before under epoch {epoch} \
+                 (etcd wiped, rebuilt, or restored from a snapshot taken before the lock existed)"
+            ),
+            Renewal::WentBack { revision, token } => write!(
+                f,
+                "etcd's revision went backwards: it is {revision}, below {}, the revision of \
+                 status.fencingToken {token} (etcd restored from an older snapshot without \
+                 --bump-revision)",
+                token.revision()
+            ),
+            Renewal::OlderEpoch { found, published } => write!(
+                f,
+                "etcd has the lock's settings under epoch {found}, below epoch {published} it was \
+                 published under (etcd restored from a snapshot taken before that)"
+            ),
+        }
+    }
+}
+
+/// The epoch to publish a lock under, and why it is a new one, if it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Choice {
+    /// The epoch.
+    pub epoch: u32,
+    /// Why it is not the one etcd has, if it is not.
+    pub renewal: Option<Renewal>,
+}
+
+/// The epoch for a lock whose status is `status`, whose settings in etcd carry epoch `found`
+/// (`None`: etcd does not have them), etcd being at revision `revision`. A new epoch lies above
+/// every one published before and every token seen; etcd's own is kept while nothing says
+/// that etcd went back.
+pub fn choose(
+    status: Option<&DistributedLockStatus>,
+    found: Option<u32>,
+    revision: i64,
+) -> Result<Choice, TokenError> {
+    let token = status.and_then(|s| s.fencing_token).map(Token::from_raw);
+    let published = status.and_then(|s| s.fencing_epoch);
+    let known = published.into_iter().chain(token.map(Token::epoch)).max();
+    let renewal = match (found, known) {
+        (None, None) => None,
+        (None, Some(epoch)) => Some(Renewal::Lost { epoch }),
+        (Some(found), Some(published)) if found < published => Some(Renewal::OlderEpoch { found, published }),
+        (Some(found), _) => match token {
+            Some(token) if token.exceeds(found, revision) => Some(Renewal::WentBack { revision, token }),
+            _ => None,
+        },
+    };
+    let epoch = match renewal {
+        Some(_) => next_epoch(known.max(found).unwrap_or(0))?,
+        None => found.unwrap_or(0),
+    };
+    Ok(Choice { epoch, renewal })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(epoch: Option<u32>, token: Option<(u32, i64)>) -> DistributedLockStatus {
+        DistributedLockStatus {
+            fencing_epoch: epoch,
+            fencing_token: token.map(|(e, r)| Token::new(e, r).unwrap().get()),
+            ..Default::default()
+        }
+    }
+
+    fn choose_for(s: &DistributedLockStatus, found: Option<u32>, revision: i64) -> Choice {
+        choose(Some(s), found, revision).unwrap()
+    }
+
+    #[test]
+    fn a_new_lock_starts_at_epoch_0_and_a_live_one_keeps_its_epoch() {
+        assert_eq!(
+            choose(None, None, 5).unwrap(),
+            Choice {
+                epoch: 0,
+                renewal: None
+            }
+        );
+        let live = status(Some(2), Some((2, 90)));
+        let kept = Choice {
+            epoch: 2,
+            renewal: None,
+        };
+        assert_eq!(
+            choose_for(&live, Some(2), 90),
+            kept,
+            "the last grant is etcd's last write"
+        );
+        assert_eq!(choose_for(&live, Some(2), 500), kept);
+        assert_eq!(
+            choose_for(&live, Some(3), 1),
+            Choice { epoch: 3, ..kept },
+            "raised by hand"
+        );
+        // Status written by an operator before epochs: a token, no epoch.
+        let old = status(None, Some((0, 11)));
+        assert_eq!(
+            choose_for(&old, Some(0), 40),
+            Choice {
+                epoch: 0,
+                renewal: None
+            }
+        );
+    }
+
+    #[test]
+    fn settings_gone_from_etcd_move_on_past_every_published_epoch() {
+        // Tokens up to 11, then etcd wiped: the token's epoch was 0.
+        let wiped = choose_for(&status(None, Some((0, 11))), None, 1);
+        assert_eq!(wiped.epoch, 1);
+        assert_eq!(wiped.renewal, Some(Renewal::Lost { epoch: 0 }));
+        // Published under epoch 4 (recorded first), no token of it seen yet: still above 4.
+        let ahead = choose_for(&status(Some(4), Some((3, 70))), None, 1);
+        assert_eq!(ahead.epoch, 5);
+        // Published, never granted, then lost: a new epoch all the same (a grant may not have
+        // reached the status).
+        assert_eq!(choose_for(&status(Some(0), None), None, 1).epoch, 1);
+    }
+
+    #[test]
+    fn a_revision_below_the_largest_token_or_an_older_epoch_is_a_restore() {
+        let seen = status(Some(1), Some((1, 500)));
+        let restored = choose_for(&seen, Some(1), 120);
+        assert_eq!(restored.epoch, 2);
+        let token = Token::new(1, 500).unwrap();
+        assert_eq!(restored.renewal, Some(Renewal::WentBack { revision: 120, token }));
+        let message = restored.renewal.unwrap().to_string();
+        assert!(message.starts_with("etcd's revision went backwards"), "{message}");
+        let older = choose_for(&seen, Some(0), 900);
+        assert_eq!(older.epoch, 2);
+        assert_eq!(
+            older.renewal,
+            Some(Renewal::OlderEpoch {
+                found: 0,
+                published: 1
+            })
+        );
+    }
+
+    #[test]
+    fn epochs_run_out_with_an_error_not_a_wrapped_token() {
+        let last = status(Some(crate::lock::MAX_EPOCH), None);
+        assert!(choose(Some(&last), None, 1).is_err());
+    }
+}

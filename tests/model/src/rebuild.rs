@@ -1,0 +1,176 @@
+//! etcd rebuilt under the locks: wiped and started again empty, or restored from a snapshot
+//! taken earlier, and the operator's answer. It publishes a lock's settings again under a token
+//! epoch chosen by its rule (`src/operator/epoch.rs`), and a bump removes the lock's queue in the
+//! same transaction; it mirrors the queue's holders into the status; the sidecars' orphan sweep
+//! removes keys no acquire tracks (a restore brings back keys of acquires long over).
+
+use crate::model::{Action, Protocol};
+use crate::spec::{Bug, EpochRule, Rebuild};
+use crate::state::{Key, Lock, Rev, Snapshot, State, Status, Token};
+
+impl Protocol {
+    /// The steps of etcd's rebuild and of the operator's answer possible now.
+    pub fn rebuild_steps(&self, s: &State, out: &mut Vec<Action>) {
+        let r = s.rebuilt.as_deref().expect("a run that rebuilds etcd");
+        if r.left > 0 {
+            out.push(match (self.spec.rebuild, &r.snapshot) {
+                (Some(Rebuild::Wipe), _) => Action::Wipe,
+                (_, None) => Action::Snapshot,
+                (_, Some(_)) => Action::Restore,
+            });
+        }
+        for (l, (lock, status)) in s.locks.iter().zip(&r.status).enumerate() {
+            let l = l as u8;
+            let epoch = self.epoch_for(lock, status, s.etcd);
+            if lock.modrev == 0 || status.unreconciled || epoch != lock.epoch {
+                out.push(Action::Republish(l, None));
+            }
+            if lock.modrev == 0 {
+                let cached = (s.clients.iter()).map(|c| c.cache.modrev);
+                let coincide = cached.enumerate().filter(|&(_, r)| r > s.etcd);
+                out.extend(coincide.map(|(c, _)| Action::Republish(l, Some(c as u8))));
+            }
+            if self.spec.status_lag && mirrored(lock) > status.token {
+                out.push(Action::Mirror(l));
+            }
+            let untracked = lock.queue.iter().filter(|k| !self.tracked(s, l, k));
+            out.extend(untracked.map(|k| Action::Sweep(l, k.create)));
+        }
+    }
+
+    /// Takes the rebuild step `action`.
+    pub fn rebuild_step(&self, s: &mut State, action: Action) {
+        match action {
+            Action::Wipe => {
+                s.rebuilt().left -= 1;
+                for lock in &mut s.locks {
+                    (lock.modrev, lock.epoch, lock.queue) = (0, 0, vec![]);
+                }
+                s.pods.iter_mut().for_each(|p| p.lease = false);
+                s.etcd = 0;
+                watches_break(s);
+            }
+            Action::Snapshot => s.rebuilt().snapshot = Some(snapshot(s)),
+            Action::Restore => self.restore(s),
+            Action::Republish(l, coincide) => self.republish(s, l, coincide),
+            Action::Mirror(l) => {
+                let mirrored = mirrored(&s.locks[l as usize]);
+                let status = &mut s.rebuilt().status[l as usize];
+                status.token = status.token.max(mirrored);
+            }
+            Action::Sweep(l, create) => drop(s.delete(l, create)),
+            _ => unreachable!("{action:?} is no rebuild step"),
+        }
+    }
+
+    /// The epoch the operator's rule publishes `lock` (whose status is `status`) under, etcd
+    /// being at revision `etcd`.
+    pub fn epoch_for(&self, lock: &Lock, status: &Status, etcd: Rev) -> u8 {
+        let gone = lock.modrev == 0;
+        let went_back = (lock.epoch, etcd) < status.token;
+        match self.spec.epoch_rule {
+            EpochRule::Off => lock.epoch,
+            EpochRule::StatusToken if (gone && status.token != (0, 0)) || (!gone && went_back) => {
+                status.token.0 + 1
+            }
+            EpochRule::StatusToken if gone => 0,
+            EpochRule::StatusToken => lock.epoch,
+            EpochRule::WriteAhead => {
+                let known = status.epoch.max(status.token.0);
+                if gone || lock.epoch < known || went_back {
+                    known + 1
+                } else {
+                    lock.epoch
+                }
+            }
+        }
+    }
+
+    /// The operator's reconcile of lock `l`: the epoch its rule chooses is written into the
+    /// status first, then the settings (with the queue removed) into etcd.
+    fn republish(&self, s: &mut State, l: u8, coincide: Option<u8>) {
+        let status = s.rebuilt().status[l as usize];
+        let lock = &s.locks[l as usize];
+        let epoch = self.epoch_for(lock, &status, s.etcd);
+        let publish = lock.modrev == 0 || epoch != lock.epoch;
+        let status = &mut s.rebuilt().status[l as usize];
+        status.unreconciled = false;
+        if !publish {
+            return;
+        }
+        status.epoch = status.epoch.max(epoch);
+        let rev = match coincide {
+            Some(c) => {
+                s.etcd = s.clients[c as usize].cache.modrev;
+                s.etcd
+            }
+            None => s.next_rev(),
+        };
+        let lock = &mut s.locks[l as usize];
+        (lock.modrev, lock.epoch) = (rev, epoch);
+        if self.spec.bug != Some(Bug::BumpKeepsQueue) {
+            lock.queue.clear();
+        }
+    }
+
+    /// etcd comes back with the snapshot's settings and queues, and the leases it had that
+    /// are still their pods' sessions (a key on any other lease is gone: no one keeps it
+    /// alive); its revision is the snapshot's, or above every earlier one if bumped.
+    fn restore(&self, s: &mut State) {
+        let r = s.rebuilt();
+        let snap = r.snapshot.take().expect("a snapshot");
+        r.left -= 1;
+        r.status.iter_mut().for_each(|st| st.unreconciled = true);
+        for (p, pod) in s.pods.iter_mut().enumerate() {
+            pod.lease &= snap.leases[p] == Some(pod.session);
+        }
+        let live = |s: &State, k: &Key| {
+            let pod = &s.pods[self.owners[k.owner as usize] as usize];
+            pod.lease && pod.session == k.session
+        };
+        for (l, (max, modrev, epoch, queue)) in snap.locks.into_iter().enumerate() {
+            let queue = queue.into_iter().filter(|k| live(s, k)).collect();
+            let lock = &mut s.locks[l];
+            (lock.max, lock.modrev, lock.epoch, lock.queue) = (max, modrev, epoch, queue);
+        }
+        s.etcd = match self.spec.rebuild {
+            Some(Rebuild::Restore { bump_revision: true }) => Rev::MAX,
+            _ => snap.etcd,
+        };
+        watches_break(s);
+    }
+
+    /// Whether `key`'s owner still tracks it: an acquire or hold of it, or a removal.
+    fn tracked(&self, s: &State, l: u8, key: &Key) -> bool {
+        let owner = &s.clients[key.owner as usize];
+        self.spec.clients[key.owner as usize].lock == l
+            && (owner.ticket() == Some(key.create) || owner.removals.contains(&key.create))
+    }
+}
+
+/// What a snapshot of etcd holds now.
+fn snapshot(s: &State) -> Snapshot {
+    Snapshot {
+        locks: (s.locks.iter())
+            .map(|l| (l.max, l.modrev, l.epoch, l.queue.clone()))
+            .collect(),
+        leases: s.pods.iter().map(|p| p.lease.then_some(p.session)).collect(),
+        etcd: s.etcd,
+    }
+}
+
+/// The highest token among the lock's holders as the operator reads them (the first
+/// `maxHolders` keys: the rebuild runs have exclusive holders only).
+fn mirrored(lock: &Lock) -> Token {
+    let holders = lock.queue.iter().take(lock.max as usize);
+    holders.map(Key::token).max().unwrap_or((0, 0))
+}
+
+/// etcd went away under every watch: each waiter reads again.
+fn watches_break(s: &mut State) {
+    for c in &mut s.clients {
+        if let crate::state::Phase::Waiting(w) = &mut c.phase {
+            w.at = 0;
+        }
+    }
+}
