@@ -144,6 +144,7 @@ pub fn live_holds_survive_helm_upgrade(node: &Node, tag: &str) {
     let upgraded = start.elapsed();
     std::thread::sleep(Duration::from_secs(5));
     let window = events.lock().unwrap().clone();
+    let diagnosis = diagnose(node);
     node.kubectl(&["delete", "namespace", "upgrade", "--wait=false"]);
     eprintln!(
         "helm upgrade with live holds: took {:.1} s",
@@ -152,7 +153,7 @@ pub fn live_holds_survive_helm_upgrade(node: &Node, tag: &str) {
     for lock in ["mutex", "semaphore"] {
         let limit = if lock == "mutex" { 1 } else { 2 };
         let mine: Vec<&Event> = window.iter().filter(|e| e.lock == lock).collect();
-        check(lock, limit, &mine, start);
+        check(lock, limit, &mine, start, &diagnosis);
     }
 }
 
@@ -160,7 +161,7 @@ pub fn live_holds_survive_helm_upgrade(node: &Node, tag: &str) {
 /// pod's first acquire may come before its sidecar reached etcd: 503, and the app retries), no
 /// lost hold, at most `limit` holders at once, tokens rising in grant order (mutex), and the
 /// longest gap without a holder printed.
-fn check(lock: &str, limit: usize, events: &[&Event], upgrade: Instant) {
+fn check(lock: &str, limit: usize, events: &[&Event], upgrade: Instant, diagnosis: &str) {
     let refused: Vec<String> = (events.iter())
         .filter(|e| e.kind == "refused" && e.at >= upgrade)
         .map(|e| format!("{} ({})", e.pod, e.code))
@@ -173,7 +174,7 @@ fn check(lock: &str, limit: usize, events: &[&Event], upgrade: Instant) {
         .filter(|e| e.kind == "released" && e.code != "200")
         .map(|e| format!("token {} of {}: release answered {}", e.token, e.pod, e.code))
         .collect();
-    assert!(lost.is_empty(), "{lock}: holds lost: {lost:?}");
+    assert!(lost.is_empty(), "{lock}: holds lost: {lost:?}\n{diagnosis}");
     let (mut holding, mut last_token, mut gap_from) = (Vec::<u64>::new(), 0, None::<Instant>);
     let (mut longest_gap, mut grants) = (Duration::ZERO, 0);
     for e in events {
@@ -207,4 +208,35 @@ fn check(lock: &str, limit: usize, events: &[&Event], upgrade: Instant) {
          longest time without a holder from the upgrade on: {} ms",
         longest_gap.as_millis()
     );
+}
+
+/// For a failure: the contenders' sidecar logs, the operators' logs and the namespace's Events.
+fn diagnose(node: &Node) -> String {
+    let logs = |args: &[&str]| node.kubectl(args).1;
+    format!(
+        "--- sidecars\n{}\n--- operators\n{}\n--- events\n{}",
+        logs(&[
+            "logs",
+            "-n",
+            "upgrade",
+            "-l",
+            "app=contenders",
+            "-c",
+            "podlock",
+            "--tail",
+            "40",
+            "--prefix"
+        ]),
+        logs(&[
+            "logs",
+            "-n",
+            "podlock",
+            "-l",
+            "app.kubernetes.io/component=podlock-operator",
+            "--tail",
+            "60",
+            "--prefix"
+        ]),
+        logs(&["get", "events", "-n", "upgrade", "--sort-by=.lastTimestamp"]),
+    )
 }
