@@ -12,7 +12,6 @@ mod interrupt;
 mod isolation;
 mod lifecycle;
 mod network_policy;
-mod upgrade;
 mod workload;
 
 use common::node::Node;
