@@ -34,7 +34,6 @@ mod rbac;
 mod reconcile_triggers;
 mod requests;
 mod restarts;
-mod safety;
 mod settings_change;
 mod setup_script;
 mod stalled_member;

@@ -45,8 +45,14 @@
 //! test with the path of its visualization. The grants are also checked against etcd's own
 //! log, replayed in revision order ([`eventlog`]).
 //!
-//! `cargo test --test integration safety -- --nocapture` runs the CI form: every fault kind
-//! twice. `PODLOCK_SAFETY_SECONDS=300` goes on injecting faults for 300 s.
+//! `cargo test --test safety -- --nocapture` runs the CI form: every fault kind twice.
+//! `PODLOCK_SAFETY_SECONDS=300` goes on injecting faults for 300 s. Its own test binary, so that
+//! no other test runs beside it: its progress limits (the TTL plus 1 s after each fault) are
+//! claims about podlock, not about what is left of 2 cores beside another test (in CI, a 4.4 s
+//! gap once came while a 300-holder test ran beside it).
+
+#[path = "../common/mod.rs"]
+mod common;
 
 mod apis;
 mod check;
@@ -196,10 +202,14 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     eprintln!("{}", report::histories(&ops, &verdict));
     eprintln!("  {}", replay.summary(log.events.len(), grants));
     eprintln!("  {}", orphans.summary());
+    eprintln!("{}", report::slow_recoveries(&a, &ops, start));
     let count = |kind| faults.iter().filter(|f| f.kind == kind).count();
     let (deleted, asked) = (count(Kind::PodDeleted), count(Kind::ForceRelease));
     let metrics = rig.operator.metrics().await;
-    let (ended, released) = (forced(&metrics, "pod_deleted"), forced(&metrics, "admin_release"));
+    // A deleted pod comes back under its name at once: the operator may find the new pod first
+    // and end the old one's holds as replaced.
+    let ended = forced(&metrics, "pod_deleted") + forced(&metrics, "pod_replaced");
+    let released = forced(&metrics, "admin_release");
     eprintln!("  operator: {ended} holds and waits ended for {deleted} deleted pods");
     eprintln!("  operator: {released} holds ended by {asked} force releases");
     assert!(

@@ -6,7 +6,7 @@ use super::check::{Analysis, LOST_NOTICE};
 use super::faults::Kind;
 use super::history::Op;
 use super::linearizability::{Verdict, run_dir, tally};
-use super::{SIDECARS, TTL, WORKERS};
+use super::{COUNTER, POOL, SIDECARS, TTL, WORKERS};
 
 /// The one-screen summary of a run that took `elapsed` seconds from `start`.
 pub fn report(
@@ -132,6 +132,44 @@ pub fn histories(ops: &[Op], v: &Verdict) -> String {
     out += &format!("\n  history: {}", dir.join("history.json").display());
     if let Some(html) = &v.visualization {
         out += &format!("\n  violation shown in {html}");
+    }
+    out
+}
+
+/// For each fault after which its lock made no progress within the limit, that lock's
+/// operations from 3 s before it to 2 s past the limit, one per line (seconds from `start`):
+/// what a failed run leaves to find out why, when its history file is on another machine.
+pub fn slow_recoveries(a: &Analysis, ops: &[Op], start: f64) -> String {
+    let mut out = String::new();
+    for (f, took) in &a.recoveries {
+        let limit = f.kind.recovery_limit().as_secs_f64();
+        if took.is_some_and(|t| t <= limit) {
+            continue;
+        }
+        let lock = if f.kind.max_holders().is_some() {
+            POOL
+        } else {
+            COUNTER
+        };
+        let (from, to) = (f.at - 3.0, f.at + limit + 2.0);
+        out += &format!(
+            "\n  {lock}'s operations around the {} at {:.3}:",
+            f.kind.name(),
+            f.at - start
+        );
+        let near = |o: &&Op| o.lock == lock && o.call <= to && o.ret.is_none_or(|r| r >= from);
+        for o in ops.iter().filter(near) {
+            let ret = o.ret.map_or("-".into(), |r| format!("{:.3}", r - start));
+            out += &format!(
+                "\n    {:.3} .. {ret:>7}  row {:>2} {:<9} {:?} {:?} token {}",
+                o.call - start,
+                o.row,
+                o.api,
+                o.kind,
+                o.outcome,
+                o.token
+            );
+        }
     }
     out
 }
