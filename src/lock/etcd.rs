@@ -93,6 +93,8 @@ impl Etcd {
     /// Runs `request` hedged (see [`hedged`]), counting every attempt. Each attempt goes to a
     /// member picked by [`Members`]; one sent again marks the member of the attempt before it
     /// suspect (it failed, or did not answer within [`HEDGE`]), so the next request avoids it.
+    /// An attempt refused for an outdated auth token ([`auth_outdated`]) authenticates again
+    /// and is sent once more.
     async fn retrying<T, F: Future<Output = Result<T, etcd_client::Error>>>(
         &self,
         request: impl Fn(Client) -> F,
@@ -106,7 +108,16 @@ impl Etcd {
             }
             let (member, client) = self.members.pick(&self.client);
             *previous = Some(member);
-            request(client)
+            let request = &request;
+            async move {
+                match request(client.clone()).await {
+                    Err(e) if auth_outdated(&e) => {
+                        client.refresh_token().await?;
+                        request(client).await
+                    }
+                    answer => answer,
+                }
+            }
         })
         .await
     }
@@ -167,6 +178,18 @@ impl Etcd {
         .await
         .map(drop)
     }
+}
+
+/// Whether etcd refused a request because its auth token is older than etcd's auth store: a
+/// user, role or permission changed since the token was issued (another namespace provisioned).
+/// etcd's Go client authenticates again and retries; etcd-client does so only for a token etcd
+/// no longer knows ("invalid auth token", [`Client`]'s `with_auto_token_refresh`), so this does
+/// it for the other.
+fn auth_outdated(e: &etcd_client::Error) -> bool {
+    let etcd_client::Error::GRpcStatus(status) = e else {
+        return false;
+    };
+    status.message().contains("revision of auth store is old")
 }
 
 /// Runs `request`: sends it again after a transient error (after [`RETRY_PAUSE`]), or when no

@@ -235,16 +235,24 @@ impl Store {
     }
 
     /// Makes sure role `role` exists and may read `namespace`'s settings and read and write
-    /// its queues, and nothing else.
+    /// its queues, and nothing else. Grants only what is missing: every grant moves etcd's auth
+    /// revision on, which outdates the token of every client (each must authenticate again).
     pub async fn ensure_role(&self, namespace: &str, role: &str) -> Result<(), LockError> {
         let mut c = self.0.client().clone();
-        if c.role_get(role).await.is_err() {
-            c.role_add(role).await?;
-        }
+        let granted = match c.role_get(role).await {
+            Ok(got) => got.permissions(),
+            Err(_) => {
+                c.role_add(role).await?;
+                vec![]
+            }
+        };
         let read = Permission::read(keys::config_prefix(Some(namespace))).with_prefix();
-        c.role_grant_permission(role, read).await?;
         let write = Permission::read_write(keys::queue_root(Some(namespace))).with_prefix();
-        c.role_grant_permission(role, write).await?;
+        for wanted in [read, write] {
+            if !granted.contains(&wanted) {
+                c.role_grant_permission(role, wanted).await?;
+            }
+        }
         Ok(())
     }
 
@@ -275,20 +283,27 @@ impl Store {
         }
     }
 
-    /// Whether etcd has user `user`.
-    pub async fn user_exists(&self, user: &str) -> bool {
-        self.0.client().clone().user_get(user).await.is_ok()
-    }
-
     /// Creates user `user` with `password`, or gives it that password, and grants it `role`.
+    /// Changes nothing etcd already has (a restarted operator provisions again): every change
+    /// moves etcd's auth revision on and outdates the token of every client.
     pub async fn set_user(&self, user: &str, password: &str, role: &str) -> Result<(), LockError> {
         let mut c = self.0.client().clone();
-        if self.user_exists(user).await {
-            c.user_change_password(user, password).await?;
-        } else {
-            c.user_add(user, password, None).await?;
+        let roles = match c.user_get(user).await {
+            Ok(got) => {
+                let (name, given) = (user.to_string(), password.to_string());
+                if c.auth_client().authenticate(name, given).await.is_err() {
+                    c.user_change_password(user, password).await?;
+                }
+                got.roles().to_vec()
+            }
+            Err(_) => {
+                c.user_add(user, password, None).await?;
+                vec![]
+            }
+        };
+        if !roles.iter().any(|r| r == role) {
+            c.user_grant_role(user, role).await?;
         }
-        c.user_grant_role(user, role).await?;
         Ok(())
     }
 

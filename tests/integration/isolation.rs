@@ -214,20 +214,23 @@ async fn a_tenants_key_on_another_namespaces_lease_never_revokes_that_lease() {
     assert!(ttl > 0, "y's lease was revoked (ttl {ttl})");
 }
 
-/// An etcd with auth and an operator for `ns` with root credentials, re-making deleted
-/// credentials Secrets every second.
-async fn isolated(plane: &'static ControlPlane, ns: &str) -> (EtcdServer, Operator) {
+/// The flags of an operator with etcd's root credentials that makes deleted credentials
+/// Secrets again every second.
+pub const ISOLATED: [&str; 6] = [
+    "--etcd-user",
+    "root",
+    "--etcd-password",
+    "root-secret",
+    "--credentials-check-seconds",
+    "1",
+];
+
+/// An etcd with auth (root's password `root-secret`) and an operator for `ns` with
+/// [`ISOLATED`]'s flags.
+pub async fn isolated(plane: &'static ControlPlane, ns: &str) -> (EtcdServer, Operator) {
     let etcd = EtcdServer::start().await;
     etcd.enable_auth("root-secret").await;
-    let flags = [
-        "--etcd-user",
-        "root",
-        "--etcd-password",
-        "root-secret",
-        "--credentials-check-seconds",
-        "1",
-    ];
-    let op = Operator::start_with(plane, ns, &etcd.endpoint, &flags).await;
+    let op = Operator::start_with(plane, ns, &etcd.endpoint, &ISOLATED).await;
     (etcd, op)
 }
 
@@ -260,7 +263,7 @@ async fn a_namespace_with_a_lock_has_its_credentials_before_any_pod_and_gets_the
 }
 
 /// A sidecar of namespace `ns` with its `credentials` takes `lock`.
-async fn takes_with(etcd: &str, ns: &str, (user, password): (String, String), lock: &str) {
+pub async fn takes_with(etcd: &str, ns: &str, (user, password): (String, String), lock: &str) {
     let args = [
         "--namespace",
         ns,

@@ -5,6 +5,7 @@
 mod common;
 
 mod api;
+mod auth_changes;
 mod certs;
 mod chart;
 mod chart_etcd;
