@@ -20,6 +20,10 @@ pub struct ProbeArgs {
     /// Service's endpoints or DNS catch up with pods that just became Ready.
     #[arg(long, default_value_t = 0)]
     pub within: u64,
+    /// How many seconds one request may take: longer than the answer takes to make (the
+    /// operator's `/checkz` waits up to 3 s for etcd before it answers 503 naming the cause).
+    #[arg(long, default_value_t = 1)]
+    pub timeout: u64,
 }
 
 /// Succeeds when the address answers 2xx (within a second), asking again for up to `--within`
@@ -28,7 +32,7 @@ pub async fn run(args: ProbeArgs) -> anyhow::Result<()> {
     let url = format!("http://{}{}", loopback(&args.addr), args.path);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(args.within);
     loop {
-        let asked = ask(&url).await;
+        let asked = ask(&url, Duration::from_secs(args.timeout)).await;
         if asked.is_ok() || tokio::time::Instant::now() >= deadline {
             return asked;
         }
@@ -36,14 +40,15 @@ pub async fn run(args: ProbeArgs) -> anyhow::Result<()> {
     }
 }
 
-/// One request to `url`: Ok on a 2xx answer within a second.
-async fn ask(url: &str) -> anyhow::Result<()> {
+/// One request to `url`: Ok on a 2xx answer within `timeout`; the error keeps its causes (a
+/// timeout, a refused connection, DNS), which the process prints.
+async fn ask(url: &str, timeout: Duration) -> anyhow::Result<()> {
     let response = reqwest::Client::new()
         .get(url)
-        .timeout(Duration::from_secs(1))
+        .timeout(timeout)
         .send()
         .await
-        .map_err(|e| anyhow::anyhow!("{url}: {e}"))?;
+        .map_err(|e| anyhow::Error::new(e).context(url.to_string()))?;
     let status = response.status();
     if status.is_success() {
         return Ok(());

@@ -212,6 +212,11 @@ pub(crate) enum EtcdFailure {
     /// It may go away by itself (a member or connection down, no leader, a leader change):
     /// worth sending again.
     Transient,
+    /// The request's auth token was checked at an older auth revision than etcd's: a user,
+    /// role or permission changed meanwhile (another namespace provisioned), or the member that
+    /// took the request lags behind. Worth sending again with a new token, as etcd's Go client
+    /// does (etcd-client renews only a token etcd no longer knows).
+    AuthOutdated,
     /// etcd is out of space: final until an administrator frees some.
     Full,
     /// Anything else (a bad request): final.
@@ -219,12 +224,20 @@ pub(crate) enum EtcdFailure {
 }
 
 impl EtcdFailure {
+    /// Whether the same request may succeed if sent again.
+    pub(crate) fn worth_resending(self) -> bool {
+        matches!(self, EtcdFailure::Transient | EtcdFailure::AuthOutdated)
+    }
+
     /// Classifies `e`.
     pub(crate) fn of(e: &etcd_client::Error) -> Self {
         use tonic::Code;
         match e {
             etcd_client::Error::GRpcStatus(s) => match s.code() {
                 Code::PermissionDenied | Code::Unauthenticated => EtcdFailure::Refused,
+                Code::InvalidArgument if s.message().contains("revision of auth store is old") => {
+                    EtcdFailure::AuthOutdated
+                }
                 Code::NotFound if s.message().contains("lease not found") => EtcdFailure::LeaseGone,
                 // etcd says both "database space exceeded" (NOSPACE) and "too many requests"
                 // (its apply queue is behind) with this code; only the second passes by itself.
@@ -258,7 +271,7 @@ impl From<etcd_client::Error> for LockError {
         match EtcdFailure::of(&e) {
             EtcdFailure::Refused => LockError::Forbidden(message(&e)),
             EtcdFailure::LeaseGone => LockError::LeaseNotFound(message(&e)),
-            EtcdFailure::Transient => Unavailable::Unreachable(e).into(),
+            EtcdFailure::Transient | EtcdFailure::AuthOutdated => Unavailable::Unreachable(e).into(),
             EtcdFailure::Full => Unavailable::EtcdFull(message(&e)).into(),
             EtcdFailure::Final => LockError::Rejected(message(&e)),
         }

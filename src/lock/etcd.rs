@@ -93,8 +93,8 @@ impl Etcd {
     /// Runs `request` hedged (see [`hedged`]), counting every attempt. Each attempt goes to a
     /// member picked by [`Members`]; one sent again marks the member of the attempt before it
     /// suspect (it failed, or did not answer within [`HEDGE`]), so the next request avoids it.
-    /// An attempt refused for an outdated auth token ([`auth_outdated`]) authenticates again
-    /// and is sent once more.
+    /// An attempt refused for an outdated auth token ([`EtcdFailure::AuthOutdated`]) gets a
+    /// new one and is sent again like any transient failure.
     async fn retrying<T, F: Future<Output = Result<T, etcd_client::Error>>>(
         &self,
         request: impl Fn(Client) -> F,
@@ -108,15 +108,17 @@ impl Etcd {
             }
             let (member, client) = self.members.pick(&self.client);
             *previous = Some(member);
-            let request = &request;
+            let answer = request(client.clone());
             async move {
-                match request(client.clone()).await {
-                    Err(e) if auth_outdated(&e) => {
-                        client.refresh_token().await?;
-                        request(client).await
-                    }
-                    answer => answer,
+                let answer = answer.await;
+                if let Err(e) = &answer
+                    && EtcdFailure::of(e) == EtcdFailure::AuthOutdated
+                {
+                    // Sent again (see `hedged`) with the new token; a failed renewal shows
+                    // in the next attempt's answer.
+                    let _ = client.refresh_token().await;
                 }
+                answer
             }
         })
         .await
@@ -180,18 +182,6 @@ impl Etcd {
     }
 }
 
-/// Whether etcd refused a request because its auth token is older than etcd's auth store: a
-/// user, role or permission changed since the token was issued (another namespace provisioned).
-/// etcd's Go client authenticates again and retries; etcd-client does so only for a token etcd
-/// no longer knows ("invalid auth token", [`Client`]'s `with_auto_token_refresh`), so this does
-/// it for the other.
-fn auth_outdated(e: &etcd_client::Error) -> bool {
-    let etcd_client::Error::GRpcStatus(status) = e else {
-        return false;
-    };
-    status.message().contains("revision of auth store is old")
-}
-
 /// Runs `request`: sends it again after a transient error (after [`RETRY_PAUSE`]), or when no
 /// attempt answered within [`HEDGE`]; the first answer wins. Fails after [`BUDGET`]. Counts
 /// each attempt in
@@ -229,7 +219,7 @@ async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
         });
         match timeout_at(send_at.min(deadline), answer).await {
             Ok((_, Ok(resp))) => return Ok(resp),
-            Ok((_, Err(e))) if EtcdFailure::of(&e) != EtcdFailure::Transient => return Err(e.into()),
+            Ok((_, Err(e))) if !EtcdFailure::of(&e).worth_resending() => return Err(e.into()),
             Ok((i, Err(e))) => {
                 attempts.remove(i);
                 error = e.into();
@@ -304,6 +294,21 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_transient_error_is_retried_after_a_short_pause() {
         let (result, sent, took) = run(vec![unavailable, ok]).await;
+        assert_eq!((result.unwrap(), sent, took), (7, 2, RETRY_PAUSE));
+    }
+
+    fn auth_outdated() -> Answer {
+        let old = "etcdserver: revision of auth store is old";
+        Box::pin(async move {
+            Err(etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument(
+                old,
+            )))
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_refused_for_an_outdated_token_is_sent_again() {
+        let (result, sent, took) = run(vec![auth_outdated, ok]).await;
         assert_eq!((result.unwrap(), sent, took), (7, 2, RETRY_PAUSE));
     }
 

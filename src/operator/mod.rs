@@ -226,13 +226,16 @@ async fn health_server(
         .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", args.listen))?;
     let http = Router::new()
         .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(readiness::readyz))
+        .route(
+            "/readyz",
+            get(readiness::readyz).with_state((ready, metrics.etcd_reachable.clone())),
+        )
         .route("/checkz", get(readiness::checkz))
         .route(
             "/metrics",
             get(|State(m): State<OperatorMetrics>| async move { m.render() }).with_state(metrics),
         )
-        .with_state((ready, store));
+        .with_state(store);
     info!(listen = %args.listen, "operator serving health and metrics");
     Ok(axum::serve(listener, http).into_future())
 }

@@ -4,32 +4,20 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::CHART;
 use crate::common::node::{Node, retry};
+use crate::upgrade;
 use crate::workload::{handed_on, rollout, settled, signal_app};
 
-/// `helm upgrade` to another podlock image: the app's Deployment carries no sidecar of its own
-/// (only the copied annotation), so after a restart every new pod runs the new sidecar.
+/// `helm upgrade` to another podlock image (with live holds, [`upgrade`]): the app's Deployment
+/// carries no sidecar of its own (only the copied annotation), so after a restart every new pod
+/// runs the new sidecar.
 pub fn helm_upgrade_reaches_new_pods(node: &Node) {
     let image = &node.images["PODLOCK_IMAGE"];
     let (repo, tag) = image.rsplit_once(':').unwrap();
     let next = format!("{tag}-next");
     let (ok, _, err) = node.ctr(&["images", "tag", image, &format!("{repo}:{next}")]);
     assert!(ok, "ctr images tag: {err}");
-    let (ok, out, err) = node.helm(&[
-        "upgrade",
-        "podlock",
-        CHART,
-        "-n",
-        "podlock",
-        "--reuse-values",
-        "--set",
-        &format!("image.tag={next}"),
-        "--wait",
-        "--timeout",
-        "5m",
-    ]);
-    assert!(ok, "helm upgrade: {out}{err}");
+    upgrade::live_holds_survive_helm_upgrade(node, &next);
     operators_all_run(node, &format!("{repo}:{next}"));
     let (_, init, _) = node.kubectl(&[
         "get",

@@ -6,11 +6,13 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod helm_test;
 mod holder_service;
 mod interrupt;
 mod isolation;
 mod lifecycle;
 mod network_policy;
+mod upgrade;
 mod workload;
 
 use common::node::Node;
@@ -142,5 +144,6 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     lifecycle::an_app_ignoring_sigterm_keeps_its_hold_until_killed(&node);
     lifecycle::sidecar_kill_ends_the_hold(&node);
     workload::remove(&node).await;
+    helm_test::helm_test_fails_naming_etcd_while_it_is_down(&node);
     uninstall(&node);
 }
