@@ -249,6 +249,10 @@ impl EtcdFailure {
                 Code::Unimplemented if s.message().contains("grpc-status header missing") => {
                     EtcdFailure::Transient
                 }
+                // The connection broke under the request (an etcd member restarting closes it:
+                // HTTP/2 GOAWAY or a reset stream), which tonic reports as Internal. A helm
+                // upgrade that rolled the bundled etcd answered acquires 400 with it.
+                Code::Internal if s.message().starts_with("h2 protocol error") => EtcdFailure::Transient,
                 Code::Unavailable
                 | Code::DeadlineExceeded
                 | Code::Cancelled
@@ -313,8 +317,17 @@ mod tests {
                 Code::Unimplemented,
                 "grpc-status header missing, mapped from HTTP status code 404",
             ),
+            (Code::Internal, "h2 protocol error: http2 error"),
+            (Code::InvalidArgument, "etcdserver: revision of auth store is old"),
         ];
-        let [too_large, full, busy, no_leader, denied, starting] = cases.map(|(c, m)| from(c, m));
+        let [too_large, full, busy, no_leader, denied, starting, cut, outdated] =
+            cases.map(|(c, m)| from(c, m));
+        for transient in [&cut, &outdated] {
+            assert!(
+                matches!(transient, LockError::Unavailable(Unavailable::Unreachable(_))),
+                "{transient:?}"
+            );
+        }
         assert!(
             matches!(too_large, LockError::Rejected(ref m) if m.contains("too large")),
             "{too_large:?}"
