@@ -124,6 +124,15 @@ impl SidecarMetrics {
     }
 }
 
+/// `podlock_reconcile_duration_seconds`.
+fn reconcile_duration() -> prometheus::Histogram {
+    let opts = HistogramOpts::new(
+        "podlock_reconcile_duration_seconds",
+        "Time one reconciliation took",
+    );
+    prometheus::Histogram::with_opts(opts.buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0])).unwrap()
+}
+
 /// The hold metrics: handoffs, hold durations and the open holds' ages, each by lock.
 /// `podlock_acquire_wait_seconds{lock}`, with buckets fine enough between 1 s and 1 min for
 /// the dashboard's p50/p99 to mean something there.
@@ -224,70 +233,35 @@ impl OperatorMetrics {
     /// Registers every operator metric in a new registry.
     pub fn new() -> Self {
         let registry = Registry::new();
-        let reconcile_total = IntCounterVec::new(
-            Opts::new("podlock_reconcile_total", "Reconciliations by result"),
-            &["result"],
-        )
-        .unwrap();
-        let reconcile_duration = prometheus::Histogram::with_opts(
-            HistogramOpts::new(
-                "podlock_reconcile_duration_seconds",
-                "Time one reconciliation took",
-            )
-            .buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]),
-        )
-        .unwrap();
-        let labels = &["namespace", "lock"];
-        let lock_holders =
-            prometheus::IntGaugeVec::new(Opts::new("podlock_lock_holders", "Holders of a lock"), labels)
-                .unwrap();
-        let lock_waiters =
-            prometheus::IntGaugeVec::new(Opts::new("podlock_lock_waiters", "Waiters of a lock"), labels)
-                .unwrap();
-        let forced_releases = IntCounterVec::new(
-            Opts::new(
+        let vec = |name: &str, help: &str, labels: &[&str]| {
+            registered(&registry, IntCounterVec::new(Opts::new(name, help), labels).unwrap())
+        };
+        let per_lock = |name: &str, help: &str| {
+            let gauges = prometheus::IntGaugeVec::new(Opts::new(name, help), &["namespace", "lock"]);
+            registered(&registry, gauges.unwrap())
+        };
+        let gauge = |name: &str, help: &str| registered(&registry, IntGauge::new(name, help).unwrap());
+        OperatorMetrics {
+            reconcile_total: vec("podlock_reconcile_total", "Reconciliations by result", &["result"]),
+            reconcile_duration: registered(&registry, reconcile_duration()),
+            lock_holders: per_lock("podlock_lock_holders", "Holders of a lock"),
+            lock_waiters: per_lock("podlock_lock_waiters", "Waiters of a lock"),
+            forced_releases: vec(
                 "podlock_forced_releases_total",
                 "Holds the operator ended, by reason",
+                &["reason"],
             ),
-            &["reason"],
-        )
-        .unwrap();
-        let leader = IntGauge::new("podlock_operator_leader", "1 while this replica leads").unwrap();
-        let etcd_reachable = IntGauge::new(
-            "podlock_etcd_reachable",
-            "1 while this replica's last probe of etcd (a read that needs its quorum) was answered",
-        )
-        .unwrap();
-        let admissions = IntCounterVec::new(
-            Opts::new(
+            leader: gauge("podlock_operator_leader", "1 while this replica leads"),
+            etcd_reachable: gauge(
+                "podlock_etcd_reachable",
+                "1 while this replica's last probe of etcd (a read that needs its quorum) was answered",
+            ),
+            admissions: vec(
                 "podlock_webhook_admissions_total",
                 "Admission requests the webhook answered, by kind and outcome",
+                &["kind", "outcome"],
             ),
-            &["kind", "outcome"],
-        )
-        .unwrap();
-        for c in [
-            Box::new(leader.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(etcd_reachable.clone()),
-            Box::new(reconcile_total.clone()),
-            Box::new(reconcile_duration.clone()),
-            Box::new(lock_holders.clone()),
-            Box::new(lock_waiters.clone()),
-            Box::new(forced_releases.clone()),
-            Box::new(admissions.clone()),
-        ] {
-            registry.register(c).unwrap();
-        }
-        OperatorMetrics {
             registry,
-            reconcile_total,
-            reconcile_duration,
-            lock_holders,
-            lock_waiters,
-            forced_releases,
-            leader,
-            etcd_reachable,
-            admissions,
         }
     }
 

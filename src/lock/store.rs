@@ -241,10 +241,12 @@ impl Store {
         let mut c = self.0.client().clone();
         let granted = match c.role_get(role).await {
             Ok(got) => got.permissions(),
-            Err(_) => {
-                c.role_add(role).await?;
-                vec![]
-            }
+            Err(_) => match c.role_add(role).await {
+                Ok(_) => vec![],
+                // Added a moment ago by another caller (a replica, the webhook): read it.
+                Err(e) if e.to_string().contains("already exists") => c.role_get(role).await?.permissions(),
+                Err(e) => return Err(e.into()),
+            },
         };
         let read = Permission::read(keys::config_prefix(Some(namespace))).with_prefix();
         let write = Permission::read_write(keys::queue_root(Some(namespace))).with_prefix();
@@ -296,10 +298,13 @@ impl Store {
                 }
                 got.roles().to_vec()
             }
-            Err(_) => {
-                c.user_add(user, password, None).await?;
-                vec![]
-            }
+            Err(_) => match c.user_add(user, password, None).await {
+                Ok(_) => vec![],
+                // Added a moment ago by another caller, with the same password (the one
+                // recorded in etcd: [`Store::namespace_password`]): read it.
+                Err(e) if e.to_string().contains("already exists") => c.user_get(user).await?.roles().to_vec(),
+                Err(e) => return Err(e.into()),
+            },
         };
         if !roles.iter().any(|r| r == role) {
             c.user_grant_role(user, role).await?;

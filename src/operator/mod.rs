@@ -2,6 +2,7 @@
 
 mod backoff;
 mod certs;
+mod context;
 mod epoch;
 mod etcd_auth;
 mod etcd_health;
@@ -17,6 +18,7 @@ mod owner;
 mod publish;
 mod readiness;
 mod reconcile;
+mod reconcile_error;
 pub mod release;
 mod verdict;
 mod webhook;
@@ -42,7 +44,8 @@ use crate::lock::{LockId, Store};
 use crate::metrics::OperatorMetrics;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use reconcile::{Context, error_policy, reconcile};
+use context::Context;
+use reconcile::{error_policy, reconcile};
 
 /// Flags of `podlock operator`.
 #[derive(Debug, Clone, Args)]
@@ -93,7 +96,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let metrics = OperatorMetrics::new();
     let reasons = liveness::Reason::ALL.map(liveness::Reason::label);
     let reasons = [&reasons[..], &[reconcile::LOCK_DELETED, release::REASON]].concat();
-    metrics.start_at_zero(&reconcile::Error::LABELS, &reasons);
+    metrics.start_at_zero(&reconcile_error::Error::LABELS, &reasons);
     let ctx = context(&client, &store, &metrics, &args)?;
     tokio::spawn(etcd_health::watch(store.clone(), metrics.etcd_reachable.clone()));
     let ready = Arc::new(readiness::Readiness::default());
@@ -345,7 +348,7 @@ async fn remove_orphans(locks: &Api<DistributedLock>, store: &Store, ns: Option<
         .items
         .iter()
         .filter(|dl| dl.metadata.deletion_timestamp.is_none())
-        .map(reconcile::lock_id)
+        .map(context::lock_id)
         .collect();
     for id in store.locks(ns).await?.difference(&existing) {
         let ended = store.undeclare(id).await?;

@@ -10,7 +10,8 @@ use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
 use super::epoch::{self, Choice};
-use super::reconcile::{Context, Error, event, patch_status};
+use super::context::{Context, event, patch_status};
+use super::reconcile_error::Error;
 use crate::crd::{DistributedLock, DistributedLockStatus};
 use crate::lock::{LockError, LockId, LockState, Settings, Token};
 

@@ -12,17 +12,16 @@ use std::time::{Duration, SystemTime};
 use tracing::{info, warn};
 
 use super::backoff::Backoff;
+use super::context::{Context, event, lock_id, patch_status};
 use super::event_limit::EventLimit;
 use super::holder_service::{self, Followed};
 use super::isolation::Isolation;
+use super::reconcile_error::Error;
 use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder, HolderServiceStatus};
 use crate::lock::rfc3339;
 use crate::lock::{LockId, LockState, Store};
 use crate::metrics::{OperatorMetrics, RECONCILED};
 
-#[path = "reconcile_error.rs"]
-mod error;
-pub use error::Error;
 
 /// The finalizer that makes deletion wait until the lock's etcd keys are gone.
 pub const FINALIZER: &str = "podlock.io/cleanup";
@@ -37,24 +36,6 @@ pub const STATUS_HOLDERS: usize = 100;
 
 /// The `reason` label of holds ended by their lock's deletion.
 pub const LOCK_DELETED: &str = "lock_deleted";
-
-/// What the reconciler shares.
-pub struct Context {
-    /// The Kubernetes client.
-    pub client: kube::Client,
-    /// etcd, where the locks live.
-    pub store: Store,
-    /// The operator's metrics.
-    pub metrics: OperatorMetrics,
-    /// Publishes Kubernetes Events.
-    pub recorder: Recorder,
-    /// When each lock last got a `HolderChanged` Event.
-    pub holder_events: EventLimit,
-    /// Retry delays of locks whose reconciliation failed.
-    pub backoff: Backoff,
-    /// Per-namespace etcd credentials.
-    pub isolation: Isolation,
-}
 
 /// Reconciles one DistributedLock.
 pub async fn reconcile(dl: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Action, Error> {
@@ -97,12 +78,6 @@ pub fn error_policy(dl: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) 
     let retry = ctx.backoff.failed(&lock_id(&dl));
     warn!(lock = %dl.name_any(), namespace = dl.namespace().unwrap_or_default(), %error, ?retry, "reconcile failed");
     Action::requeue(retry)
-}
-
-/// The lock a DistributedLock declares.
-pub fn lock_id(dl: &DistributedLock) -> LockId {
-    let (namespace, name) = (dl.namespace().unwrap_or_default(), dl.name_any());
-    LockId::new(&namespace, &name).expect("the API server admits only valid object names")
 }
 
 /// Acts on a force release (`podlock.io/release`), publishes the lock's settings to etcd and
@@ -292,49 +267,6 @@ fn condition(dl: &DistributedLock, kind: &str, status: &str, reason: &str, messa
         message: message.into(),
         last_transition_time: since,
         observed_generation: dl.metadata.generation,
-    }
-}
-
-/// Writes `status` whole, by server-side apply: the operator is the status' only writer, and
-/// a field it leaves out (`holderService`, once no longer asked for) is removed, which a merge
-/// patch of the same status would leave in place. Every list in it is atomic (the CRD marks
-/// none as a map), so an applied list replaces the one there. (A field an earlier release
-/// merged in keeps that manager as co-owner until the value changes; left out before then, it
-/// stays, as it did with the merge patch.)
-pub(super) async fn patch_status(
-    api: &Api<DistributedLock>,
-    dl: &DistributedLock,
-    status: &DistributedLockStatus,
-) -> Result<(), Error> {
-    let apply = StatusApply {
-        types: TypeMeta::resource::<DistributedLock>(),
-        status,
-    };
-    let params = super::owner::server_side_apply();
-    api.patch_status(&dl.name_any(), &params, &Patch::Apply(&apply))
-        .await?;
-    Ok(())
-}
-
-/// A server-side apply of the `status` subresource: the object's type and its status alone.
-#[derive(Debug, serde::Serialize)]
-struct StatusApply<'a> {
-    #[serde(flatten)]
-    types: TypeMeta,
-    status: &'a DistributedLockStatus,
-}
-
-/// Records a Kubernetes Event of `type_` on the DistributedLock (a failure is logged only).
-pub(super) async fn event(ctx: &Context, dl: &DistributedLock, type_: EventType, reason: &str, note: String) {
-    let event = Event {
-        type_,
-        reason: reason.into(),
-        note: Some(note),
-        action: reason.into(),
-        secondary: None,
-    };
-    if let Err(e) = ctx.recorder.publish(&event, &dl.object_ref(&())).await {
-        warn!(lock = %dl.name_any(), error = %e, "could not publish a Kubernetes Event");
     }
 }
 

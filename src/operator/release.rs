@@ -19,7 +19,8 @@ use kube::runtime::events::EventType;
 use serde_json::json;
 use tracing::info;
 
-use super::reconcile::{Context, Error, event, lock_id};
+use super::context::{Context, event, lock_id};
+use super::reconcile_error::Error;
 use crate::crd::DistributedLock;
 use crate::lock::{QueueEntry, check_holder_id};
 

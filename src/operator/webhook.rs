@@ -26,7 +26,7 @@ use tracing::{info, warn};
 
 use super::inject::{self, SidecarTemplate};
 use super::readiness::Readiness;
-use super::reconcile::Context;
+use super::context::Context;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
 };

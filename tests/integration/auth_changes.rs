@@ -109,3 +109,27 @@ async fn a_sidecar_carries_on_while_etcds_auth_changes() {
     churn.abort();
     eprintln!("{rounds} acquire-release rounds while etcd's auth changed");
 }
+
+/// Replicas and the webhook provision a new namespace at the same moment: each finds the role
+/// and user another has just added and goes on, rather than failing on "already exists" (a
+/// failed provisioning fails the webhook's injection or the lock's reconciliation).
+#[tokio::test]
+async fn concurrent_provisioning_of_one_namespace_all_succeeds() {
+    let etcd = crate::common::EtcdServer::start().await;
+    etcd.enable_auth("root-secret").await;
+    let root = etcd_client::ConnectOptions::new().with_user("root", "root-secret");
+    let client = etcd_client::Client::connect([etcd.endpoint.as_str()], Some(root))
+        .await
+        .unwrap();
+    let store = podlock::lock::Store::new(client);
+    let provision = |store: podlock::lock::Store| async move {
+        let user = "podlock-ns-racing";
+        store.ensure_role("racing", user).await?;
+        let password = store.namespace_password("racing", "a-candidate").await?;
+        store.set_user(user, &password, user).await
+    };
+    let racers: Vec<_> = (0..4).map(|_| tokio::spawn(provision(store.clone()))).collect();
+    for racer in racers {
+        racer.await.unwrap().expect("provisioning while others provision too");
+    }
+}
