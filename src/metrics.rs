@@ -130,7 +130,8 @@ fn reconcile_duration() -> prometheus::Histogram {
         "podlock_reconcile_duration_seconds",
         "Time one reconciliation took",
     );
-    prometheus::Histogram::with_opts(opts.buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0])).unwrap()
+    prometheus::Histogram::with_opts(opts.buckets(vec![0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0]))
+        .unwrap()
 }
 
 /// The hold metrics: handoffs, hold durations and the open holds' ages, each by lock.
@@ -234,7 +235,10 @@ impl OperatorMetrics {
     pub fn new() -> Self {
         let registry = Registry::new();
         let vec = |name: &str, help: &str, labels: &[&str]| {
-            registered(&registry, IntCounterVec::new(Opts::new(name, help), labels).unwrap())
+            registered(
+                &registry,
+                IntCounterVec::new(Opts::new(name, help), labels).unwrap(),
+            )
         };
         let per_lock = |name: &str, help: &str| {
             let gauges = prometheus::IntGaugeVec::new(Opts::new(name, help), &["namespace", "lock"]);
@@ -242,7 +246,11 @@ impl OperatorMetrics {
         };
         let gauge = |name: &str, help: &str| registered(&registry, IntGauge::new(name, help).unwrap());
         OperatorMetrics {
-            reconcile_total: vec("podlock_reconcile_total", "Reconciliations by result", &["result"]),
+            reconcile_total: vec(
+                "podlock_reconcile_total",
+                "Reconciliations by result",
+                &["result"],
+            ),
             reconcile_duration: registered(&registry, reconcile_duration()),
             lock_holders: per_lock("podlock_lock_holders", "Holders of a lock"),
             lock_waiters: per_lock("podlock_lock_waiters", "Waiters of a lock"),

@@ -302,7 +302,9 @@ impl Store {
                 Ok(_) => vec![],
                 // Added a moment ago by another caller, with the same password (the one
                 // recorded in etcd: [`Store::namespace_password`]): read it.
-                Err(e) if e.to_string().contains("already exists") => c.user_get(user).await?.roles().to_vec(),
+                Err(e) if e.to_string().contains("already exists") => {
+                    c.user_get(user).await?.roles().to_vec()
+                }
                 Err(e) => return Err(e.into()),
             },
         };

@@ -42,9 +42,9 @@ use crate::crd::DistributedLock;
 use crate::etcd_args::EtcdArgs;
 use crate::lock::{LockId, Store};
 use crate::metrics::OperatorMetrics;
+use context::Context;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
-use context::Context;
 use reconcile::{error_policy, reconcile};
 
 /// Flags of `podlock operator`.

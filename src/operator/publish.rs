@@ -9,8 +9,8 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::epoch::{self, Choice};
 use super::context::{Context, event, patch_status};
+use super::epoch::{self, Choice};
 use super::reconcile_error::Error;
 use crate::crd::{DistributedLock, DistributedLockStatus};
 use crate::lock::{LockError, LockId, LockState, Settings, Token};

@@ -1,27 +1,22 @@
 //! The reconciler: publishes each DistributedLock's settings to etcd, mirrors its queue into
 //! `status`, and deletes its etcd keys when the object is deleted (finalizer).
 
-use kube::api::{Api, Patch};
-use kube::core::TypeMeta;
+use kube::ResourceExt;
+use kube::api::Api;
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::EventType;
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
-use kube::{Resource, ResourceExt};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tracing::{info, warn};
 
-use super::backoff::Backoff;
 use super::context::{Context, event, lock_id, patch_status};
-use super::event_limit::EventLimit;
 use super::holder_service::{self, Followed};
-use super::isolation::Isolation;
 use super::reconcile_error::Error;
 use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder, HolderServiceStatus};
 use crate::lock::rfc3339;
-use crate::lock::{LockId, LockState, Store};
+use crate::lock::{LockId, LockState};
 use crate::metrics::{OperatorMetrics, RECONCILED};
-
 
 /// The finalizer that makes deletion wait until the lock's etcd keys are gone.
 pub const FINALIZER: &str = "podlock.io/cleanup";

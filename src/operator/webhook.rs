@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
+use super::context::Context;
 use super::inject::{self, SidecarTemplate};
 use super::readiness::Readiness;
-use super::context::Context;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
 };

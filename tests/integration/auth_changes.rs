@@ -130,6 +130,9 @@ async fn concurrent_provisioning_of_one_namespace_all_succeeds() {
     };
     let racers: Vec<_> = (0..4).map(|_| tokio::spawn(provision(store.clone()))).collect();
     for racer in racers {
-        racer.await.unwrap().expect("provisioning while others provision too");
+        racer
+            .await
+            .unwrap()
+            .expect("provisioning while others provision too");
     }
 }
