@@ -8,8 +8,8 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::kube::{Operator, with_crd};
-use crate::common::{Sidecar, bin_dir, wait_until};
-use crate::isolation::{ISOLATED, credentials, isolated, takes_with};
+use crate::common::{bin_dir, wait_until};
+use crate::isolation::{ISOLATED, credentials, isolated, sidecar_with, takes_with};
 
 /// etcd's auth revision (`etcdctl auth status`, as root).
 fn auth_revision(endpoint: &str) -> u64 {
@@ -76,16 +76,7 @@ async fn a_sidecar_carries_on_while_etcds_auth_changes() {
     let ns = plane.namespace("auth-churn");
     let (etcd, _op) = isolated(plane, &ns).await;
     assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock_manifest(&ns)).0);
-    let (user, password) = credentials(plane, &ns).await;
-    let args = [
-        "--namespace",
-        &ns,
-        "--etcd-user",
-        &user,
-        "--etcd-password",
-        &password,
-    ];
-    let pod = Sidecar::start(&etcd.endpoint, "pod", &args).await;
+    let pod = sidecar_with(&etcd.endpoint, &ns, credentials(plane, &ns).await).await;
     let root = etcd_client::ConnectOptions::new().with_user("root", "root-secret");
     let mut root = etcd_client::Client::connect([etcd.endpoint.as_str()], Some(root))
         .await

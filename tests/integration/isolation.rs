@@ -263,17 +263,15 @@ async fn a_namespace_with_a_lock_has_its_credentials_before_any_pod_and_gets_the
 }
 
 /// A sidecar of namespace `ns` with its `credentials` takes `lock`.
-pub async fn takes_with(etcd: &str, ns: &str, (user, password): (String, String), lock: &str) {
-    let args = [
-        "--namespace",
-        ns,
-        "--etcd-user",
-        &user,
-        "--etcd-password",
-        &password,
-    ];
-    let pod = Sidecar::start(etcd, "pod", &args).await;
+pub async fn takes_with(etcd: &str, ns: &str, credentials: (String, String), lock: &str) {
+    let pod = sidecar_with(etcd, ns, credentials).await;
     assert_eq!(pod.post(lock, "acquire", json!({})).await.0, 200);
+}
+
+/// A sidecar (pod `pod`) of namespace `ns` with its etcd `credentials`.
+pub async fn sidecar_with(etcd: &str, ns: &str, (user, password): (String, String)) -> Sidecar {
+    let args = ["--namespace", ns, "--etcd-user", &user, "--etcd-password", &password];
+    Sidecar::start(etcd, "pod", &args).await
 }
 
 #[tokio::test]

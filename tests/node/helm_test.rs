@@ -15,16 +15,7 @@ fn helm_test(node: &Node) -> (bool, String) {
     let (ok, out, err) = node.helm(&["test", "podlock", "-n", "podlock", "--timeout", "2m"]);
     let (_, log, _) = node.kubectl(&["logs", "-n", "podlock", TEST_POD]);
     let (_, pods, _) = node.kubectl(&["get", "pods,endpoints", "-n", "podlock", "-o", "wide"]);
-    let (_, operators, _) = node.kubectl(&[
-        "logs",
-        "-n",
-        "podlock",
-        "-l",
-        "app.kubernetes.io/component=podlock-operator",
-        "--tail",
-        "20",
-        "--prefix",
-    ]);
+    let operators = crate::upgrade::operator_logs(node, 20);
     (
         ok,
         format!("{out}{err}\n{TEST_POD} logged:\n{log}\n{pods}\n{operators}"),

@@ -227,16 +227,15 @@ fn diagnose(node: &Node) -> String {
             "40",
             "--prefix"
         ]),
-        logs(&[
-            "logs",
-            "-n",
-            "podlock",
-            "-l",
-            "app.kubernetes.io/component=podlock-operator",
-            "--tail",
-            "60",
-            "--prefix"
-        ]),
+        operator_logs(node, 60),
         logs(&["get", "events", "-n", "upgrade", "--sort-by=.lastTimestamp"]),
     )
+}
+
+/// The last `lines` lines of every operator replica's log, each line prefixed with its pod.
+pub fn operator_logs(node: &Node, lines: usize) -> String {
+    let tail = lines.to_string();
+    let selector = "app.kubernetes.io/component=podlock-operator";
+    let args = ["logs", "-n", "podlock", "-l", selector, "--tail", &tail, "--prefix"];
+    node.kubectl(&args).1
 }
