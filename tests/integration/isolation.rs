@@ -270,7 +270,14 @@ pub async fn takes_with(etcd: &str, ns: &str, credentials: (String, String), loc
 
 /// A sidecar (pod `pod`) of namespace `ns` with its etcd `credentials`.
 pub async fn sidecar_with(etcd: &str, ns: &str, (user, password): (String, String)) -> Sidecar {
-    let args = ["--namespace", ns, "--etcd-user", &user, "--etcd-password", &password];
+    let args = [
+        "--namespace",
+        ns,
+        "--etcd-user",
+        &user,
+        "--etcd-password",
+        &password,
+    ];
     Sidecar::start(etcd, "pod", &args).await
 }
 

@@ -236,6 +236,8 @@ fn diagnose(node: &Node) -> String {
 pub fn operator_logs(node: &Node, lines: usize) -> String {
     let tail = lines.to_string();
     let selector = "app.kubernetes.io/component=podlock-operator";
-    let args = ["logs", "-n", "podlock", "-l", selector, "--tail", &tail, "--prefix"];
+    let args = [
+        "logs", "-n", "podlock", "-l", selector, "--tail", &tail, "--prefix",
+    ];
     node.kubectl(&args).1
 }
