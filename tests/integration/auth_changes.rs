@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::kube::{Operator, with_crd};
 use crate::common::{bin_dir, wait_until};
-use crate::isolation::{ISOLATED, credentials, isolated, sidecar_with, takes_with};
+use crate::isolation::{ISOLATED, credentials, declare_shared, isolated, sidecar_with, takes_with};
 
 /// etcd's auth revision (`etcdctl auth status`, as root).
 fn auth_revision(endpoint: &str) -> u64 {
@@ -34,13 +34,6 @@ fn auth_revision(endpoint: &str) -> u64 {
     })
 }
 
-/// A lock `shared` in `ns`.
-fn lock_manifest(ns: &str) -> String {
-    format!(
-        "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{}}\n"
-    )
-}
-
 /// A restarted operator provisions its namespaces again: it must find their role, user and
 /// password as they are and change nothing, or every sidecar's token goes stale at once.
 #[tokio::test]
@@ -48,7 +41,7 @@ async fn a_restarted_operator_leaves_etcds_auth_as_it_is() {
     let plane = with_crd();
     let ns = plane.namespace("auth-restart");
     let (etcd, op) = isolated(plane, &ns).await;
-    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock_manifest(&ns)).0);
+    declare_shared(plane, &ns);
     let creds = credentials(plane, &ns).await;
     let before = auth_revision(&etcd.endpoint);
     drop(op);
@@ -75,7 +68,7 @@ async fn a_sidecar_carries_on_while_etcds_auth_changes() {
     let plane = with_crd();
     let ns = plane.namespace("auth-churn");
     let (etcd, _op) = isolated(plane, &ns).await;
-    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock_manifest(&ns)).0);
+    declare_shared(plane, &ns);
     let pod = sidecar_with(&etcd.endpoint, &ns, credentials(plane, &ns).await).await;
     let root = etcd_client::ConnectOptions::new().with_user("root", "root-secret");
     let mut root = etcd_client::Client::connect([etcd.endpoint.as_str()], Some(root))

@@ -43,10 +43,7 @@ impl Tenants {
             Operator::start_with(plane, &y, &etcd.endpoint, &root).await,
         );
         for ns in [&x, &y] {
-            let lock = format!(
-                "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{}}\n"
-            );
-            assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
+            declare_shared(plane, ns);
         }
         let creds = (credentials(plane, &x).await, credentials(plane, &y).await);
         Tenants {
@@ -214,6 +211,15 @@ async fn a_tenants_key_on_another_namespaces_lease_never_revokes_that_lease() {
     assert!(ttl > 0, "y's lease was revoked (ttl {ttl})");
 }
 
+/// Declares a DistributedLock `shared` in `ns`: the operator provisions the namespace's etcd
+/// credentials for it.
+pub fn declare_shared(plane: &ControlPlane, ns: &str) {
+    let lock = format!(
+        "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{}}\n"
+    );
+    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
+}
+
 /// The flags of an operator with etcd's root credentials that makes deleted credentials
 /// Secrets again every second.
 pub const ISOLATED: [&str; 6] = [
@@ -239,10 +245,7 @@ async fn a_namespace_with_a_lock_has_its_credentials_before_any_pod_and_gets_the
     let plane = with_crd();
     let ns = plane.namespace("creds-back");
     let (etcd, op) = isolated(plane, &ns).await;
-    let lock = format!(
-        "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{}}\n"
-    );
-    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
+    declare_shared(plane, &ns);
     let first = credentials(plane, &ns).await;
     let pods: Api<Pod> = Api::namespaced(plane.client().await, &ns);
     assert!(pods.list(&Default::default()).await.unwrap().items.is_empty());
@@ -333,10 +336,7 @@ async fn the_operator_turns_auth_on_in_a_fresh_etcd() {
         "etcd still answers without credentials:\n{}",
         a.log()
     );
-    let lock = format!(
-        "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: shared, namespace: {ns}}}\nspec: {{}}\n"
-    );
-    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &lock).0);
+    declare_shared(plane, &ns);
     takes_with(&etcd.endpoint, &ns, credentials(plane, &ns).await, "shared").await;
     drop((a, b));
     // It serves /healthz, which start_with waits for, only once connected to etcd as root.
