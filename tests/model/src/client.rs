@@ -3,7 +3,7 @@
 
 use crate::decide::{decide, grant};
 use crate::model::{Action, Protocol, Step};
-use crate::spec::{Bug, OnBehalf};
+use crate::spec::{Bug, CHAIN, Handoff, OnBehalf};
 use crate::state::{Cached, Key, Lock, Name, Phase, Record, Rev, State, Wait};
 
 impl Protocol {
@@ -48,7 +48,8 @@ impl Protocol {
     }
 
     /// Whether something `w` watches changed since its read: a watched key deleted (or
-    /// written, if watched for any change), its own key deleted, or the settings key changed.
+    /// written, if watched for any change), its own key deleted (or written: a grant handed
+    /// on), or the settings key changed.
     fn woken(&self, s: &State, lock: u8, w: &Wait) -> bool {
         let changed = |create, any| match s.key(lock, create) {
             None => true,
@@ -56,7 +57,7 @@ impl Protocol {
         };
         let l = &s.locks[lock as usize];
         w.wakes.iter().any(|&(create, any)| changed(create, any))
-            || changed(w.ticket, false)
+            || changed(w.ticket, self.spec.handoff != Handoff::Off)
             || l.modrev == 0
             || l.modrev > w.at
     }
@@ -95,7 +96,15 @@ impl Protocol {
             }
             (Step::Read, Phase::Reading { ticket }) => self.read(s, c, ticket),
             (_, Phase::Waiting(w)) => self.waiter_step(s, c, step, w),
-            (_, Phase::Holding { ticket, session, .. }) => self.holder_step(s, c, step, (ticket, session)),
+            (
+                _,
+                Phase::Holding {
+                    ticket,
+                    session,
+                    chain,
+                    ..
+                },
+            ) => self.holder_step(s, c, step, (ticket, session), chain),
             (step, phase) => unreachable!("{step:?} in {phase:?}"),
         }
     }
@@ -104,8 +113,12 @@ impl Protocol {
     /// deadline passes (its connection closes).
     fn waiter_step(&self, s: &mut State, c: u8, step: Step, w: Wait) {
         let spec = self.spec.clients[c as usize];
+        let handed = s.key(spec.lock, w.ticket).filter(|k| k.record == Record::Handed);
+        let chain = handed.map(|k| k.next.clone());
         let me = &mut s.clients[c as usize];
         match step {
+            // Its own key written by the release ahead: granted, with the chain in the entry.
+            Step::Wake if let Some(chain) = chain => grant(self, s, (c, spec.lock), w.ticket, chain),
             Step::Wake | Step::Rewatch => self.read(s, c, w.ticket),
             Step::OnBehalf => {
                 let settings = me.cache.modrev;
@@ -127,7 +140,7 @@ impl Protocol {
 
     /// A holder's step: it records its grant, releases, learns its hold ended, or misses its
     /// heartbeat (the sidecar ends the hold, then removes its key in the background).
-    fn holder_step(&self, s: &mut State, c: u8, step: Step, (ticket, session): (Rev, u8)) {
+    fn holder_step(&self, s: &mut State, c: u8, step: Step, (ticket, session): (Rev, u8), chain: Vec<Rev>) {
         let lock = self.spec.clients[c as usize].lock;
         let me = &mut s.clients[c as usize];
         match step {
@@ -136,17 +149,19 @@ impl Protocol {
                     ticket,
                     session,
                     recorded: true,
+                    chain,
                 };
                 if s.key(lock, ticket).is_some() {
                     let rev = s.next_rev();
                     let key = s.key_mut(lock, ticket).expect("in place");
-                    key.record = Record::Own;
-                    key.modrev = rev;
+                    (key.record, key.modrev, key.next) = (Record::Own, rev, vec![]);
                 }
             }
             Step::Release => {
                 me.phase = Phase::Idle;
-                s.delete(lock, ticket);
+                if !self.hand_on(s, c, ticket, &chain) {
+                    s.delete(lock, ticket);
+                }
             }
             Step::Learn => me.phase = Phase::Idle,
             Step::HeartbeatMiss => {
@@ -200,6 +215,7 @@ impl Protocol {
             modrev: ticket,
             shared: spec.shared,
             record: Record::No,
+            next: vec![],
         });
         self.place(s, c, ticket, max);
     }
@@ -234,13 +250,57 @@ impl Protocol {
         lock.modrev != 0 && cached.modrev == lock.modrev && (!by_value || *cached == Cached::of(lock))
     }
 
-    /// Acts on where a read placed `ticket`: holds, or waits.
+    /// Acts on where a read placed `ticket`: holds, or waits. The read also returns the keys
+    /// behind it (a holder's chain).
     fn place(&self, s: &mut State, c: u8, ticket: Rev, max: u8) {
         let lock = self.spec.clients[c as usize].lock;
         match decide(self, s, (lock, ticket), max) {
-            Ok(()) => grant(self, s, (c, lock), ticket),
+            Ok(()) => {
+                let behind = s.locks[lock as usize].queue.iter().filter(|k| k.create > ticket);
+                let chain = match self.spec.handoff {
+                    Handoff::Off => vec![],
+                    _ => behind.take(CHAIN).map(|k| k.create).collect(),
+                };
+                grant(self, s, (c, lock), ticket, chain)
+            }
             Err(wait) => s.clients[c as usize].phase = Phase::Waiting(wait),
         }
+    }
+
+    /// The release transaction of direct handoff (see [`Handoff`]): if `c` may hand on and
+    /// every guard holds, deletes its key and writes the grant of the first key of its chain
+    /// (or, with [`Handoff::ReaderRun`], of the run of readers it starts), passing on the rest
+    /// of the chain; returns whether it did (else the release is the plain guarded delete).
+    fn hand_on(&self, s: &mut State, c: u8, ticket: Rev, chain: &[Rev]) -> bool {
+        let spec = self.spec.clients[c as usize];
+        let (cache, l) = (s.clients[c as usize].cache, &s.locks[spec.lock as usize]);
+        let mutex_holder = cache.max == 1 && !spec.shared && self.guard_holds(&cache, l);
+        let guarded = self.spec.bug != Some(Bug::HandoffUnguarded);
+        if self.spec.handoff == Handoff::Off || chain.is_empty() || (guarded && !mutex_holder) {
+            return false;
+        }
+        let untouched = |create: &Rev| s.key(spec.lock, *create).filter(|k| k.modrev == k.create);
+        let Some(first) = untouched(&chain[0]) else {
+            return false;
+        };
+        let run: Vec<Rev> = match (first.shared, self.spec.handoff) {
+            (false, _) => vec![first.create],
+            (true, Handoff::ReaderRun) => (chain.iter())
+                .map_while(|r| untouched(r).filter(|k| k.shared).map(|k| k.create))
+                .collect(),
+            (true, _) => return false,
+        };
+        if s.key(spec.lock, ticket).is_none() {
+            return false;
+        }
+        let rest = if first.shared { vec![] } else { chain[1..].to_vec() };
+        s.delete(spec.lock, ticket);
+        let rev = s.next_rev();
+        for create in run {
+            let key = s.key_mut(spec.lock, create).expect("untouched");
+            (key.record, key.modrev, key.next) = (Record::Handed, rev, rest.clone());
+        }
+        true
     }
 }
 

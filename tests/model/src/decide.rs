@@ -65,11 +65,21 @@ impl<'a> Read<'a> {
                 true => Ahead {
                     key: n.to_vec(),
                     mode: mode(k.shared && bug != Some(Bug::IgnoreModes)),
-                    granted: all_granted || k.record != Record::No || bug == Some(Bug::GrantPastUngranted),
+                    granted: all_granted || recorded(k.record, bug) || bug == Some(Bug::GrantPastUngranted),
                 },
             })
             .collect();
         protocol::position(&ahead, self.more, self.max, self.own)
+    }
+}
+
+/// Whether a key ahead counts as recorded for the rule: by its owner (or on behalf), not by
+/// a handoff its owner has yet to learn of.
+fn recorded(record: Record, bug: Option<Bug>) -> bool {
+    match record {
+        Record::Own | Record::Behalf => true,
+        Record::Handed => bug == Some(Bug::HandedCountsAsGranted),
+        Record::No => false,
     }
 }
 
@@ -120,7 +130,7 @@ pub fn admissible(model: &Protocol, state: &State, client: u8) -> bool {
 /// shared holders have no count limit), and its token must be above every token granted
 /// before, across wipes and restores (one granted after a restore the operator has not
 /// reconciled yet is noted apart, see [`crate::state::Rebuilt::window_broken`]).
-pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), ticket: Rev) {
+pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), ticket: Rev, chain: Vec<Rev>) {
     let holders = live_holders(model, state, lock).count();
     let l = &state.locks[lock as usize];
     if !model.spec.clients[client as usize].shared && holders + 1 > l.max as usize {
@@ -150,6 +160,7 @@ pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), tick
         ticket,
         session,
         recorded: false,
+        chain,
     };
 }
 

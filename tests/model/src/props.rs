@@ -23,6 +23,9 @@ pub const REGRANTED: &str = "a grant after etcd's rebuild";
 /// Safety: a client that believes it holds has its key in place, or can learn it is gone.
 pub const BELIEF: &str = "belief: a holder's key is in place, or it learns it is gone";
 
+/// Reached: a release wrote the grant of the key behind it (direct handoff).
+const HANDED: &str = "a grant handed on by a release";
+
 /// Reached: an administrator's force release ended a hold its client believed it had.
 const RELEASED: &str = "a holder released by an administrator";
 
@@ -56,6 +59,9 @@ pub fn properties() -> Vec<Property<Protocol>> {
             (s.locks.iter().flat_map(|l| &l.queue)).any(|k| k.record == Record::Behalf)
         }),
         Property::sometimes(RELEASED, |_, s: &State| s.released_holder),
+        Property::sometimes(HANDED, |_, s: &State| {
+            (s.locks.iter().flat_map(|l| &l.queue)).any(|k| k.record == Record::Handed)
+        }),
         Property::sometimes(REGRANTED, |_, s: &State| {
             s.rebuilt.as_ref().is_some_and(|r| r.granted_after)
         }),
@@ -103,6 +109,10 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     }
     if spec.releases > 0 {
         out.push(RELEASED);
+    }
+    let mutex = |l: usize| spec.max_holders[l] == 1 && count(l, false) >= 2;
+    if spec.handoff != crate::spec::Handoff::Off && locks.clone().any(mutex) {
+        out.push(HANDED);
     }
     if spec.rebuild.is_some() {
         out.push(REGRANTED);

@@ -82,9 +82,14 @@ fn key(k: &Key) -> String {
         Record::No => "",
         Record::Own => " granted",
         Record::Behalf => " granted-on-behalf",
+        Record::Handed => " handed",
+    };
+    let next = match k.next.is_empty() {
+        true => String::new(),
+        false => format!(", then {:?}", k.next),
     };
     format!(
-        "c{}:{mode}#{} (epoch {}, mod {}){record}",
+        "c{}:{mode}#{} (epoch {}, mod {}){record}{next}",
         k.owner, k.create, k.epoch, k.modrev
     )
 }
@@ -100,8 +105,14 @@ fn phase(p: &Phase) -> String {
         Phase::Enqueue => "enqueueing".into(),
         Phase::Requeue { old } => format!("removing its old key #{old}, then enqueueing"),
         Phase::Reading { ticket } => format!("reading the position of #{ticket}"),
-        Phase::Holding { ticket, recorded, .. } => {
-            format!("holds #{ticket}{}", if *recorded { " (recorded)" } else { "" })
+        Phase::Holding {
+            ticket,
+            recorded,
+            chain,
+            ..
+        } => {
+            let recorded = if *recorded { " (recorded)" } else { "" };
+            format!("holds #{ticket}{recorded}, knows {chain:?} behind it")
         }
         Phase::Waiting(w) => {
             let wakes: Vec<_> = (w.wakes.iter())

@@ -1,7 +1,7 @@
 //! The configurations checked, and what each must come to.
 
 use crate::props::{ADMITTED, BELIEF, FENCING, LIMIT, MODES, WINDOW};
-use crate::spec::{Bug, ClientSpec as C, EpochRule, OnBehalf, Rebuild, Spec};
+use crate::spec::{Bug, ClientSpec as C, EpochRule, Handoff, OnBehalf, Rebuild, Spec};
 
 /// What a run must come to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +41,7 @@ fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8>>, clients
         rebuild: None,
         epoch_rule: EpochRule::WriteAhead,
         status_lag: false,
+        handoff: Handoff::Exclusive,
     }
 }
 
@@ -170,6 +171,56 @@ fn on_behalf() -> Vec<Run> {
             spec: reader_writer("on behalf with forfeit, reader-writer", OnBehalf::Forfeit),
             about: "the same among readers",
             expect: HOLDS,
+        },
+    ]
+}
+
+/// Direct handoff (docs/design.md): a mutex's release writes the grant of the key behind it.
+/// The design the engine runs, the reader-run design the model rejects, and the handoff's
+/// guards taken away, each of which the checker must find missing.
+fn handoff() -> Vec<Run> {
+    let three = || vec![C::new(0, 0).acquires(2), C::new(1, 0), C::new(2, 0)];
+    let readers = vec![
+        C::new(0, 0),
+        C::new(1, 0),
+        C::new(2, 0).shared(),
+        C::new(3, 0).shared(),
+    ];
+    let bug = |name, bug, max, changes| Spec {
+        bug: Some(bug),
+        ..spec(name, vec![max], vec![changes], three())
+    };
+    vec![
+        Run {
+            spec: spec("handoff, mutex", vec![1], vec![vec![2, 1]], three()),
+            about: "releases hand a mutex on along the chain of keys behind them; maxHolders \
+                    raised to 2 and lowered again under them, a fault",
+            expect: HOLDS,
+        },
+        Run {
+            spec: Spec {
+                handoff: Handoff::ReaderRun,
+                ..spec("handoff to a run of readers", vec![1], vec![vec![]], readers)
+            },
+            about: "a writer's release grants every reader behind it at once (rejected: the \
+                    readers learn their grants in any order, so tokens fall)",
+            expect: Expect::Fails(&[FENCING]),
+        },
+        Run {
+            spec: bug("bug: handoff unguarded", Bug::HandoffUnguarded, 2, vec![1]),
+            about: "a semaphore's holder hands its slot to the key behind it, with no guard \
+                    on the settings",
+            expect: Expect::Finds(LIMIT),
+        },
+        Run {
+            spec: bug(
+                "bug: a handed grant counts as recorded",
+                Bug::HandedCountsAsGranted,
+                1,
+                vec![2],
+            ),
+            about: "a key behind a handed grant is let in before its owner learns of it",
+            expect: Expect::Finds(FENCING),
         },
     ]
 }
@@ -333,7 +384,7 @@ fn rebuilds() -> Vec<Run> {
 
 /// Every run, in order.
 pub fn runs() -> Vec<Run> {
-    [protocol(), on_behalf(), bugs(), rebuilds()]
+    [protocol(), handoff(), on_behalf(), bugs(), rebuilds()]
         .into_iter()
         .flatten()
         .collect()

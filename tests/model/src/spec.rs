@@ -37,6 +37,26 @@ pub enum OnBehalf {
     Forfeit,
 }
 
+/// How a release hands the lock on (docs/design.md, "Direct handoff").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handoff {
+    /// A release only deletes the holder's key; the next waiter reads its position.
+    Off,
+    /// What the engine does: an exclusive holder of a lock it knows as `maxHolders` 1, which
+    /// knows the keys behind it (its chain: from the read that granted it, or handed on with
+    /// its grant), releases in one transaction that deletes its key and writes the grant into
+    /// the first of them if that one is exclusive and untouched, passing on the rest of the
+    /// chain; guarded by its own key, the settings it knows and the successor's mod revision.
+    /// The successor learns its grant from the write, without a read.
+    Exclusive,
+    /// The same, and a writer's release grants the whole run of readers behind it at once: a
+    /// design the model rejects (readers learn their grants in any order, so tokens fall).
+    ReaderRun,
+}
+
+/// How many keys behind it a holder knows (its chain), in the model; the engine reads more.
+pub const CHAIN: usize = 2;
+
 /// What becomes of the lock etcd in a run, once.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rebuild {
@@ -83,6 +103,12 @@ pub enum Bug {
     /// The operator's epoch bump leaves the queue in place (keys enqueued under the old epoch
     /// are granted under it).
     BumpKeepsQueue,
+    /// A release hands the lock on without its guards on the settings and on being a
+    /// mutex's holder: a semaphore's holder hands its slot to the key right behind it.
+    HandoffUnguarded,
+    /// A grant written by a release counts as recorded for the rule before its owner has
+    /// learned it: a key behind may be let in first, with a higher token.
+    HandedCountsAsGranted,
 }
 
 /// One configuration to check.
@@ -114,6 +140,8 @@ pub struct Spec {
     pub rebuild: Option<Rebuild>,
     /// How the operator chooses the token epoch.
     pub epoch_rule: EpochRule,
+    /// How a release hands the lock on.
+    pub handoff: Handoff,
     /// Whether the operator's status lags: it mirrors the queue as a step of its own (else
     /// every grant is in the status at once).
     pub status_lag: bool,

@@ -25,6 +25,9 @@ pub enum Record {
     Own,
     /// Recorded by a waiter behind it (recording on behalf).
     Behalf,
+    /// Written by the release of the holder ahead (direct handoff): granted, but not yet
+    /// recorded by its owner, so it counts as not recorded for the keys behind it.
+    Handed,
 }
 
 /// A queue key, bound to its pod's lease.
@@ -46,6 +49,9 @@ pub struct Key {
     pub shared: bool,
     /// Its entry's grant record.
     pub record: Record,
+    /// The chain handed on with a [`Record::Handed`] grant: the keys behind it the releaser
+    /// knew (create revisions, nearest first).
+    pub next: Vec<Rev>,
 }
 
 impl Key {
@@ -57,6 +63,7 @@ impl Key {
     fn each_rev(&mut self, f: &mut impl FnMut(&mut Rev)) {
         f(&mut self.create);
         f(&mut self.modrev);
+        self.next.iter_mut().for_each(f);
     }
 
     /// Its name.
@@ -190,11 +197,12 @@ pub enum Phase {
     /// About to read its position again.
     Reading { ticket: Rev },
     /// Holding (from its grant decision on); `recorded`: its grant record was written or
-    /// tried.
+    /// tried; `chain`: the keys behind it that it knows, to hand the lock on to.
     Holding {
         ticket: Rev,
         session: u8,
         recorded: bool,
+        chain: Vec<Rev>,
     },
 }
 
@@ -326,7 +334,10 @@ impl State {
             match &mut client.phase {
                 Phase::Idle | Phase::Enqueue => {}
                 Phase::Requeue { old: r } | Phase::Reading { ticket: r } => f(r),
-                Phase::Holding { ticket, .. } => f(ticket),
+                Phase::Holding { ticket, chain, .. } => {
+                    f(ticket);
+                    chain.iter_mut().for_each(&mut f);
+                }
                 Phase::Waiting(w) => {
                     f(&mut w.ticket);
                     f(&mut w.at);
