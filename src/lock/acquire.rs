@@ -11,6 +11,7 @@ use super::Engine;
 use super::detached;
 use super::entry::{Entry, Mode, rfc3339};
 use super::error::{LockError, Unavailable};
+use super::handoff::{Chain, Successor};
 use super::held::Hold;
 use super::hold::{self, MarkWhen};
 use super::model::{AcquireRequest, EventKind, Grant};
@@ -84,19 +85,19 @@ impl Engine {
         let handed_on = placed.held().is_none();
         let (seen, mark) = if let Some(at) = placed.held() {
             (
-                at,
+                (at, vec![]),
                 MarkWhen::for_grant(true, declared.settings.max_holders, req.mode),
             )
         } else {
-            let at = self
+            let seen = self
                 .await_turn(&req, &placed, &mut declared, &mut pending, deadline)
                 .await?;
             (
-                at,
+                seen,
                 MarkWhen::for_grant(false, declared.settings.max_holders, req.mode),
             )
         };
-        let grant = self.start_hold(req, pending, placed, declared.settings, seen, mark);
+        let grant = self.start_hold(req, pending, placed, &declared, seen, mark);
         Ok(Grant {
             handed_on,
             ..grant.await?
@@ -181,8 +182,9 @@ impl Engine {
         .into())
     }
 
-    /// Waits for the placed key's turn; returns the revision at which it was granted. At the
-    /// deadline it leaves the queue and answers `lock_held`.
+    /// Waits for the placed key's turn; returns the revision at which it was granted and the
+    /// keys behind it it knows (its chain). At the deadline it leaves the queue and answers
+    /// `lock_held`.
     async fn await_turn(
         &self,
         req: &AcquireRequest,
@@ -190,7 +192,7 @@ impl Engine {
         declared: &mut Declared,
         pending: &mut Pending<'_>,
         deadline: Instant,
-    ) -> Result<i64, LockError> {
+    ) -> Result<(i64, Vec<Successor>), LockError> {
         let start = placed.standing.clone();
         let deadline = match (start.as_ref().map(|s| &s.position), req.wait.is_zero()) {
             // Try-once with a free slot, behind a holder whose grant is still being recorded
@@ -203,7 +205,7 @@ impl Engine {
         let (etcd, ticket) = (&self.0.etcd, &placed.ticket);
         let turn = wait::wait_turn(etcd, &req.lock, (ticket, req.mode), declared, deadline, start).await?;
         match turn {
-            Turn::Granted(at) => Ok(at),
+            Turn::Granted { at, chain } => Ok((at, chain)),
             Turn::Gone => Err(self.vanished(&req.lock, &placed.session).await),
             Turn::TimedOut => Err(self.give_up(req, pending).await),
         }
@@ -242,10 +244,11 @@ impl Engine {
         req: AcquireRequest,
         mut pending: Pending<'_>,
         placed: Placed,
-        settings: Settings,
-        seen: i64,
+        declared: &Declared,
+        (seen, chain): (i64, Vec<Successor>),
         mark: MarkWhen,
     ) -> Result<Grant, LockError> {
+        let settings = declared.settings;
         let Placed {
             ticket,
             token,
@@ -281,6 +284,7 @@ impl Engine {
         hold.acquired_at = acquired_at;
         hold.mode = req.mode;
         hold.connection_bound = req.connection_bound;
+        hold.chain = Chain::of(declared, req.mode, chain);
         let hold = Arc::new(hold);
         pending.ticket = None;
         self.0.registry.hold(pending.slot.clone(), hold.clone());
@@ -304,6 +308,8 @@ impl Engine {
             container: req.container.clone(),
             mode: req.mode,
             epoch,
+            handed: false,
+            next: vec![],
         }
     }
 

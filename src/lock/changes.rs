@@ -43,8 +43,8 @@ impl QueueEntry {
 /// A change to podlock's data, as a watch reports it.
 #[derive(Debug, Clone)]
 pub enum Change {
-    /// A queue entry was put: a new one, or one rewritten to record its grant.
-    Put(QueueEntry),
+    /// A queue entry was put: a new one, one rewritten to record its grant, or one handed a grant.
+    Put(Box<QueueEntry>),
     /// The queue entry at `key` was removed (released, its lease ended, or its lock deleted).
     Removed {
         /// The lock whose queue it was in.
@@ -71,7 +71,7 @@ impl Change {
             return Some(Change::Settings(lock));
         }
         Some(match kind {
-            EventType::Put => Change::Put(QueueEntry::of(kv)?),
+            EventType::Put => Change::Put(Box::new(QueueEntry::of(kv)?)),
             EventType::Delete => Change::Removed {
                 lock,
                 key: kv.key_str().ok()?.to_string(),

@@ -8,6 +8,7 @@ use tracing::{info, warn};
 use super::Engine;
 use super::detached::spawn_removal;
 use super::error::LockError;
+use super::handoff;
 use super::held::Hold;
 use super::hold::{KEY_DELETED, SESSION_LOST, SHUTDOWN};
 use super::model::EventKind;
@@ -39,7 +40,8 @@ impl Engine {
     async fn end_released(&self, hold: Arc<Hold>) -> Result<(), LockError> {
         let (lock, holder) = (&hold.lock, hold.holder_id.as_str());
         hold.ended.cancel(); // the monitor stops before our own deletion reaches it
-        let removed = match queue::remove(&self.0.etcd, &hold.ticket).await {
+        let release = handoff::release(&self.0.etcd, lock, &hold.ticket, hold.chain.as_ref());
+        let removed = match release.await {
             Ok(removed) => removed,
             Err(e) => {
                 warn!(lock = %lock, holder, error = %e, "release could not reach etcd; retrying in the background");

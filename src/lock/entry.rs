@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::time::SystemTime;
 
+use super::handoff::Successor;
 use super::token::Token;
 
 /// The pod a sidecar serves, recorded in every entry so the operator can revoke a dead pod's
@@ -75,6 +76,14 @@ pub struct Entry {
     /// and the key's create revision ([`Token`]).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub epoch: u32,
+    /// Written by the release of the holder ahead, which handed this key its grant (direct
+    /// handoff, see [`handoff`](super::handoff)): it holds from that write on. Not a record
+    /// of the grant for the keys behind it (`acquiredAt` is).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub handed: bool,
+    /// The keys behind this one that the release knew, handed on with the grant.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub next: Vec<Successor>,
 }
 
 fn is_zero(n: &u32) -> bool {

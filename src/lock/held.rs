@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::entry::Mode;
+use super::handoff::Chain;
 use super::names::LockId;
 use super::queue::Ticket;
 use super::session::Session;
@@ -37,6 +38,8 @@ pub struct Hold {
     /// Bound to the HTTP connection that asked for it (`POST .../hold`): that connection owns
     /// it, so no other request may take it over by naming its holder id.
     pub connection_bound: bool,
+    /// What its release may hand the lock on with (see [`handoff`](super::handoff)).
+    pub chain: Option<Chain>,
     /// When the heartbeat window ends; each heartbeat moves it.
     pub(super) deadline: watch::Sender<Instant>,
     /// Cancelled when the hold ends, by release or loss.
@@ -65,6 +68,7 @@ impl Hold {
             heartbeat,
             mode: Mode::Exclusive,
             connection_bound: false,
+            chain: None,
             deadline,
             ended: CancellationToken::new(),
         }

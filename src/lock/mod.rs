@@ -18,6 +18,7 @@ mod entry;
 mod error;
 mod etcd;
 mod events;
+mod handoff;
 mod held;
 mod hold;
 mod keys;

@@ -8,6 +8,7 @@
 use etcd_client::KeyValue;
 
 use super::entry::{Entry, Mode};
+use super::handoff::Successor;
 
 /// How many keys ahead of it a shared key reads at once: a page of shared holders. Behind a
 /// longer run of them it waits for the farthest of the page first.
@@ -40,7 +41,7 @@ pub enum Position {
 const NEAR_QUEUE: i64 = 32;
 
 /// Where a ticket stood at a revision of its lock's queue.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Standing {
     /// Where it stood.
     pub position: Position,
@@ -48,6 +49,9 @@ pub struct Standing {
     pub revision: i64,
     /// How many keys the queue held (ahead of the ticket and behind it).
     pub queued: i64,
+    /// The keys right behind it, if it holds a mutex and they were read: its chain to hand
+    /// the lock on to ([`handoff`](super::handoff)).
+    pub chain: Vec<Successor>,
 }
 
 impl Standing {
@@ -240,6 +244,7 @@ mod tests {
             position,
             revision: 7,
             queued,
+            chain: vec![],
         };
         let back = Position::Waiter(key("b"));
         assert!(standing(back.clone(), NEAR_QUEUE).turn_is_near());

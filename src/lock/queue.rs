@@ -147,6 +147,7 @@ fn enqueued(
             position: position::of_keys(ahead, get.more(), max_holders, mode),
             revision: at,
             queued: get.count(),
+            chain: vec![], // nobody is behind a key just put
         };
         return Enqueued::Placed {
             ticket,

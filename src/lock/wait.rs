@@ -22,7 +22,7 @@
 //! [`granted`]: super::position::Ahead::granted
 //! [`Etcd::watch_keys_synced`]: super::etcd::Etcd::watch_keys_synced
 
-use etcd_client::{GetOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
 use std::time::Duration;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::warn;
@@ -30,6 +30,7 @@ use tracing::warn;
 use super::entry::Mode;
 use super::error::LockError;
 use super::etcd::{self, Etcd};
+use super::handoff::{self, Successor};
 use super::names::LockId;
 use super::position::{self, Position, Standing};
 use super::protocol::{self, Change};
@@ -38,10 +39,10 @@ use super::settings::Declared;
 use super::watch::{KeyWatch, Target};
 
 /// How a wait ended.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Turn {
-    /// The ticket may hold the lock at this revision.
-    Granted(i64),
+    /// The ticket may hold the lock from revision `at`; `chain`: the keys behind it it knows.
+    Granted { at: i64, chain: Vec<Successor> },
     /// The ticket's key disappeared (lease expired or revoked, key or lock deleted).
     Gone,
     /// The deadline passed first.
@@ -66,7 +67,10 @@ pub async fn wait_turn(
     };
     loop {
         match now.position {
-            Position::Holder => return Ok(Turn::Granted(now.revision)),
+            Position::Holder => {
+                let (at, chain) = (now.revision, now.chain);
+                return Ok(Turn::Granted { at, chain });
+            }
             Position::Gone => return Ok(Turn::Gone),
             _ => {}
         }
@@ -98,8 +102,28 @@ pub async fn wait_turn(
                 sleep_until(started + WATCH_RETRY_GAP).await;
             }
         }
+        if handoff::possible(declared.settings.max_holders, mode)
+            && let Some((at, chain)) = handed(&mut watch, ticket).await
+        {
+            return Ok(Turn::Granted { at, chain });
+        }
         now = read(declared).await?;
     }
+}
+
+/// The grant handed to `ticket` among the watch's changes, if one was ([`handoff::granted`]).
+/// A deletion seen without it may be the first half of the release that hands it on (its
+/// changes to two keys arrive as two messages, in any order): the stream is settled first.
+async fn handed(watch: &mut KeyWatch, ticket: &Ticket) -> Option<(i64, Vec<Successor>)> {
+    let events = watch.take_events();
+    if let Some(grant) = handoff::granted(&events, ticket) {
+        return Some(grant);
+    }
+    if !events.iter().any(|e| e.event_type() == EventType::Delete) {
+        return None;
+    }
+    watch.settle().await;
+    handoff::granted(&watch.take_events(), ticket)
 }
 
 /// The least time between the starts of two watches of a waiter: a watch that served a while
@@ -152,19 +176,22 @@ async fn watch_position(
     now: &Standing,
 ) -> Result<Watched, LockError> {
     let (pos, rev) = (&now.position, now.revision);
-    let lets_in = lets_in(pos, declared.settings.max_holders);
+    let mut lets_in = lets_in(pos, declared.settings.max_holders);
     let mut gap = Gap::of(pos);
     // Its own key and the settings: from "now" where a read closes the gap anyway, else from
     // just after the read (no read needed; a change to them may then wait for etcd's catch-up,
     // and they join the stream after its sync check, which they would fail until caught up).
-    let own = [
-        Target::deletion(ticket.key.as_bytes()),
-        Target::any_change(lock.config_key().as_bytes()),
-    ];
+    // A waiter that may be handed its grant watches its own key for writes, as one of the
+    // keys that let it in: from "now", so that the grant is not held back.
+    let mut own = vec![Target::any_change(lock.config_key().as_bytes())];
+    match handoff::possible(declared.settings.max_holders, mode) {
+        true => lets_in.push(Target::any_change(ticket.key.as_bytes())),
+        false => own.push(Target::deletion(ticket.key.as_bytes())),
+    }
     let (mut from_now, mut from_read) = (lets_in.clone(), vec![]);
     match gap {
         Gap::Read => from_now.extend(own),
-        Gap::SecondWatch => from_read.extend(own.map(|t| t.from(Some(rev + 1)))),
+        Gap::SecondWatch => from_read.extend(own.into_iter().map(|t| t.from(Some(rev + 1)))),
     }
     let mut watch = if now.turn_is_near() {
         let (watch, remade) = etcd.watch_keys_synced(&from_now).await?;
@@ -236,19 +263,30 @@ async fn standing(
         if !values {
             ahead = ahead.with_keys_only();
         }
-        let resp = etcd
-            .txn(Txn::new().and_then([
-                TxnOp::get(ticket.key.as_str(), None),
-                TxnOp::get(lock.config_key(), None),
-                TxnOp::get(lock.queue_prefix(), Some(ahead)),
-            ]))
-            .await?;
+        let mut ops = vec![
+            TxnOp::get(ticket.key.as_str(), None),
+            TxnOp::get(lock.config_key(), None),
+            TxnOp::get(lock.queue_prefix(), Some(ahead)),
+        ];
+        if handoff::possible(max, mode) {
+            ops.push(handoff::behind(lock, ticket));
+        }
+        let resp = etcd.txn(Txn::new().and_then(ops)).await?;
         let rev = resp.header().map_or(0, |h| h.revision());
         let mut gets = etcd::gets(resp.op_responses());
         let (mine, config, ahead) = (gets.next(), gets.next(), gets.next());
         let (mine, config, ahead) = (mine.expect("own"), config.expect("config"), ahead.expect("queue"));
+        let behind = gets
+            .next()
+            .map(|b| handoff::chain_of(b.kvs()))
+            .unwrap_or_default();
         // Field note: re-check our own key before granting; a waiter's lease may have expired.
         let standing = |position| Standing {
+            chain: if position == Position::Holder {
+                behind.clone()
+            } else {
+                vec![]
+            },
             position,
             revision: rev,
             queued: ahead.count(),

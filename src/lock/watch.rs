@@ -64,6 +64,7 @@ impl Etcd {
             member,
             start_revision: 0,
             fired: false,
+            events: vec![],
         };
         let mut created = 0;
         while created < targets.len() && !watch.fired {
@@ -163,6 +164,8 @@ pub struct KeyWatch {
     /// The largest revision at which a watch was created.
     pub start_revision: i64,
     fired: bool,
+    /// The changes delivered and not yet taken ([`KeyWatch::take_events`]).
+    events: Vec<etcd_client::Event>,
 }
 
 impl KeyWatch {
@@ -201,6 +204,7 @@ impl KeyWatch {
         if n > 0 {
             self.stats.watch_events.fetch_add(n, Ordering::Relaxed);
             self.fired = true;
+            self.events.extend_from_slice(resp.events());
         }
         Ok(resp)
     }
@@ -216,8 +220,7 @@ impl KeyWatch {
         let answered = async {
             loop {
                 let resp = self.next().await?;
-                let progress = resp.watch_id() == -1 && resp.events().is_empty();
-                if progress || self.fired {
+                if is_progress(&resp) || self.fired {
                     return Ok(true);
                 }
             }
@@ -233,6 +236,30 @@ impl KeyWatch {
         Ok(())
     }
 
+    /// The changes delivered so far, taken.
+    pub fn take_events(&mut self) -> Vec<etcd_client::Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// Waits (up to [`SYNC_CHECK`]) until etcd has delivered every change of this stream's
+    /// watches up to its current revision: it answers a progress request after the events it
+    /// already queued on the stream. One transaction's changes to two watched keys arrive as
+    /// two messages, in any order; a waiter that saw one of them learns this way whether the
+    /// other came too, without a read. Gives up quietly: the caller then reads.
+    pub async fn settle(&mut self) {
+        if self.stream.request_progress().await.is_err() {
+            return;
+        }
+        let progress = async {
+            while let Ok(resp) = self.next().await {
+                if is_progress(&resp) {
+                    return;
+                }
+            }
+        };
+        let _ = timeout(SYNC_CHECK, progress).await;
+    }
+
     /// Watches one more target on the same stream: a change to it also completes
     /// [`KeyWatch::changed`].
     pub async fn also(&mut self, target: &Target) -> Result<(), LockError> {
@@ -240,4 +267,9 @@ impl KeyWatch {
         let key = target.key.clone();
         Ok(self.stream.watch(key, target.options()).await?)
     }
+}
+
+/// Whether `resp` answers a progress request (no watch, no event).
+fn is_progress(resp: &etcd_client::WatchResponse) -> bool {
+    resp.watch_id() == -1 && resp.events().is_empty()
 }

@@ -252,7 +252,7 @@ async fn follow(
             let lock = change.lock().clone();
             match change {
                 Change::Put(e) => {
-                    if let Some(pod) = out.index.put(e) {
+                    if let Some(pod) = out.index.put(*e) {
                         let _ = out.pods.send(pod).await;
                     }
                 }

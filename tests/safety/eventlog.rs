@@ -9,7 +9,8 @@
 //! * at every revision the admitted keys fit: exclusive ones never more than the largest
 //!   `maxHolders` in force since the oldest of them was admitted (a lowering binds new grants
 //!   only), and never beside shared ones;
-//! * every key that recorded its grant (`acquiredAt`) had been admitted by then;
+//! * every key that recorded its grant (`acquiredAt`) had been admitted by then, and every key
+//!   a release handed its grant to (`handed`, direct handoff) is admitted at that revision;
 //! * every token a client was granted is the create revision of a key of its lock and holder
 //!   id that was admitted at a revision after the client asked (later than every revision the
 //!   watch had delivered by then) and before it was deleted.
@@ -106,6 +107,8 @@ struct Key {
     pod: String,
     shared: bool,
     granted: bool,
+    /// The revision at which a release handed it its grant.
+    handed: Option<i64>,
     admitted: Option<i64>,
     deleted: Option<i64>,
 }
@@ -139,6 +142,14 @@ impl Lock {
                 self.keys.get_mut(c).unwrap().admitted = Some(revision);
             }
         }
+    }
+
+    /// The keys handed their grant at `revision` that the rule does not admit.
+    fn unadmitted_handoffs(&self, name: &str, revision: i64) -> Vec<String> {
+        (self.keys.iter())
+            .filter(|(_, k)| k.handed == Some(revision) && k.admitted.is_none())
+            .map(|(c, _)| format!("{name}: key {c} handed its grant at revision {revision} unadmitted"))
+            .collect()
     }
 
     /// What is wrong with the admitted keys at `revision`, if anything.
@@ -192,6 +203,8 @@ pub struct Replay {
     pub revisions: usize,
     /// Keys admitted.
     pub admitted: usize,
+    /// Keys handed their grant by a release.
+    pub handed: usize,
 }
 
 /// Replays `log` in revision order.
@@ -209,11 +222,15 @@ pub fn replay(log: &Log) -> Replay {
         for (name, lock) in &mut r.locks {
             lock.admit(revision);
             r.violations.extend(lock.check(name, revision));
+            r.violations.extend(lock.unadmitted_handoffs(name, revision));
         }
         r.revisions += 1;
     }
     r.admitted = (r.locks.values().flat_map(|l| l.keys.values()))
         .filter(|k| k.admitted.is_some())
+        .count();
+    r.handed = (r.locks.values().flat_map(|l| l.keys.values()))
+        .filter(|k| k.handed.is_some())
         .count();
     r
 }
@@ -245,9 +262,13 @@ fn apply(r: &mut Replay, created: &mut HashMap<String, i64>, e: &Event) {
         pod: v["pod"]["name"].as_str().unwrap_or_default().into(),
         shared: v["mode"] == "shared",
         granted: false,
+        handed: None,
         admitted: None,
         deleted: None,
     });
+    if v["handed"] == true && k.handed.is_none() {
+        k.handed = Some(e.revision);
+    }
     k.granted = v["acquiredAt"].is_string();
     if k.granted && k.admitted.is_none() {
         r.violations.push(format!(
@@ -261,10 +282,11 @@ impl Replay {
     /// One line for the report, of a log of `events` events in which `grants` were found.
     pub fn summary(&self, events: usize, grants: usize) -> String {
         format!(
-            "etcd's log: {events} events over {} revisions replayed, {} queue keys admitted, {grants} \
-             grants found admitted in it; violations: {}",
+            "etcd's log: {events} events over {} revisions replayed, {} queue keys admitted ({} \
+             handed their grant by a release), {grants} grants found admitted in it; violations: {}",
             self.revisions,
             self.admitted,
+            self.handed,
             self.violations.len()
         )
     }

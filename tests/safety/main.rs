@@ -230,6 +230,10 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
         "etcd's log: {:#?}",
         replay.violations
     );
+    assert!(
+        replay.handed > 0,
+        "no release handed a grant on: the run missed direct handoff"
+    );
     assert_verdict(&a, &state, start);
     let orphaned = orphans.violations();
     assert!(orphaned.is_empty(), "{orphaned:#?}");
