@@ -258,3 +258,43 @@ async fn a_star_ends_every_hold_of_a_semaphore() {
     status_until(&api, "pool", "free", |s| s.holders.is_empty()).await;
     annotation_gone(&api, "pool").await;
 }
+
+/// A hold that a release handed on (direct handoff: its entry written by the releaser) is
+/// ended like any other.
+#[tokio::test]
+async fn a_hold_handed_on_by_a_release_is_ended_like_any_other() {
+    let plane = with_crd();
+    let ns = plane.namespace("force-release-handed");
+    let _op = Operator::start(plane, &ns).await;
+    let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
+    declare_until_free(plane, &api, &ns, "baton", "{}").await;
+    let flags = ["--namespace", ns.as_str()];
+    let start = async |pod| Arc::new(Sidecar::start(&plane.etcd.endpoint, pod, &flags).await);
+    let (a, b, c) = (start("pod-a").await, start("pod-b").await, start("pod-c").await);
+    a.must_acquire("baton", json!({})).await;
+    let waits = |s: &Arc<Sidecar>| {
+        let s = s.clone();
+        tokio::spawn(async move { s.must_acquire("baton", json!({"waitSeconds": 30})).await })
+    };
+    let b_waits = waits(&b);
+    status_until(&api, "baton", "B waiting", |s| s.waiters == 1).await;
+    let c_waits = waits(&c);
+    status_until(&api, "baton", "C waiting", |s| s.waiters == 2).await;
+    // A's release is a plain delete; B, granted by its read, knows C behind it and hands on.
+    assert_eq!(a.post("baton", "release", json!({})).await.0, 200);
+    b_waits.await.unwrap();
+    let mut c_events = Events::open(&c, "baton").await;
+    assert_eq!(b.post("baton", "release", json!({})).await.0, 200);
+    let token = c_waits.await.unwrap();
+    assert_eq!(c_events.next(Duration::from_secs(2)).await["type"], "acquired");
+    let (ok, err) = annotate(&plane.kubeconfig, &ns, "baton", "pod-c");
+    assert!(ok, "{err}");
+    let lost = c_events.next(Duration::from_secs(2)).await;
+    assert_eq!(
+        (lost["type"].as_str(), lost["fencingToken"].as_i64()),
+        (Some("lost"), Some(token)),
+        "{lost}"
+    );
+    let (_, message) = event(plane, &ns, "baton", "Released").await;
+    assert!(message.contains(&format!("token {token}")), "{message}");
+}

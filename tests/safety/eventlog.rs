@@ -379,6 +379,31 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_handed_out_of_turn_is_caught() {
+        let handed = |holder, revision| {
+            let mut e = entry(holder, false);
+            e.value.as_mut().unwrap()["handed"] = json!(true);
+            Event { revision, ..e }
+        };
+        // a's release (revision 5) hands the lock to c, past b still waiting.
+        let mut past = log(vec![
+            entry("a", false),
+            entry("b", false),
+            entry("c", false),
+            delete("a"),
+        ]);
+        past.events.push(handed("c", 5));
+        let r = replay(&past);
+        assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
+        // In turn: to b, in the transaction that deletes a (revision 4).
+        let mut next = log(vec![entry("a", false), entry("b", false), delete("a")]);
+        next.events.push(handed("b", 4));
+        let r = replay(&next);
+        assert!(r.violations.is_empty(), "{:?}", r.violations);
+        assert_eq!(r.handed, 1);
+    }
+
+    #[test]
     fn a_grant_recorded_out_of_turn_is_caught() {
         // b records its grant while a, ahead of it, is still there.
         let r = replay(&log(vec![entry("a", false), entry("b", false), entry("b", true)]));

@@ -206,6 +206,10 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     let count = |kind| faults.iter().filter(|f| f.kind == kind).count();
     let (deleted, asked) = (count(Kind::PodDeleted), count(Kind::ForceRelease));
     let metrics = rig.operator.metrics().await;
+    let _ = std::fs::write(
+        linearizability::run_dir().join("operator.log"),
+        rig.operator.log(),
+    );
     // A deleted pod comes back under its name at once: the operator may find the new pod first
     // and end the old one's holds as replaced.
     let ended = forced(&metrics, "pod_deleted") + forced(&metrics, "pod_replaced");
@@ -218,7 +222,8 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     );
     assert!(
         asked == 0 || released >= 1,
-        "force releases were asked for but the operator ended nothing"
+        "force releases were asked for but the operator ended nothing; its log of them:\n{}",
+        lines_about(&rig.operator.log(), "release")
     );
     assert_eq!(
         verdict.result, "Ok",
@@ -238,6 +243,14 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     let orphaned = orphans.violations();
     assert!(orphaned.is_empty(), "{orphaned:#?}");
     drained.expect("no queue key outlives its client");
+}
+
+/// The lines of `log` that mention `what`.
+fn lines_about(log: &str, what: &str) -> String {
+    let lines: Vec<&str> = (log.lines())
+        .filter(|l| l.to_lowercase().contains(what))
+        .collect();
+    format!("({} lines in all)\n{}", log.lines().count(), lines.join("\n"))
 }
 
 /// The operator's count of holds (and waits) it ended for `reason`.
