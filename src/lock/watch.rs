@@ -22,6 +22,11 @@ const WATCH_SILENCE: Duration = Duration::from_millis(400);
 /// synced path (see [`Etcd::watch_keys_synced`]); on loopback it answers within a millisecond.
 const SYNC_CHECK: Duration = Duration::from_millis(10);
 
+/// How long [`KeyWatch::settle`] waits: on loopback etcd answers within a millisecond; a
+/// stream with a watch still on etcd's catch-up path is not answered at all, and the waiter
+/// reads instead.
+const SETTLE: Duration = Duration::from_millis(3);
+
 /// How many times [`Etcd::watch_keys_synced`] makes its watches before it settles for watches
 /// etcd may serve up to 100 ms late.
 const SYNC_ATTEMPTS: u32 = 3;
@@ -241,23 +246,24 @@ impl KeyWatch {
         std::mem::take(&mut self.events)
     }
 
-    /// Waits (up to [`SYNC_CHECK`]) until etcd has delivered every change of this stream's
-    /// watches up to its current revision: it answers a progress request after the events it
-    /// already queued on the stream. One transaction's changes to two watched keys arrive as
-    /// two messages, in any order; a waiter that saw one of them learns this way whether the
-    /// other came too, without a read. Gives up quietly: the caller then reads.
+    /// Waits (up to [`SETTLE`]) for the next message on the stream, or for etcd's answer to a
+    /// progress request, which it sends after the events it already queued on the stream (and
+    /// only while every watch of the stream is synced). One transaction's changes to two
+    /// watched keys arrive as two messages, in any order; a waiter that saw one of them learns
+    /// this way, without a read, whether the other came too. Gives up quietly: the caller then
+    /// reads.
     pub async fn settle(&mut self) {
         if self.stream.request_progress().await.is_err() {
             return;
         }
-        let progress = async {
+        let next = async {
             while let Ok(resp) = self.next().await {
-                if is_progress(&resp) {
+                if is_progress(&resp) || !resp.events().is_empty() {
                     return;
                 }
             }
         };
-        let _ = timeout(SYNC_CHECK, progress).await;
+        let _ = timeout(SETTLE, next).await;
     }
 
     /// Watches one more target on the same stream: a change to it also completes
