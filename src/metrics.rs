@@ -134,6 +134,17 @@ fn reconcile_duration() -> prometheus::Histogram {
         .unwrap()
 }
 
+/// `podlock_operator_status_patch_seconds`, the API server's answer time that paces the
+/// status writes.
+fn status_patch() -> prometheus::Histogram {
+    let opts = HistogramOpts::new(
+        "podlock_operator_status_patch_seconds",
+        "Time one status PATCH of a DistributedLock took",
+    );
+    prometheus::Histogram::with_opts(opts.buckets(vec![0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5]))
+        .unwrap()
+}
+
 /// The hold metrics: handoffs, hold durations and the open holds' ages, each by lock.
 /// `podlock_acquire_wait_seconds{lock}`, with buckets fine enough between 1 s and 1 min for
 /// the dashboard's p50/p99 to mean something there.
@@ -215,6 +226,10 @@ pub struct OperatorMetrics {
     pub reconcile_total: IntCounterVec,
     /// `podlock_reconcile_duration_seconds`.
     pub reconcile_duration: prometheus::Histogram,
+    /// `podlock_operator_status_patch_seconds`: time one status PATCH took.
+    pub status_patch: prometheus::Histogram,
+    /// `podlock_operator_status_writes_pending`: locks whose latest status waits to be written.
+    pub status_writes_pending: IntGauge,
     /// `podlock_lock_holders{namespace,lock}`.
     pub lock_holders: prometheus::IntGaugeVec,
     /// `podlock_lock_waiters{namespace,lock}`.
@@ -252,6 +267,11 @@ impl OperatorMetrics {
                 &["result"],
             ),
             reconcile_duration: registered(&registry, reconcile_duration()),
+            status_patch: registered(&registry, status_patch()),
+            status_writes_pending: gauge(
+                "podlock_operator_status_writes_pending",
+                "Locks whose latest status waits to be written (at most one write each)",
+            ),
             lock_holders: per_lock("podlock_lock_holders", "Holders of a lock"),
             lock_waiters: per_lock("podlock_lock_waiters", "Waiters of a lock"),
             forced_releases: vec(

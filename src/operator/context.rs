@@ -1,17 +1,17 @@
 //! What the reconciler and its parts (publishing settings, force releases) share: their
-//! context, and the writes each of them makes to a DistributedLock (its status, its Events).
+//! context, and the Events each of them records on a DistributedLock.
 
-use kube::api::{Api, Patch};
-use kube::core::TypeMeta;
+use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder};
 use kube::{Resource, ResourceExt};
+use std::sync::Arc;
 use tracing::warn;
 
 use super::backoff::Backoff;
 use super::event_limit::EventLimit;
 use super::isolation::Isolation;
-use super::reconcile_error::Error;
-use crate::crd::{DistributedLock, DistributedLockStatus};
+use super::status_writer::StatusWriter;
+use crate::crd::DistributedLock;
 use crate::lock::{LockId, Store};
 use crate::metrics::OperatorMetrics;
 
@@ -31,6 +31,8 @@ pub struct Context {
     pub backoff: Backoff,
     /// Per-namespace etcd credentials.
     pub isolation: Isolation,
+    /// Writes each lock's status, latest state first.
+    pub status: Arc<StatusWriter>,
 }
 
 /// The lock a DistributedLock declares.
@@ -39,37 +41,13 @@ pub fn lock_id(dl: &DistributedLock) -> LockId {
     LockId::new(&namespace, &name).expect("the API server admits only valid object names")
 }
 
-/// Writes `status` whole, by server-side apply: the operator is the status' only writer, and
-/// a field it leaves out (`holderService`, once no longer asked for) is removed, which a merge
-/// patch of the same status would leave in place. Every list in it is atomic (the CRD marks
-/// none as a map), so an applied list replaces the one there. (A field an earlier release
-/// merged in keeps that manager as co-owner until the value changes; left out before then, it
-/// stays, as it did with the merge patch.)
-pub async fn patch_status(
-    api: &Api<DistributedLock>,
-    dl: &DistributedLock,
-    status: &DistributedLockStatus,
-) -> Result<(), Error> {
-    let apply = StatusApply {
-        types: TypeMeta::resource::<DistributedLock>(),
-        status,
-    };
-    let params = super::owner::server_side_apply();
-    api.patch_status(&dl.name_any(), &params, &Patch::Apply(&apply))
-        .await?;
-    Ok(())
-}
-
-/// A server-side apply of the `status` subresource: the object's type and its status alone.
-#[derive(Debug, serde::Serialize)]
-struct StatusApply<'a> {
-    #[serde(flatten)]
-    types: TypeMeta,
-    status: &'a DistributedLockStatus,
-}
-
 /// Records a Kubernetes Event of `type_` on the DistributedLock (a failure is logged only).
 pub async fn event(ctx: &Context, dl: &DistributedLock, type_: EventType, reason: &str, note: String) {
+    event_on(ctx, &dl.object_ref(&()), type_, reason, note).await;
+}
+
+/// Records a Kubernetes Event of `type_` on `object` (a failure is logged only).
+pub async fn event_on(ctx: &Context, object: &ObjectReference, type_: EventType, reason: &str, note: String) {
     let event = Event {
         type_,
         reason: reason.into(),
@@ -77,7 +55,7 @@ pub async fn event(ctx: &Context, dl: &DistributedLock, type_: EventType, reason
         action: reason.into(),
         secondary: None,
     };
-    if let Err(e) = ctx.recorder.publish(&event, &dl.object_ref(&())).await {
-        warn!(lock = %dl.name_any(), error = %e, "could not publish a Kubernetes Event");
+    if let Err(e) = ctx.recorder.publish(&event, object).await {
+        warn!(object = ?object.name, error = %e, "could not publish a Kubernetes Event");
     }
 }

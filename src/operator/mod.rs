@@ -20,6 +20,8 @@ mod readiness;
 mod reconcile;
 mod reconcile_error;
 pub mod release;
+mod status_writer;
+mod status_writes;
 mod verdict;
 mod webhook;
 
@@ -213,6 +215,7 @@ fn context(
         holder_events: event_limit::EventLimit::default(),
         backoff: backoff::Backoff::default(),
         isolation: isolation::Isolation::new(args.etcd.has_credentials(), ca),
+        status: Arc::new(status_writer::StatusWriter::new(metrics.clone())),
     }))
 }
 
@@ -310,6 +313,7 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: D
         _ = liveness => {}
         _ = controller => {}
         _ = ctx.isolation.keep_secrets(&ctx.client, credentials_check) => {}
+        _ = ctx.status.clone().run(ctx.clone()) => {}
     }
 }
 

@@ -9,7 +9,7 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::context::{Context, event, patch_status};
+use super::context::{Context, event};
 use super::epoch::{self, Choice};
 use super::reconcile_error::Error;
 use crate::crd::{DistributedLock, DistributedLockStatus};
@@ -56,7 +56,7 @@ pub async fn settings(
             return Ok(state);
         }
         if status.as_ref().and_then(|s| s.fencing_epoch) < Some(choice.epoch) {
-            status = Some(record_epoch(api, dl, status, choice.epoch).await?);
+            status = Some(record_epoch(ctx, id, status, choice.epoch).await?);
         }
         let renew = choice.renewal.is_some();
         let over = state.settings_revision;
@@ -84,8 +84,8 @@ fn choose(
 
 /// Records `epoch` as `status.fencingEpoch`, before etcd gets it; returns the status written.
 async fn record_epoch(
-    api: &Api<DistributedLock>,
-    dl: &DistributedLock,
+    ctx: &Context,
+    id: &LockId,
     status: Option<DistributedLockStatus>,
     epoch: u32,
 ) -> Result<DistributedLockStatus, Error> {
@@ -95,7 +95,7 @@ async fn record_epoch(
         fencing_epoch: Some(epoch),
         ..old
     };
-    patch_status(api, dl, &status).await?;
+    ctx.status.write_now(ctx, id, status.clone()).await?;
     Ok(status)
 }
 

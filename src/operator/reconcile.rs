@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tracing::{info, warn};
 
-use super::context::{Context, event, lock_id, patch_status};
+use super::context::{Context, event, lock_id};
 use super::holder_service::{self, Followed};
 use super::reconcile_error::Error;
 use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder, HolderServiceStatus};
@@ -97,19 +97,18 @@ async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) 
                 conditions: vec![condition(dl, READY, "False", "EtcdUnavailable", &e.to_string())],
                 ..old
             };
-            patch_status(api, dl, &status).await?;
+            ctx.status.write_now(ctx, &id, status).await?;
             return Err(e);
         }
     };
-    mirror_status(dl, api, ctx, &id, state).await?;
+    mirror_status(dl, ctx, &id, state).await?;
     Ok(Action::requeue(RESYNC))
 }
 
-/// Mirrors the queue into the object's `status` and the lock's gauges; records an Event when
-/// the first holder changes.
+/// Mirrors the queue into the object's `status` (offered to the status writer) and the lock's
+/// gauges.
 async fn mirror_status(
     dl: &DistributedLock,
-    api: &Api<DistributedLock>,
     ctx: &Context,
     id: &LockId,
     state: LockState,
@@ -147,22 +146,9 @@ async fn mirror_status(
         .lock_waiters
         .with_label_values(&labels)
         .set(status.waiters.into());
-    if status == old {
-        return route.failed.map_or(Ok(()), |e| Err(e.into()));
-    }
-    // The status first: it is what clients and `kubectl get` follow; the Event is for people.
-    patch_status(api, dl, &status).await?;
-    let first = |s: &DistributedLockStatus| s.holders.first().map(|h| h.pod.clone());
-    if first(&status) != first(&old) && ctx.holder_events.allow(id) {
-        let note = match status.holders.first() {
-            Some(h) => format!(
-                "held by {} (pod {}, token {})",
-                h.holder_id, h.pod, h.fencing_token
-            ),
-            None => "free".into(),
-        };
-        event(ctx, dl, EventType::Normal, "HolderChanged", note).await;
-    }
+    // Written apart, latest state first (see `status_writer`); the `HolderChanged` Event
+    // follows the write that shows the new holder.
+    ctx.status.offer(id, dl, &old, status);
     route.failed.map_or(Ok(()), |e| Err(e.into()))
 }
 
@@ -222,6 +208,7 @@ async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     let id = lock_id(dl);
     let ended = ctx.store.undeclare(&id).await?;
     ctx.holder_events.forget(&id);
+    ctx.status.forget(&id);
     info!(lock = %id, ended, "deleted the lock's etcd keys");
     if ended > 0 {
         ctx.metrics
