@@ -96,8 +96,11 @@ impl StatusWriter {
         Ok(result?)
     }
 
-    /// Runs the writers until dropped.
+    /// Runs the writers until dropped (with the leadership), starting from empty slots: writes
+    /// dropped under way in an earlier term must not hold their lock, and the first
+    /// reconciliations of the term offer every lock's status again.
     pub async fn run(self: Arc<Self>, ctx: Arc<Context>) {
+        *self.writes.lock().unwrap() = Writes::default();
         let writers = (0..WRITERS).map(|_| self.work(&ctx));
         futures::future::join_all(writers).await;
     }

@@ -199,6 +199,7 @@ async fn status_follows_etcd_within_a_second() {
     for m in [
         "podlock_reconcile_total{result=\"ok\"}",
         "podlock_reconcile_duration_seconds_count",
+        "podlock_operator_status_patch_seconds_count",
         "podlock_lock_holders{lock=\"work\",namespace=\"status\"} 0",
     ] {
         assert!(metrics.contains(m), "operator metrics lack {m}:\n{metrics}");
