@@ -216,6 +216,9 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     let released = forced(&metrics, "admin_release");
     eprintln!("  operator: {ended} holds and waits ended for {deleted} deleted pods");
     eprintln!("  operator: {released} holds ended by {asked} force releases");
+    for said in objects::release_events(rig.plane) {
+        eprintln!("    {said}");
+    }
     assert!(
         deleted == 0 || ended >= 1,
         "pods were deleted but the operator ended nothing"

@@ -132,3 +132,25 @@ fn release_pending(plane: &ControlPlane, lock: &str) -> bool {
 pub async fn pods(plane: &ControlPlane) -> Api<Pod> {
     Api::namespaced(plane.client().await, NAMESPACE)
 }
+
+/// The operator's Events on the mutex about force releases (`Released`, `ReleaseNotHeld`, ...),
+/// each as "reason: message", for the report.
+pub fn release_events(plane: &ControlPlane) -> Vec<String> {
+    let selector = format!("involvedObject.name={COUNTER}");
+    let path = r#"jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end}"#;
+    let args = [
+        "get",
+        "events",
+        "-n",
+        NAMESPACE,
+        "--field-selector",
+        &selector,
+        "-o",
+        path,
+    ];
+    let (_, out, _) = plane.kubectl(&args);
+    (out.lines())
+        .filter(|l| l.starts_with("Release"))
+        .map(String::from)
+        .collect()
+}
