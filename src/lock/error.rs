@@ -184,9 +184,9 @@ pub enum Unavailable {
         attempts: usize,
     },
 
-    /// The task that enqueued a request ended without answering it (it panicked: a bug, logged).
-    #[error("the task enqueueing this request ended without an answer (see the sidecar's log); retry")]
-    TaskEnded,
+    /// Enqueueing a request panicked (a bug, logged) before etcd answered.
+    #[error("enqueueing this request failed on a bug (see the sidecar's log); retry")]
+    EnqueuePanicked,
 
     /// etcd is out of space (its quota): no write succeeds until an administrator frees it.
     #[error(

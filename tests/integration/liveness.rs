@@ -1,6 +1,7 @@
 //! Liveness: holds end when their sidecar dies, misses a heartbeat, or the lock is deleted;
 //! waiters leave no trace; an etcd outage is an error, never a hang.
 
+use etcd_client::{EventType, WatchOptions};
 use serde_json::{Value, json};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -159,6 +160,57 @@ async fn a_waiter_that_disconnects_or_times_out_leaves_no_trace() {
     let (status, body) = b.post("dc", "acquire", json!({"waitSeconds": 0.3})).await;
     assert_eq!((status, body["error"].as_str()), (409, Some("lock_held")));
     assert_eq!(etcd.count("/podlock/v1/queue/").await, 1);
+}
+
+/// An acquire whose client goes away while etcd has not yet answered its enqueue: etcd applies
+/// the enqueue afterwards, and the key it placed for nobody is removed at once (not left to the
+/// orphan sweep, which takes two sweeps 5 s apart).
+#[tokio::test]
+async fn a_client_gone_while_its_enqueue_is_in_flight_leaves_no_key() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["inflight"]);
+    let s = Arc::new(Sidecar::start(&etcd.endpoint, "pod-a", &[]).await);
+    // Its session and the lock's settings are in place: the next acquire's first request to
+    // etcd is its enqueue.
+    s.must_acquire("inflight", json!({})).await;
+    assert_eq!(s.post("inflight", "release", json!({})).await.0, 200);
+    let prefix = WatchOptions::new().with_prefix();
+    let mut client = etcd.client().await;
+    let mut changes = client.watch("/podlock/v1/queue/", Some(prefix)).await.unwrap();
+    changes.message().await.unwrap(); // created
+    etcd.signal(libc::SIGSTOP);
+    let url = format!("{}/v1/locks/inflight/acquire", s.addr);
+    let asking = tokio::spawn(async move {
+        let body = json!({"waitSeconds": 30});
+        reqwest::Client::new().post(&url).json(&body).send().await
+    });
+    let state = || async { s.get("/v1/locks").await.1["locks"].clone() };
+    let waiting = wait_until(Duration::from_secs(2), || async {
+        state().await[0]["state"] == "waiting"
+    });
+    waiting.await.expect("the acquire is under way");
+    tokio::time::sleep(Duration::from_millis(100)).await; // its enqueue is sent to the stopped etcd
+    asking.abort();
+    let ended = wait_until(Duration::from_secs(2), || async { state().await == json!([]) }).await;
+    etcd.signal(libc::SIGCONT);
+    ended.expect("the acquire ends with its client, before etcd answers");
+    let mut put = None;
+    let deleted = tokio::time::timeout(Duration::from_secs(2), async {
+        while let Some(batch) = changes.message().await.unwrap() {
+            for e in batch.events() {
+                let key = e.kv().unwrap().key_str().unwrap().to_string();
+                match e.event_type() {
+                    EventType::Put => put = Some(key),
+                    EventType::Delete if put.as_ref() == Some(&key) => return,
+                    EventType::Delete => {}
+                }
+            }
+        }
+    })
+    .await;
+    let put = put.expect("etcd applied the enqueue sent before the client went away");
+    deleted.unwrap_or_else(|_| panic!("{put} was not removed within 2 s"));
+    assert_eq!(etcd.count("/podlock/v1/queue/").await, 0);
 }
 
 #[tokio::test]
