@@ -4,10 +4,11 @@
 //! writes it to bench/results/handoff.md (a quick run: handoff-quick.md; see tests/common/results):
 //! podlock through its sidecar (HTTP on loopback, one sidecar process per contender, like one pod
 //! each), etcd's own Go `concurrency.Mutex` and a Redis `SET NX PX` lock (bench/peers), client-go
-//! Lease leader election (failover rows) and `etcdctl lock` (shell rows), and the floor: what a
-//! handoff physically costs on this etcd (one write, one watch event; `floor.rs`). Every peer
-//! cell also shows podlock's value divided by the peer's (for the floor: the fraction of it
-//! podlock reaches). See bench/README.md for what each row means.
+//! Lease leader election (failover rows) and `etcdctl lock` (shell rows), and two floors: what a
+//! handoff physically costs on this etcd (one write, one watch event), and what it costs a lock
+//! that enqueues each request (two writes, one watch event; `floor.rs`). Every peer cell also
+//! shows podlock's value divided by the peer's (for a floor: the fraction of it podlock
+//! reaches). See bench/README.md for what each row means.
 
 #[path = "../../tests/common/mod.rs"]
 mod common;
@@ -23,6 +24,7 @@ use std::time::Duration;
 use common::usage;
 use common::{EtcdServer, declare, results};
 use failover::{Fault, TTL};
+use floor::Floor;
 use measure::{Podlock, cli_rate, contended, uncontended, warm_up};
 use peers::{Peers, Redis};
 use table::{RATIOS, Row, blocks, contended_rows, json_f64, rate_key, spread};
@@ -153,7 +155,7 @@ impl Run {
         ["-addr", &self.redis.addr]
     }
 
-    /// `n` contenders loop acquire → release for the window, podlock, each peer and the floor
+    /// `n` contenders loop acquire → release for the window, podlock, each peer and the floors
     /// taking turns over [`CONTENDED_ROUNDS`] rounds: handoffs, waits, fairness, CPU and etcd
     /// work per grant, each lock's from its median round; and the largest sidecar RSS.
     async fn contended(&self, n: usize) -> (Vec<Row>, f64) {
@@ -165,14 +167,15 @@ impl Run {
         let contend = ["-lock", lock.as_str(), "contend", &count, &secs];
         let go_args = [&self.go_flags()[..], &contend].concat();
         let redis_args = [&self.redis_flags()[..], &contend].concat();
-        let (mut podlock, mut floor) = (vec![], vec![]);
+        let (mut podlock, mut floor_rounds) = (vec![], vec![]);
         let (mut go, mut redis) = (vec![], vec![]);
         for _ in 0..CONTENDED_ROUNDS {
             podlock.push(self.podlock_round(&cs).await);
             go.push(self.peer_round("etcd-mutex", &go_args, self.etcd.pid()));
             redis.push(self.peer_round("redis-lock", &redis_args, self.redis.pid()));
             if n > 1 {
-                floor.push(floor::handoffs_per_s(self.endpoint(), n, self.window).await);
+                let at = |f| floor::handoffs_per_s(self.endpoint(), n, self.window, f);
+                floor_rounds.push([at(Floor::OneWrite).await, at(Floor::TwoWrites).await]);
             }
         }
         let rss = cs.iter().map(|c| usage(c.sidecar.pid()).0).fold(0.0, f64::max);
@@ -181,8 +184,11 @@ impl Run {
         let p = median_by(podlock, |r| r.run.rate(n));
         let (go, go_cpu) = median_by(go, |(v, _)| json_f64(v, key));
         let (rd, rd_cpu) = median_by(redis, |(v, _)| json_f64(v, key));
-        let floor = (n > 1).then(|| median_by(floor, |f| *f));
-        let mut rows = contended_rows(n, &p.run, &go, &rd, floor);
+        let floors = (n > 1).then(|| {
+            let median = |i: usize| median_by(floor_rounds.iter().map(|f| f[i]).collect(), |f| *f);
+            [median(0), median(1)]
+        });
+        let mut rows = contended_rows(n, &p.run, &go, &rd, floors);
         let per = |cpu: f64, grants: f64| 1000.0 * cpu / grants.max(1.0);
         let grants = |v: &serde_json::Value| json_f64(v, "grants_per_s") * self.window.as_secs_f64();
         let cpu_row = |name: String, [a, b, c]: [f64; 3]| {
@@ -298,7 +304,7 @@ impl Run {
     }
 }
 
-/// How many turns podlock, the peers and the floor take at each contended size: as at the
+/// How many turns podlock, the peers and the floors take at each contended size: as at the
 /// uncontended cycle, so that the machine's drift over minutes hits every column alike.
 const CONTENDED_ROUNDS: usize = 3;
 

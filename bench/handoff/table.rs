@@ -7,19 +7,23 @@ use crate::common::{percentile, results};
 use crate::measure::Contended;
 
 /// Columns after "measurement".
-pub const PEERS: [&str; 6] = [
+pub const PEERS: [&str; 7] = [
     "podlock",
     "etcd Go Mutex",
     "Redis SET NX PX",
     "Lease election",
     "etcdctl lock",
     "floor: 1 write + 1 watch event",
+    "floor: 2 writes + 1 watch event",
 ];
+
+/// The column of the first floor; the second follows it.
+const FLOORS: usize = 5;
 
 /// One row: a value per column; `None` where a lock has no such measurement.
 pub struct Row {
     name: String,
-    pub cells: [Option<(f64, String)>; 6],
+    pub cells: [Option<(f64, String)>; PEERS.len()],
 }
 
 impl Row {
@@ -66,7 +70,7 @@ pub fn render(rows: &[Row]) -> String {
 
 /// What the cells' bracketed figures are.
 pub const RATIOS: &str =
-    "(x): podlock's value divided by the peer's (for the floor: the fraction of it podlock reaches)";
+    "(x): podlock's value divided by the peer's (for a floor: the fraction of it podlock reaches)";
 
 /// The results file's blocks: the rows the docs compare, the targets, every row.
 pub fn blocks(table: &str) -> Vec<(&'static str, &'static str, String)> {
@@ -130,7 +134,7 @@ pub fn contended_rows(
     r: &Contended,
     go: &serde_json::Value,
     rd: &serde_json::Value,
-    floor: Option<f64>,
+    floors: Option<[f64; 2]>,
 ) -> Vec<Row> {
     let key = rate_key(n);
     let podlock = r.rate(n);
@@ -150,8 +154,8 @@ pub fn contended_rows(
         .set(1, g, format!("{g:.0}"))
         .set(2, d, format!("{d:.0}")),
     ];
-    if let Some(f) = floor {
-        rows[0].cells[5] = Some((f, format!("{f:.0}")));
+    for (i, f) in floors.into_iter().flatten().enumerate() {
+        rows[0].cells[FLOORS + i] = Some((f, format!("{f:.0}")));
     }
     let (gw, dw) = (json_f64(go, "p99_wait_ms"), json_f64(rd, "p99_wait_ms"));
     let pw = r.p99_wait.as_secs_f64() * 1000.0;

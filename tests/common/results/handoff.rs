@@ -4,7 +4,7 @@
 
 use super::table::{Table, first, ratio};
 
-/// The full table's columns the side-by-side block keeps (the floor is not a lock).
+/// The full table's columns the side-by-side block keeps (the floors are not locks).
 const LOCKS: [&str; 5] = [
     "podlock",
     "etcd Go Mutex",
