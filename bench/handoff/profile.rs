@@ -1,10 +1,10 @@
 //! `--podlock-only CONTENDERS SECONDS`: podlock alone, for a profiler to watch
-//! (`scripts/profile-handoff.sh`): the handoff rate, the waits' distribution and the gaps
-//! between grants, where a stall of the whole queue shows.
+//! (`scripts/profile-handoff.sh`): the handoff rate, the waits' distribution, the gaps
+//! between grants, where a stall of the whole queue shows, and the sidecars' CPU per grant.
 
 use std::time::Duration;
 
-use crate::common::{EtcdServer, declare};
+use crate::common::{EtcdServer, declare, usage};
 use crate::measure::{Podlock, contended, warm_up};
 
 /// `--podlock-only N SECONDS`: podlock alone, `n` contenders for `window`, for a profiler to
@@ -18,7 +18,10 @@ pub async fn podlock_only(n: usize, window: Duration) {
         "podlock, {n} contenders, etcd pid {}: running for {window:?}",
         etcd.pid()
     );
+    let sidecars_cpu = || cs.iter().map(|c| usage(c.sidecar.pid()).1).sum::<f64>();
+    let cpu = sidecars_cpu();
     let r = contended(&cs, window).await;
+    let cpu = sidecars_cpu() - cpu;
     let mean = Duration::from_secs_f64(1.0 / r.handoffs_per_s.max(1e-9));
     println!(
         "handoffs/s {:.0}, mean handoff {:.2} ms, p99 wait {:.1} ms (FIFO predicts about {:.1} ms: {n} handoffs)",
@@ -26,6 +29,11 @@ pub async fn podlock_only(n: usize, window: Duration) {
         mean.as_secs_f64() * 1000.0,
         r.p99_wait.as_secs_f64() * 1000.0,
         mean.as_secs_f64() * 1000.0 * n as f64
+    );
+    println!(
+        "sidecars' CPU s per 1,000 grants {:.2} ({cpu:.2} s over {} grants)",
+        1000.0 * cpu / r.grants.max(1) as f64,
+        r.grants
     );
     let quantiles = quantiles(&r.waits, &[0.5, 0.9, 0.99, 0.999, 1.0]);
     println!("waits over {} grants: {quantiles}", r.waits.len());
