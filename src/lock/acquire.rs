@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
-use tracing::{info, warn};
+use tracing::{debug, warn};
 
 use super::Engine;
 use super::detached;
@@ -288,7 +288,7 @@ impl Engine {
         let hold = Arc::new(hold);
         pending.ticket = None;
         self.0.registry.hold(pending.slot.clone(), hold.clone());
-        info!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), "acquired");
+        debug!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), "acquired");
         self.publish(&hold, EventKind::Acquired, None);
         hold::spawn_monitor(self.clone(), hold.clone(), mark, entry);
         Ok(Grant::of(&hold))

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 use std::time::SystemTime;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::Engine;
 use super::detached::spawn_removal;
@@ -60,7 +60,7 @@ impl Engine {
             // Its monitor ended it meanwhile (lost), and has reported that.
             return Err(self.lose(&hold, "it ended while being released").await);
         }
-        info!(lock = %lock, holder, token = hold.token(), "released");
+        debug!(lock = %lock, holder, token = hold.token(), "released");
         self.publish(&hold, EventKind::Released, None);
         Ok(())
     }

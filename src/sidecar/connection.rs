@@ -17,7 +17,7 @@ use futures::{Stream, StreamExt, stream};
 use std::convert::Infallible;
 use std::time::Duration;
 use tokio_stream::wrappers::ReceiverStream;
-use tracing::{info, warn};
+use tracing::{debug, warn};
 
 use super::AppState;
 use super::api::{Binding, acquire_counted};
@@ -108,7 +108,7 @@ impl Drop for Bound {
             self.token,
         );
         tokio::spawn(async move {
-            info!(lock = %lock, holder, token, "the connection of a hold bound to it closed; releasing");
+            debug!(lock = %lock, holder, token, "the connection of a hold bound to it closed; releasing");
             if let Err(e) = engine.release_token(&lock, &holder, token).await {
                 warn!(lock = %lock, holder, token, error = %e, "a connection-bound hold ended otherwise");
             }
