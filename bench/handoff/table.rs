@@ -82,7 +82,7 @@ pub fn blocks(table: &str) -> Vec<(&'static str, &'static str, String)> {
         ),
         (
             "targets",
-            "Issue #15's targets for this benchmark, each against this run's figure (from the table below).",
+            "Issue #28's targets for this benchmark, each against this run's figure (from the table below).",
             results::handoff::targets(table),
         ),
         ("table", RATIOS, table.to_string()),
