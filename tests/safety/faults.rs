@@ -205,6 +205,9 @@ impl Rig {
     pub async fn start_stall(&self, kind: Kind, round: usize) -> Option<usize> {
         let i = round % self.counter_workers();
         let slot = &self.slots[i];
+        // A hung app whose heartbeat still runs: only the force release ends its hold.
+        slot.stall_beating
+            .store(kind == Kind::ForceRelease, Ordering::Relaxed);
         let flag = if kind == Kind::ReleasePause {
             &slot.stall_release
         } else {
@@ -217,6 +220,7 @@ impl Rig {
         .await;
         if stalling.is_err() {
             flag.store(false, Ordering::Relaxed);
+            slot.stall_beating.store(false, Ordering::Relaxed);
             return None;
         }
         Some(i)

@@ -80,8 +80,8 @@ impl Rig {
     }
 
     /// Asks for a force release of the mutex's holder: on odd rounds by its holder id, of a
-    /// worker stalled between its grant and its write (a hung app: nothing else would end its
-    /// hold), else as `*`, on whoever holds; waits until the operator has acted (the
+    /// worker stalled between its grant and its write (a hung app whose heartbeats go on:
+    /// nothing else would end its hold), else as `*`, on whoever holds; waits until the operator has acted (the
     /// annotation is gone). Returns the stalled worker (else the holder's, or 0) and when the
     /// annotation was set.
     pub async fn force_release(&self, round: usize) -> (usize, f64) {

@@ -75,6 +75,9 @@ pub struct Slot {
     /// Set by the fault loop: stall just before the next release (its sidecar is then paused,
     /// so the release reaches it only after its lease ended and another worker took over).
     pub stall_release: AtomicBool,
+    /// Set by the fault loop with `stall`: heartbeat while stalled, as a hung app whose
+    /// heartbeat still runs (only an administrator's force release then ends its hold).
+    pub stall_beating: AtomicBool,
     /// Set while stalling, holding the lock, before the write or the release.
     pub stalling: AtomicBool,
     /// Every hold it had.
@@ -91,6 +94,7 @@ impl Slot {
             addr: Mutex::new(addr.into()),
             stall: AtomicBool::new(false),
             stall_release: AtomicBool::new(false),
+            stall_beating: AtomicBool::new(false),
             stalling: AtomicBool::new(false),
             holds: Mutex::default(),
         })
@@ -137,7 +141,10 @@ impl Worker {
         let paused = slot.stall.swap(false, Ordering::Relaxed);
         if paused {
             slot.stalling.store(true, Ordering::Relaxed);
-            sleep(STALL).await;
+            match slot.stall_beating.swap(false, Ordering::Relaxed) {
+                true => self.stall_beating(addr, lost).await,
+                false => sleep(STALL).await,
+            }
             slot.stalling.store(false, Ordering::Relaxed);
         }
         let mut confirmed = g.call;
@@ -162,6 +169,16 @@ impl Worker {
             slot.stalling.store(false, Ordering::Relaxed);
         }
         (write, confirmed)
+    }
+
+    /// Stalls for [`STALL`], heartbeating every 300 ms (inside the 1 s window) until the hold
+    /// is known lost.
+    async fn stall_beating(&self, addr: &str, lost: Lost<'_>) {
+        let until = tokio::time::Instant::now() + STALL;
+        while tokio::time::Instant::now() < until && lost().is_none() {
+            sleep(Duration::from_millis(300)).await;
+            self.c.end_or_beat(addr, "heartbeat").await;
+        }
     }
 
     /// Increments the counter at `store` with `token`.
