@@ -9,9 +9,9 @@ use tracing::{debug, warn};
 
 use super::Engine;
 use super::detached;
-use super::entry::{Entry, Mode, rfc3339};
+use super::entry::{Entry, Mode, Successor, rfc3339};
 use super::error::{LockError, Unavailable};
-use super::handoff::{Chain, Successor};
+use super::handoff::Chain;
 use super::held::Hold;
 use super::hold::{self, MarkWhen};
 use super::model::{AcquireRequest, EventKind, Grant};

@@ -5,7 +5,6 @@
 use serde::{Deserialize, Serialize};
 use std::time::SystemTime;
 
-use super::handoff::Successor;
 use super::token::Token;
 
 /// The pod a sidecar serves, recorded in every entry so the operator can revoke a dead pod's
@@ -140,4 +139,15 @@ pub struct HolderInfo {
 /// Formats a time as the API and the status write it: RFC 3339 with milliseconds, in UTC.
 pub fn rfc3339(t: SystemTime) -> String {
     humantime::format_rfc3339_millis(t).to_string()
+}
+
+/// A key behind a holder, as the holder knows it: enough to write its grant.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Successor {
+    /// Its queue key.
+    pub key: String,
+    /// Its create revision (also its mod revision while it waits untouched).
+    pub revision: i64,
+    /// Its entry as its owner wrote it.
+    pub entry: Entry,
 }

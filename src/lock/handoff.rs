@@ -22,9 +22,8 @@ use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse,
 };
-use serde::{Deserialize, Serialize};
 
-use super::entry::{Entry, Mode};
+use super::entry::{Entry, Mode, Successor};
 use super::error::LockError;
 use super::etcd::Etcd;
 use super::names::LockId;
@@ -35,17 +34,6 @@ use super::settings::Declared;
 /// reads once every `CHAIN + 1` grants; the chain rides in the successor's entry, about 300
 /// bytes a key.
 pub const CHAIN: u32 = 8;
-
-/// A key behind a holder, as the holder knows it: enough to write its grant.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Successor {
-    /// Its queue key.
-    pub key: String,
-    /// Its create revision (also its mod revision while it waits untouched).
-    pub revision: i64,
-    /// Its entry as its owner wrote it.
-    pub entry: Entry,
-}
 
 impl Successor {
     /// A key read behind a holder, if a grant may be handed to it: an exclusive entry.

@@ -7,8 +7,7 @@
 
 use etcd_client::KeyValue;
 
-use super::entry::{Entry, Mode};
-use super::handoff::Successor;
+use super::entry::{Entry, Mode, Successor};
 
 /// How many keys ahead of it a shared key reads at once: a page of shared holders. Behind a
 /// longer run of them it waits for the farthest of the page first.

@@ -28,9 +28,10 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::warn;
 
 use super::entry::Mode;
+use super::entry::Successor;
 use super::error::LockError;
 use super::etcd::{self, Etcd};
-use super::handoff::{self, Successor};
+use super::handoff;
 use super::names::LockId;
 use super::position::{self, Position, Standing};
 use super::protocol::{self, Change};

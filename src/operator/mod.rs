@@ -8,6 +8,7 @@ mod etcd_auth;
 mod etcd_health;
 mod etcd_watch;
 mod event_limit;
+mod events;
 mod holder_service;
 pub mod inject;
 pub mod isolation;
@@ -207,15 +208,19 @@ fn context(
         controller: "podlock-operator".into(),
         instance: std::env::var("HOSTNAME").ok(),
     };
+    let recorder = Recorder::new(client.clone(), reporter);
     Ok(Arc::new(Context {
         client: client.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
-        recorder: Recorder::new(client.clone(), reporter),
-        holder_events: event_limit::EventLimit::default(),
+        recorder: recorder.clone(),
         backoff: backoff::Backoff::default(),
         isolation: isolation::Isolation::new(args.etcd.has_credentials(), ca),
-        status: Arc::new(status_writer::StatusWriter::new(metrics.clone())),
+        status: Arc::new(status_writer::StatusWriter::new(
+            metrics.clone(),
+            client.clone(),
+            recorder.clone(),
+        )),
     }))
 }
 
@@ -313,7 +318,7 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: D
         _ = liveness => {}
         _ = controller => {}
         _ = ctx.isolation.keep_secrets(&ctx.client, credentials_check) => {}
-        _ = ctx.status.clone().run(ctx.clone()) => {}
+        _ = ctx.status.clone().run() => {}
     }
 }
 

@@ -95,7 +95,7 @@ async fn record_epoch(
         fencing_epoch: Some(epoch),
         ..old
     };
-    ctx.status.write_now(ctx, id, status.clone()).await?;
+    ctx.status.write_now(id, status.clone()).await?;
     Ok(status)
 }
 

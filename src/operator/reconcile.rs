@@ -97,7 +97,7 @@ async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) 
                 conditions: vec![condition(dl, READY, "False", "EtcdUnavailable", &e.to_string())],
                 ..old
             };
-            ctx.status.write_now(ctx, &id, status).await?;
+            ctx.status.write_now(&id, status).await?;
             return Err(e);
         }
     };
@@ -207,7 +207,6 @@ async fn route(
 async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     let id = lock_id(dl);
     let ended = ctx.store.undeclare(&id).await?;
-    ctx.holder_events.forget(&id);
     ctx.status.forget(&id);
     info!(lock = %id, ended, "deleted the lock's etcd keys");
     if ended > 0 {

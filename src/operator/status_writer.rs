@@ -7,14 +7,15 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch};
 use kube::core::TypeMeta;
-use kube::runtime::events::EventType;
+use kube::runtime::events::{EventType, Recorder};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 use tokio::sync::Notify;
 use tracing::warn;
 
 use super::backoff::Backoff;
-use super::context::{Context, event_on};
+use super::event_limit::EventLimit;
+use super::events;
 use super::reconcile_error::Error;
 use super::status_writes::{Ended, Outcome, Pending, Writes};
 use crate::crd::{DistributedLock, DistributedLockStatus};
@@ -35,17 +36,24 @@ pub struct StatusWriter {
     /// Pauses of locks whose write failed.
     backoff: Backoff,
     metrics: OperatorMetrics,
+    client: kube::Client,
+    recorder: Recorder,
+    /// When each lock last got a `HolderChanged` Event.
+    holder_events: EventLimit,
 }
 
 impl StatusWriter {
-    /// No slot filled yet.
-    pub fn new(metrics: OperatorMetrics) -> Self {
+    /// No slot filled yet; writes through `client`, records Events with `recorder`.
+    pub fn new(metrics: OperatorMetrics, client: kube::Client, recorder: Recorder) -> Self {
         StatusWriter {
             writes: Mutex::default(),
             offered: Notify::new(),
             landed: Notify::new(),
             backoff: Backoff::default(),
             metrics,
+            client,
+            recorder,
+            holder_events: EventLimit::default(),
         }
     }
 
@@ -69,17 +77,13 @@ impl StatusWriter {
     /// Forgets the lock `id`, whose DistributedLock is gone.
     pub fn forget(&self, id: &LockId) {
         self.writes.lock().unwrap().forget(id);
+        self.holder_events.forget(id);
     }
 
     /// Writes `status` now, after any write of the lock under way and never below the fencing
     /// epoch and token written before: for a write the reconciliation must see land (a new
     /// epoch recorded before etcd gets it).
-    pub async fn write_now(
-        &self,
-        ctx: &Context,
-        id: &LockId,
-        mut status: DistributedLockStatus,
-    ) -> Result<(), Error> {
+    pub async fn write_now(&self, id: &LockId, mut status: DistributedLockStatus) -> Result<(), Error> {
         loop {
             let landed = self.landed.notified();
             if self.writes.lock().unwrap().begin(id, &mut status, Instant::now()) {
@@ -87,7 +91,7 @@ impl StatusWriter {
             }
             landed.await;
         }
-        let (result, ended) = self.patch(ctx, id, &status).await;
+        let (result, ended) = self.patch(id, &status).await;
         let outcome = match &result {
             Ok(()) => Outcome::Written,
             Err(_) => Outcome::Failed(std::time::Duration::ZERO),
@@ -99,14 +103,14 @@ impl StatusWriter {
     /// Runs the writers until dropped (with the leadership), starting from empty slots: writes
     /// dropped under way in an earlier term must not hold their lock, and the first
     /// reconciliations of the term offer every lock's status again.
-    pub async fn run(self: Arc<Self>, ctx: Arc<Context>) {
+    pub async fn run(self: Arc<Self>) {
         *self.writes.lock().unwrap() = Writes::default();
-        let writers = (0..WRITERS).map(|_| self.work(&ctx));
+        let writers = (0..WRITERS).map(|_| self.work());
         futures::future::join_all(writers).await;
     }
 
     /// One writer: takes the write due, makes it, and so on; waits while none is due.
-    async fn work(&self, ctx: &Context) {
+    async fn work(&self) {
         loop {
             let offered = self.offered.notified();
             let next = self.writes.lock().unwrap().take(Instant::now());
@@ -114,7 +118,7 @@ impl StatusWriter {
                 Ok((id, pending)) => {
                     // Another writer may find one more due.
                     self.offered.notify_one();
-                    self.write(ctx, &id, pending).await;
+                    self.write(&id, pending).await;
                 }
                 Err(Some(due)) => {
                     let due = tokio::time::Instant::from_std(due);
@@ -129,8 +133,8 @@ impl StatusWriter {
     }
 
     /// Makes the write taken from the slots, then the `HolderChanged` Event it calls for.
-    async fn write(&self, ctx: &Context, id: &LockId, pending: Pending) {
-        let (result, mut ended) = self.patch(ctx, id, &pending.status).await;
+    async fn write(&self, id: &LockId, pending: Pending) {
+        let (result, mut ended) = self.patch(id, &pending.status).await;
         let outcome = match result {
             Ok(()) => {
                 self.backoff.succeeded(id);
@@ -146,20 +150,15 @@ impl StatusWriter {
         };
         let event = matches!(outcome, Outcome::Written) && pending.first_changed;
         self.ended(id, &pending.status, outcome, ended);
-        if event && ctx.holder_events.allow(id) {
-            holder_changed(ctx, &pending.object, &pending.status).await;
+        if event && self.holder_events.allow(id) {
+            self.holder_changed(&pending.object, &pending.status).await;
         }
     }
 
     /// PATCHes `status` (see [`patch_status`]), timed.
-    async fn patch(
-        &self,
-        ctx: &Context,
-        id: &LockId,
-        status: &DistributedLockStatus,
-    ) -> (Result<(), kube::Error>, Ended) {
+    async fn patch(&self, id: &LockId, status: &DistributedLockStatus) -> (Result<(), kube::Error>, Ended) {
         let started = Instant::now();
-        let result = patch_status(&ctx.client, id, status).await;
+        let result = patch_status(&self.client, id, status).await;
         let took = started.elapsed();
         self.metrics.status_patch.observe(took.as_secs_f64());
         let ended = Ended {
@@ -168,6 +167,18 @@ impl StatusWriter {
             retry: None,
         };
         (result, ended)
+    }
+
+    /// The `HolderChanged` Event, after the status that shows the change.
+    async fn holder_changed(&self, object: &ObjectReference, status: &DistributedLockStatus) {
+        let note = match status.holders.first() {
+            Some(h) => format!(
+                "held by {} (pod {}, token {})",
+                h.holder_id, h.pod, h.fencing_token
+            ),
+            None => "free".into(),
+        };
+        events::publish(&self.recorder, object, EventType::Normal, "HolderChanged", note).await;
     }
 
     /// Records the end of a write and wakes whoever waits on the lock.
@@ -179,18 +190,6 @@ impl StatusWriter {
         self.landed.notify_waiters();
         self.offered.notify_one();
     }
-}
-
-/// The `HolderChanged` Event, after the status that shows the change.
-async fn holder_changed(ctx: &Context, object: &ObjectReference, status: &DistributedLockStatus) {
-    let note = match status.holders.first() {
-        Some(h) => format!(
-            "held by {} (pod {}, token {})",
-            h.holder_id, h.pod, h.fencing_token
-        ),
-        None => "free".into(),
-    };
-    event_on(ctx, object, EventType::Normal, "HolderChanged", note).await;
 }
 
 /// Writes `status` whole, by server-side apply: the operator is the status' only writer, and
