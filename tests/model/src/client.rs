@@ -1,7 +1,7 @@
 //! A client's steps: the engine's acquire (`acquire.rs`, `queue.rs`, `wait.rs`), its hold
 //! (`hold.rs`, `ending.rs`) and the sidecar's background removals, one etcd request each.
 
-use crate::decide::{decide, grant};
+use crate::decide::{check_limit, decide, grant};
 use crate::model::{Action, Protocol, Step};
 use crate::spec::{Bug, CHAIN, Handoff, OnBehalf};
 use crate::state::{Cached, Key, Lock, Name, Phase, Record, Rev, State, Wait};
@@ -274,9 +274,9 @@ impl Protocol {
     fn hand_on(&self, s: &mut State, c: u8, ticket: Rev, chain: &[Rev]) -> bool {
         let spec = self.spec.clients[c as usize];
         let (cache, l) = (s.clients[c as usize].cache, &s.locks[spec.lock as usize]);
-        let mutex_holder = cache.max == 1 && !spec.shared && self.guard_holds(&cache, l);
+        let writer = !spec.shared && self.guard_holds(&cache, l);
         let guarded = self.spec.bug != Some(Bug::HandoffUnguarded);
-        if self.spec.handoff == Handoff::Off || chain.is_empty() || (guarded && !mutex_holder) {
+        if self.spec.handoff == Handoff::Off || chain.is_empty() || (guarded && !writer) {
             return false;
         }
         let untouched = |create: &Rev| s.key(spec.lock, *create).filter(|k| k.modrev == k.create);
@@ -293,8 +293,14 @@ impl Protocol {
         if s.key(spec.lock, ticket).is_none() {
             return false;
         }
-        let rest = if first.shared { vec![] } else { chain[1..].to_vec() };
+        let (shared, rest) = match first.shared {
+            true => (true, vec![]),
+            false => (false, chain[1..].to_vec()),
+        };
         s.delete(spec.lock, ticket);
+        if !shared {
+            check_limit(self, s, spec.lock); // the grant is made here, under the limit in force
+        }
         let rev = s.next_rev();
         for create in run {
             let key = s.key_mut(spec.lock, create).expect("untouched");

@@ -124,18 +124,40 @@ pub fn admissible(model: &Protocol, state: &State, client: u8) -> bool {
     in_place && Read::new(state, (lock, ticket), l.max, None).position(true) == Position::Holder
 }
 
-/// Makes `client` a holder of `ticket` in `lock`, noting a grant that breaks a safety rule:
-/// a new exclusive holder and those whose keys are still there must fit in the `maxHolders`
-/// in force (holders let in under a higher limit may stay, but then nobody new is let in;
-/// shared holders have no count limit), and its token must be above every token granted
-/// before, across wipes and restores (one granted after a restore the operator has not
-/// reconciled yet is noted apart, see [`crate::state::Rebuilt::window_broken`]).
-pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), ticket: Rev, chain: Vec<Rev>) {
-    let holders = live_holders(model, state, lock).count();
-    let l = &state.locks[lock as usize];
-    if !model.spec.clients[client as usize].shared && holders + 1 > l.max as usize {
+/// Notes a grant of an exclusive key in `lock` that breaks the count rule: the new holder and
+/// those granted before whose keys are still there must fit in the `maxHolders` in force
+/// (holders let in under a higher limit may stay, but then nobody new is let in; shared
+/// holders have no count limit).
+pub fn check_limit(model: &Protocol, state: &mut State, lock: u8) {
+    let handed_waiters = (0..state.clients.len()).filter(|&c| {
+        let ticket = match &state.clients[c].phase {
+            Phase::Waiting(w) => w.ticket,
+            Phase::Reading { ticket } => *ticket,
+            _ => return false,
+        };
+        let handed = state
+            .key(lock, ticket)
+            .is_some_and(|k| k.record == Record::Handed);
+        handed && model.spec.clients[c].lock == lock
+    });
+    let holders = live_holders(model, state, lock).count() + handed_waiters.count();
+    if holders + 1 > state.locks[lock as usize].max as usize {
         state.broken.get_or_insert(Broken::Limit);
     }
+}
+
+/// Makes `client` a holder of `ticket` in `lock`, noting a grant that breaks a safety rule:
+/// the count rule ([`check_limit`]; a grant handed on by a release was checked when the
+/// release wrote it, under the `maxHolders` then in force), and its token must be above
+/// every token granted before, across wipes and restores (one granted after a restore the
+/// operator has not reconciled yet is noted apart, see
+/// [`crate::state::Rebuilt::window_broken`]).
+pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), ticket: Rev, chain: Vec<Rev>) {
+    let key = state.key(lock, ticket).expect("a key in place");
+    if !model.spec.clients[client as usize].shared && key.record != Record::Handed {
+        check_limit(model, state, lock);
+    }
+    let l = &state.locks[lock as usize];
     let token = state.key(lock, ticket).expect("a key in place").token();
     let below = token <= l.last_token;
     let l = &mut state.locks[lock as usize];

@@ -26,6 +26,9 @@ pub const BELIEF: &str = "belief: a holder's key is in place, or it learns it is
 /// Reached: a release wrote the grant of the key behind it (direct handoff).
 const HANDED: &str = "a grant handed on by a release";
 
+/// Reached: a semaphore's holder handed its slot to the key behind it.
+const HANDED_SLOT: &str = "a semaphore's slot handed on by a release";
+
 /// Reached: an administrator's force release ended a hold its client believed it had.
 const RELEASED: &str = "a holder released by an administrator";
 
@@ -61,6 +64,9 @@ pub fn properties() -> Vec<Property<Protocol>> {
         Property::sometimes(RELEASED, |_, s: &State| s.released_holder),
         Property::sometimes(HANDED, |_, s: &State| {
             (s.locks.iter().flat_map(|l| &l.queue)).any(|k| k.record == Record::Handed)
+        }),
+        Property::sometimes(HANDED_SLOT, |_, s: &State| {
+            (s.locks.iter()).any(|l| l.max > 1 && l.queue.iter().any(|k| k.record == Record::Handed))
         }),
         Property::sometimes(REGRANTED, |_, s: &State| {
             s.rebuilt.as_ref().is_some_and(|r| r.granted_after)
@@ -113,6 +119,10 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     let mutex = |l: usize| spec.max_holders[l] == 1 && count(l, false) >= 2;
     if spec.handoff != crate::spec::Handoff::Off && locks.clone().any(mutex) {
         out.push(HANDED);
+    }
+    let semaphore = |l: usize| spec.max_holders[l] > 1 && spec.changes[l].is_empty() && count(l, false) >= 3;
+    if spec.handoff != crate::spec::Handoff::Off && locks.clone().any(semaphore) {
+        out.push(HANDED_SLOT);
     }
     if spec.rebuild.is_some() {
         out.push(REGRANTED);

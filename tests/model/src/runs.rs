@@ -175,7 +175,7 @@ fn on_behalf() -> Vec<Run> {
     ]
 }
 
-/// Direct handoff (docs/design.md): a mutex's release writes the grant of the key behind it.
+/// Direct handoff (docs/design.md): a release writes the grant of the key behind it.
 /// The design the engine runs, the reader-run design the model rejects, and the handoff's
 /// guards taken away, each of which the checker must find missing.
 fn handoff() -> Vec<Run> {
@@ -198,6 +198,11 @@ fn handoff() -> Vec<Run> {
             expect: HOLDS,
         },
         Run {
+            spec: spec("handoff, semaphore", vec![2], vec![vec![]], three()),
+            about: "a semaphore's holders hand their slots on to the keys behind them, a fault",
+            expect: HOLDS,
+        },
+        Run {
             spec: Spec {
                 handoff: Handoff::ReaderRun,
                 ..spec("handoff to a run of readers", vec![1], vec![vec![]], readers)
@@ -208,8 +213,8 @@ fn handoff() -> Vec<Run> {
         },
         Run {
             spec: bug("bug: handoff unguarded", Bug::HandoffUnguarded, 2, vec![1]),
-            about: "a semaphore's holder hands its slot to the key behind it, with no guard \
-                    on the settings",
+            about: "a holder granted under maxHolders 2 hands its slot on after it is lowered \
+                    to 1 (no guard on the settings)",
             expect: Expect::Finds(LIMIT),
         },
         Run {

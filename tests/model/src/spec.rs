@@ -42,12 +42,14 @@ pub enum OnBehalf {
 pub enum Handoff {
     /// A release only deletes the holder's key; the next waiter reads its position.
     Off,
-    /// What the engine does: an exclusive holder of a lock it knows as `maxHolders` 1, which
-    /// knows the keys behind it (its chain: from the read that granted it, or handed on with
-    /// its grant), releases in one transaction that deletes its key and writes the grant into
-    /// the first of them if that one is exclusive and untouched, passing on the rest of the
-    /// chain; guarded by its own key, the settings it knows and the successor's mod revision.
-    /// The successor learns its grant from the write, without a read.
+    /// What the engine does: an exclusive holder, which knows the keys behind it (its chain:
+    /// from the read that granted it, or handed on with its grant), releases in one
+    /// transaction that deletes its key and writes the grant into the first of them if that
+    /// one is exclusive and untouched, passing on the rest of the chain; guarded by its own
+    /// key, the settings it knows and the successor's mod revision. The successor learns its
+    /// grant from the write, without a read. In a semaphore the holder hands on its own slot:
+    /// the keys ahead of its successor are then some of those that were ahead of it when it
+    /// was granted, all recorded, fewer than `maxHolders`.
     Exclusive,
     /// The same, and a writer's release grants the whole run of readers behind it at once: a
     /// design the model rejects (readers learn their grants in any order, so tokens fall).
@@ -103,8 +105,8 @@ pub enum Bug {
     /// The operator's epoch bump leaves the queue in place (keys enqueued under the old epoch
     /// are granted under it).
     BumpKeepsQueue,
-    /// A release hands the lock on without its guards on the settings and on being a
-    /// mutex's holder: a semaphore's holder hands its slot to the key right behind it.
+    /// A release hands the lock on without its guards on the settings and on being an
+    /// exclusive holder: a holder granted under a `maxHolders` since lowered hands its slot on.
     HandoffUnguarded,
     /// A grant written by a release counts as recorded for the rule before its owner has
     /// learned it: a key behind may be let in first, with a higher token.
