@@ -1,22 +1,32 @@
-//! Direct handoff: a mutex's release grants the next waiter in the same transaction.
+//! Direct handoff: a release grants the next waiter in the same transaction.
 //!
-//! A holder of a lock with `maxHolders` 1, in exclusive mode, knows the keys right behind it
-//! (its [`Chain`]): the read that granted it returns them, or the release ahead handed them on
-//! with its grant. Its release is then one transaction that deletes its key and writes the
-//! grant into the first of them ([`Entry::handed`]), passing on the rest of the chain, guarded
-//! by its own key (create revision), the settings its grant was decided under, and the
-//! successor's key being untouched since its enqueue (mod revision = create revision: not
-//! given up and enqueued again, not granted). The successor learns its grant from that write,
-//! one watch event on its own key, with no read ([`granted`]).
+//! A holder in exclusive mode knows the keys right behind it (its [`Chain`]): the read that
+//! granted it returns them, or the release ahead handed them on with its grant. Its release is
+//! then one transaction that deletes its key and writes the grant into the first of them
+//! ([`Entry::handed`]), passing on the rest of the chain, guarded by its own key (create
+//! revision), the settings its grant was decided under, and the successor's key being
+//! untouched since its enqueue (mod revision = create revision: not given up and enqueued
+//! again, not granted). The successor learns its grant from that write, one watch event on its
+//! own key, with no read ([`granted`]).
 //!
-//! Where a guard fails (the successor gave up, the settings changed), the release is the
-//! plain guarded delete, and the waiter behind wakes on the deletion and reads its position:
-//! the path of a holder whose lease ends, or of a release whose chain ran out. A shared key
-//! is never handed a grant: readers granted together would learn their grants in any order,
-//! and fencing tokens would fall (the protocol model's run "handoff to a run of readers").
-//! A handed grant does not count as recorded for the keys behind it (`acquiredAt` is not
-//! written): otherwise one of them could be let in, with a higher token, before the successor
-//! learns of its own grant (the model's "a handed grant counts as recorded").
+//! In a semaphore the holder hands on its own slot. That is sound because no key is ever
+//! put ahead of another: the keys ahead of the successor are then some of those that were
+//! ahead of the holder when it was granted, which were all recorded and fewer than
+//! `maxHolders`, and the settings are those they were. The successor is handed the grant a
+//! read would give it; it records it (`acquiredAt`) before it answers, as a semaphore's holder
+//! granted by a read does, for the keys behind it. When the key behind is itself already
+//! granted (by a read, after a holder ahead left), the write hands it nothing new and the key
+//! after it is let in by a read, as before.
+//!
+//! Where a guard fails (the successor gave up, was granted and recorded, the settings
+//! changed), the release is the plain guarded delete, and the waiter behind wakes on the
+//! deletion and reads its position: the path of a holder whose lease ends, or of a release
+//! whose chain ran out. A shared key is never handed a grant: readers granted together would
+//! learn their grants in any order, and fencing tokens would fall (the protocol model's run
+//! "handoff to a run of readers"). A handed grant does not count as recorded for the keys
+//! behind it (`acquiredAt` is not written): otherwise one of them could be let in, with a
+//! higher token, before the successor learns of its own grant (the model's "a handed grant
+//! counts as recorded").
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
@@ -30,7 +40,7 @@ use super::names::LockId;
 use super::queue::{self, Ticket};
 use super::settings::Declared;
 
-/// How many keys behind it a holder reads with the read that grants it. A busy mutex then
+/// How many keys behind it a holder reads with the read that grants it. A busy lock then
 /// reads once every `CHAIN + 1` grants; the chain rides in the successor's entry, about 300
 /// bytes a key.
 pub const CHAIN: u32 = 8;
@@ -63,20 +73,19 @@ pub struct Chain {
 
 impl Chain {
     /// The chain of a hold granted under `declared` in `mode` with `next` behind it, if it
-    /// may hand on: an exclusive hold of a mutex, with a key behind it.
+    /// may hand on: an exclusive hold with a key behind it.
     pub fn of(declared: &Declared, mode: Mode, next: Vec<Successor>) -> Option<Self> {
-        let mutex = declared.settings.max_holders == 1 && mode == Mode::Exclusive;
-        (mutex && !next.is_empty()).then(|| Chain {
+        (possible(mode) && !next.is_empty()).then(|| Chain {
             declared: declared.clone(),
             next,
         })
     }
 }
 
-/// Whether a waiter in `mode` of a lock of `max_holders` may be handed its grant (and so
-/// watches its own key for writes, and reads the keys behind it with its position).
-pub fn possible(max_holders: u32, mode: Mode) -> bool {
-    max_holders == 1 && mode == Mode::Exclusive
+/// Whether a waiter in `mode` may be handed its grant (and so watches its own key for
+/// writes, and reads the keys behind it with its position): an exclusive one.
+pub fn possible(mode: Mode) -> bool {
+    mode == Mode::Exclusive
 }
 
 /// The read of the keys right behind `ticket`, for its chain.
@@ -188,7 +197,7 @@ mod tests {
     }
 
     #[test]
-    fn only_an_exclusive_holder_of_a_mutex_with_a_key_behind_it_hands_on() {
+    fn only_an_exclusive_holder_with_a_key_behind_it_hands_on() {
         let behind = || {
             vec![Successor {
                 key: "k".into(),
@@ -199,10 +208,8 @@ mod tests {
         assert!(Chain::of(&declared(1), Mode::Exclusive, behind()).is_some());
         assert!(Chain::of(&declared(1), Mode::Exclusive, vec![]).is_none());
         assert!(Chain::of(&declared(1), Mode::Shared, behind()).is_none());
-        assert!(
-            Chain::of(&declared(2), Mode::Exclusive, behind()).is_none(),
-            "a semaphore"
-        );
+        let slot = Chain::of(&declared(2), Mode::Exclusive, behind());
+        assert!(slot.is_some(), "a semaphore's holder hands its slot on");
     }
 
     #[test]

@@ -103,7 +103,7 @@ pub async fn wait_turn(
                 sleep_until(started + WATCH_RETRY_GAP).await;
             }
         }
-        if handoff::possible(declared.settings.max_holders, mode)
+        if handoff::possible(mode)
             && let Some((at, chain)) = handed(&mut watch, ticket).await
         {
             return Ok(Turn::Granted { at, chain });
@@ -185,7 +185,7 @@ async fn watch_position(
     // A waiter that may be handed its grant watches its own key for writes, as one of the
     // keys that let it in: from "now", so that the grant is not held back.
     let mut own = vec![Target::any_change(lock.config_key().as_bytes())];
-    match handoff::possible(declared.settings.max_holders, mode) {
+    match handoff::possible(mode) {
         true => lets_in.push(Target::any_change(ticket.key.as_bytes())),
         false => own.push(Target::deletion(ticket.key.as_bytes())),
     }
@@ -269,7 +269,7 @@ async fn standing(
             TxnOp::get(lock.config_key(), None),
             TxnOp::get(lock.queue_prefix(), Some(ahead)),
         ];
-        if handoff::possible(max, mode) {
+        if handoff::possible(mode) {
             ops.push(handoff::behind(lock, ticket));
         }
         let resp = etcd.txn(Txn::new().and_then(ops)).await?;

@@ -6,6 +6,7 @@
 
 use serde_json::json;
 use std::sync::Arc;
+use tokio::task::JoinHandle;
 
 use crate::common::{EtcdServer, Sidecar, declare};
 
@@ -79,33 +80,85 @@ async fn a_busy_mutex_costs_about_two_requests_per_grant() {
 async fn a_release_hands_the_lock_to_the_next_waiter_without_a_read() {
     let etcd = EtcdServer::start().await;
     declare(&etcd.endpoint, &["baton"]);
-    let start = async |pod| Arc::new(Sidecar::start(&etcd.endpoint, pod, &[]).await);
-    let (a, b, c) = (start("p0").await, start("p1").await, start("p2").await);
+    let [a, b, c] = sidecars(&etcd).await;
     a.must_acquire("baton", json!({})).await;
-    let wait = json!({"waitSeconds": 30});
-    let b_waits = tokio::spawn({
-        let (b, wait) = (b.clone(), wait.clone());
-        async move { b.must_acquire("baton", wait).await }
-    });
-    settle(&b).await;
-    let c_waits = tokio::spawn({
-        let c = c.clone();
-        async move { c.must_acquire("baton", wait).await }
-    });
-    settle(&c).await;
+    let b_waits = queue_up(&b, "baton").await;
+    let c_waits = queue_up(&c, "baton").await;
     // b is granted by its read (a's release is a plain delete: a knew nobody behind it).
     assert_eq!(a.post("baton", "release", json!({})).await.0, 200);
     let b_token = b_waits.await.unwrap();
-    let c_before = c.metric("podlock_etcd_requests_total").await;
-    let b_before = b.metric("podlock_etcd_requests_total").await;
-    assert_eq!(b.post("baton", "release", json!({})).await.0, 200);
-    let c_token = c_waits.await.unwrap();
-    assert!(c_token > b_token, "tokens rise: {b_token} then {c_token}");
-    let c_spent = c.metric("podlock_etcd_requests_total").await - c_before;
-    let b_spent = b.metric("podlock_etcd_requests_total").await - b_before;
-    assert_eq!(c_spent, 0.0, "the waiter read or wrote to learn of its grant");
-    assert_eq!(b_spent, 1.0, "the release that hands on is one transaction");
+    // b records its grant once it has held 30 ms (`MarkWhen::Later`): not part of the handoff.
+    settle(&b).await;
+    let spent = hand_on(("baton", &b), &c, c_waits, b_token).await;
+    assert_eq!(
+        spent,
+        (1.0, 0.0),
+        "(releaser, waiter) requests: one transaction, no read"
+    );
     assert_eq!(c.post("baton", "release", json!({})).await.0, 200);
+}
+
+/// A semaphore's holder granted by a read hands its own slot on the same way, while the other
+/// holder stays; the waiter's one request records its grant (`acquiredAt`), which the keys
+/// behind it in a semaphore wait for, before it answers.
+#[tokio::test]
+async fn a_semaphore_release_hands_its_slot_to_the_next_waiter_without_a_read() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["pool", "--max-holders", "2"]);
+    let [x, a, b, c] = sidecars(&etcd).await;
+    x.must_acquire("pool", json!({})).await;
+    a.must_acquire("pool", json!({})).await;
+    let b_waits = queue_up(&b, "pool").await;
+    let c_waits = queue_up(&c, "pool").await;
+    // b is granted by its read when x leaves, and learns that c is behind it.
+    assert_eq!(x.post("pool", "release", json!({})).await.0, 200);
+    let b_token = b_waits.await.unwrap();
+    settle(&c).await; // c read again on b's record and watches a and b now
+    let spent = hand_on(("pool", &b), &c, c_waits, b_token).await;
+    assert_eq!(
+        spent,
+        (1.0, 1.0),
+        "(releaser, waiter) requests: one transaction, one record"
+    );
+    for s in [a, c] {
+        assert_eq!(s.post("pool", "release", json!({})).await.0, 200);
+    }
+}
+
+/// `N` sidecars, pods p0, p1, ...
+async fn sidecars<const N: usize>(etcd: &EtcdServer) -> [Arc<Sidecar>; N] {
+    let mut out = vec![];
+    for i in 0..N {
+        out.push(Arc::new(
+            Sidecar::start(&etcd.endpoint, &format!("p{i}"), &[]).await,
+        ));
+    }
+    out.try_into().unwrap_or_else(|_| unreachable!())
+}
+
+/// Starts `sidecar` waiting (up to 30 s) for `lock`, and returns once its watches are set up,
+/// with the task that answers its fencing token.
+async fn queue_up(sidecar: &Arc<Sidecar>, lock: &'static str) -> JoinHandle<i64> {
+    let s = sidecar.clone();
+    let waits = tokio::spawn(async move { s.must_acquire(lock, json!({"waitSeconds": 30})).await });
+    settle(sidecar).await;
+    waits
+}
+
+/// `holder` (of `token`) releases `lock` while `waiter` waits behind it; checks the waiter is
+/// granted with a higher token and returns the etcd requests each made meanwhile.
+async fn hand_on(
+    (lock, holder): (&str, &Sidecar),
+    waiter: &Sidecar,
+    waits: JoinHandle<i64>,
+    token: i64,
+) -> (f64, f64) {
+    let count = async |s: &Sidecar| s.metric("podlock_etcd_requests_total").await;
+    let before = (count(holder).await, count(waiter).await);
+    assert_eq!(holder.post(lock, "release", json!({})).await.0, 200);
+    let granted = waits.await.unwrap();
+    assert!(granted > token, "tokens rise: {token} then {granted}");
+    (count(holder).await - before.0, count(waiter).await - before.1)
 }
 
 /// Waits until `sidecar` has placed its key and set up its watches (its requests stop rising).

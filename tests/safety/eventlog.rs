@@ -205,6 +205,8 @@ pub struct Replay {
     pub admitted: usize,
     /// Keys handed their grant by a release.
     pub handed: usize,
+    /// Of those, keys of a semaphore (`maxHolders` above 1 when handed): a slot handed on.
+    pub handed_slots: usize,
 }
 
 /// Replays `log` in revision order.
@@ -268,6 +270,7 @@ fn apply(r: &mut Replay, created: &mut HashMap<String, i64>, e: &Event) {
     });
     if v["handed"] == true && k.handed.is_none() {
         k.handed = Some(e.revision);
+        r.handed_slots += usize::from(lock.limit.is_some_and(|l| l > 1));
     }
     k.granted = v["acquiredAt"].is_string();
     if k.granted && k.admitted.is_none() {
@@ -283,10 +286,12 @@ impl Replay {
     pub fn summary(&self, events: usize, grants: usize) -> String {
         format!(
             "etcd's log: {events} events over {} revisions replayed, {} queue keys admitted ({} \
-             handed their grant by a release), {grants} grants found admitted in it; violations: {}",
+             handed their grant by a release, {} of them a semaphore's slot), {grants} grants found \
+             admitted in it; violations: {}",
             self.revisions,
             self.admitted,
             self.handed,
+            self.handed_slots,
             self.violations.len()
         )
     }

@@ -242,6 +242,10 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
         replay.handed > 0,
         "no release handed a grant on: the run missed direct handoff"
     );
+    assert!(
+        replay.handed_slots > 0,
+        "no semaphore's release handed its slot on: the run missed it"
+    );
     assert_verdict(&a, &state, start);
     let orphaned = orphans.violations();
     assert!(orphaned.is_empty(), "{orphaned:#?}");
