@@ -48,12 +48,15 @@ impl Protocol {
     }
 
     /// Whether something `w` watches changed since its read: a watched key deleted (or
-    /// written, if watched for any change), its own key deleted (or written: a grant handed
-    /// on), or the settings key changed.
+    /// written, if watched for any change, but for a grant handed to it, which lets nobody
+    /// behind it in: the engine ignores that event), its own key deleted (or written: a grant
+    /// handed on), or the settings key changed.
     fn woken(&self, s: &State, lock: u8, w: &Wait) -> bool {
+        let counts =
+            |k: &Key| k.record != Record::Handed || self.spec.bug == Some(Bug::HandedCountsAsGranted);
         let changed = |create, any| match s.key(lock, create) {
             None => true,
-            Some(k) => any && k.modrev > w.at,
+            Some(k) => any && k.modrev > w.at && (create == w.ticket || counts(k)),
         };
         let l = &s.locks[lock as usize];
         w.wakes.iter().any(|&(create, any)| changed(create, any))
