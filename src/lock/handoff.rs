@@ -163,6 +163,17 @@ pub fn granted(events: &[etcd_client::Event], ticket: &Ticket) -> Option<(i64, V
     Some((kv.mod_revision(), entry.next))
 }
 
+/// Whether `events` are all grants handed to keys other than `ticket`'s. A handed grant is not
+/// a grant record: it lets no key behind the successor in, so a waiter watching that key need
+/// not read on it (the protocol model's waiters are not woken by it either).
+pub fn handed_to_others(events: &[etcd_client::Event], ticket: &Ticket) -> bool {
+    let handed = |kv: &KeyValue| {
+        kv.key() != ticket.key.as_bytes() && Entry::decode(kv.value()).is_some_and(|e| e.handed)
+    };
+    !events.is_empty()
+        && (events.iter()).all(|e| e.event_type() == EventType::Put && e.kv().is_some_and(handed))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

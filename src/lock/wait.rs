@@ -7,7 +7,8 @@
 //! * first waiter (`max_holders` keys ahead): every holder, for deletion;
 //! * further back: its immediate predecessor, for deletion, and in a semaphore also for the
 //!   write a waiter makes when it is granted ([`granted`]); without it the second waiter would
-//!   sleep on after the first one got in, a lost wake-up;
+//!   sleep on after the first one got in, a lost wake-up (a grant a release hands to that key
+//!   is not such a record, and passes it by);
 //! * inside the window but behind a key not yet granted: that key, until it is granted or gone,
 //!   so that grants (and fencing tokens) follow the queue order;
 //! * always its own key, for deletion (its lease was revoked: stop waiting at once), and the
@@ -93,31 +94,60 @@ pub async fn wait_turn(
                 continue;
             }
         };
-        match timeout_at(deadline, watch.changed()).await {
+        match timeout_at(deadline, woken(&mut watch, (ticket, mode))).await {
             Err(_) => return Ok(Turn::TimedOut),
-            Ok(Ok(())) => {}
+            Ok(Woken::Granted(at, chain)) => return Ok(Turn::Granted { at, chain }),
+            Ok(Woken::Read) => {}
             // A broken watch (etcd restart, leader change) is not fatal: re-read and re-watch.
             // If etcd is really gone, the read below fails and the caller gets the error.
-            Ok(Err(e)) => {
+            Ok(Woken::Broken(e)) => {
                 warn!(key = ticket.key, error = %e, "watch broke while waiting; re-reading");
                 sleep_until(started + WATCH_RETRY_GAP).await;
             }
-        }
-        if handoff::possible(mode)
-            && let Some((at, chain)) = handed(&mut watch, ticket).await
-        {
-            return Ok(Turn::Granted { at, chain });
         }
         now = read(declared).await?;
     }
 }
 
-/// The grant handed to `ticket` among the watch's changes, if one was ([`handoff::granted`]).
-/// A deletion seen without it may be the first half of the release that hands it on (its
-/// changes to two keys arrive as two messages, in any order): the stream is settled first.
-async fn handed(watch: &mut KeyWatch, ticket: &Ticket) -> Option<(i64, Vec<Successor>)> {
-    let events = watch.take_events();
-    if let Some(grant) = handoff::granted(&events, ticket) {
+/// What woke a waiter.
+enum Woken {
+    /// A grant handed to it: the revision it holds from, and the chain handed on with it.
+    Granted(i64, Vec<Successor>),
+    /// A change that may have moved it: read its position.
+    Read,
+    /// The watch broke.
+    Broken(LockError),
+}
+
+/// Waits for a change that may move `ticket`. Grants handed to the keys it watches pass it
+/// by: a handed grant is not a grant record, and lets nobody behind that key in (the key's
+/// own record, or its deletion, does, and wakes it then).
+async fn woken(watch: &mut KeyWatch, (ticket, mode): (&Ticket, Mode)) -> Woken {
+    loop {
+        if let Err(e) = watch.changed().await {
+            return Woken::Broken(e);
+        }
+        let events = watch.take_events();
+        if handoff::possible(mode)
+            && let Some((at, chain)) = handed(watch, ticket, &events).await
+        {
+            return Woken::Granted(at, chain);
+        }
+        if !handoff::handed_to_others(&events, ticket) {
+            return Woken::Read;
+        }
+    }
+}
+
+/// The grant handed to `ticket` among `events`, if one was ([`handoff::granted`]). A deletion
+/// seen without it may be the first half of the release that hands it on (its changes to two
+/// keys arrive as two messages, in any order): the stream is settled first.
+async fn handed(
+    watch: &mut KeyWatch,
+    ticket: &Ticket,
+    events: &[etcd_client::Event],
+) -> Option<(i64, Vec<Successor>)> {
+    if let Some(grant) = handoff::granted(events, ticket) {
         return Some(grant);
     }
     if !events.iter().any(|e| e.event_type() == EventType::Delete) {

@@ -241,8 +241,9 @@ impl KeyWatch {
         Ok(())
     }
 
-    /// The changes delivered so far, taken.
+    /// The changes delivered so far, taken: [`KeyWatch::changed`] then waits for the next.
     pub fn take_events(&mut self) -> Vec<etcd_client::Event> {
+        self.fired = false;
         std::mem::take(&mut self.events)
     }
 
