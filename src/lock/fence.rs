@@ -5,8 +5,14 @@
 //! The answer comes from one etcd request: a read-only transaction of the lock's settings and
 //! the head of its queue, which etcd serves linearizably (after confirming its leadership,
 //! as it does a range). It is true *as of that read's revision*: the hold may end a moment
-//! later. Holders are judged by the queue's rule ([`protocol::held_count`]) under the settings
-//! read in the same transaction, as the operator and `GET /v1/locks/{name}` judge them.
+//! later.
+//!
+//! A hold is current while its key is in place and it holds: by the queue's rule
+//! ([`protocol::held_count`]) under the settings read in the same transaction, as the operator
+//! and `GET /v1/locks/{name}` judge holders, or because its entry records its grant. The second
+//! keeps a hold current after `maxHolders` was lowered under it: a lowering binds new grants
+//! only, and the hold goes on until it ends. Grants follow the queue order, so either way the
+//! holders are the queue's first keys.
 //!
 //! [`protocol::held_count`]: super::protocol::held_count
 
@@ -16,6 +22,7 @@ use super::Engine;
 use super::entry::HolderInfo;
 use super::error::LockError;
 use super::names::LockId;
+use super::protocol;
 use super::queue::{self, LockRead};
 use super::settings::MAX_HOLDERS;
 
@@ -80,6 +87,82 @@ impl Engine {
             None if self.0.standalone => MAX_HOLDERS.default,
             None => return Some(vec![]),
         };
-        queue::head_holders(&read.queue, read.more, max_holders)
+        complete_head(queue::decode(&read.queue), read.more, max_holders)
+    }
+}
+
+/// The holders among the first entries of a queue (each with whether it records its grant),
+/// `more` if keys lie beyond them; `None` when every entry read holds and more follow (then the
+/// holders may go on past the read: read the whole queue). Holders that end inside the read
+/// end there in the whole queue too: neither the rule nor the grants look past them.
+fn complete_head(entries: Vec<(HolderInfo, bool)>, more: bool, max_holders: u32) -> Option<Vec<HolderInfo>> {
+    let by_rule = protocol::held_count(entries.iter().map(|(e, _)| e.mode), max_holders);
+    let recorded = entries.iter().take_while(|(_, granted)| *granted).count();
+    let held = by_rule.max(recorded);
+    if more && held == entries.len() {
+        return None;
+    }
+    Some(entries.into_iter().take(held).map(|(e, _)| e).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::Mode;
+
+    const X: Mode = Mode::Exclusive;
+    const S: Mode = Mode::Shared;
+
+    /// Entries of these modes and grant records, their tokens 1, 2, ... in queue order.
+    fn entries(spec: &[(Mode, bool)]) -> Vec<(HolderInfo, bool)> {
+        (spec.iter().zip(1..))
+            .map(|(&(mode, granted), token)| {
+                let holder = HolderInfo {
+                    holder_id: format!("h{token}"),
+                    pod: "p".into(),
+                    fencing_token: token,
+                    acquired_at: String::new(),
+                    mode,
+                };
+                (holder, granted)
+            })
+            .collect()
+    }
+
+    fn tokens(spec: &[(Mode, bool)], more: bool, max_holders: u32) -> Option<Vec<i64>> {
+        let head = complete_head(entries(spec), more, max_holders)?;
+        Some(head.iter().map(|e| e.fencing_token).collect())
+    }
+
+    #[test]
+    fn holders_that_end_inside_the_read_are_all_the_holders() {
+        // A mutex granted at once (its grant not recorded yet) and its first waiter.
+        assert_eq!(tokens(&[(X, false), (X, false)], true, 1), Some(vec![1]));
+        assert_eq!(
+            tokens(&[(X, true), (X, true), (X, false)], true, 2),
+            Some(vec![1, 2])
+        );
+        assert_eq!(
+            tokens(&[(S, true), (S, false), (X, false)], true, 1),
+            Some(vec![1, 2])
+        );
+        assert_eq!(tokens(&[], false, 1), Some(vec![]));
+        // The whole queue read: whatever holds is all there is.
+        assert_eq!(tokens(&[(S, true), (S, true)], false, 1), Some(vec![1, 2]));
+    }
+
+    #[test]
+    fn a_hold_granted_before_max_holders_was_lowered_stays_current() {
+        // maxHolders 2 -> 1 while two hold and one waits: both holds go on until they end.
+        let lowered = [(X, true), (X, true), (X, false)];
+        assert_eq!(tokens(&lowered, false, 1), Some(vec![1, 2]));
+    }
+
+    #[test]
+    fn a_read_that_may_stop_among_the_holders_is_no_answer() {
+        // Slots raised since last seen, or readers past the slots: the next key may hold too.
+        assert_eq!(tokens(&[(X, true), (X, false)], true, 3), None);
+        assert_eq!(tokens(&[(S, true), (S, true), (S, true)], true, 1), None);
+        assert_eq!(tokens(&[(X, true), (X, true)], true, 1), None);
     }
 }

@@ -210,37 +210,24 @@ pub struct QueueState {
 /// [`protocol::held_count`].
 pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32) -> QueueState {
     let entries = decode(kvs);
-    let held = protocol::held_count(entries.iter().map(|e| e.mode), max_holders);
+    let held = protocol::held_count(entries.iter().map(|(e, _)| e.mode), max_holders);
     QueueState {
         waiters: kvs.len().saturating_sub(held),
-        holders: entries.into_iter().take(held).collect(),
+        holders: entries.into_iter().take(held).map(|(e, _)| e).collect(),
     }
 }
 
-/// The entries of a queue range as holders would be shown, in its order; keys that are not
-/// entries (or whose revision no token carries) left out, as [`split_queue`] leaves them.
-fn decode(kvs: &[etcd_client::KeyValue]) -> Vec<HolderInfo> {
+/// The entries of a queue range as holders are shown, in its order, each with whether it
+/// records its grant (`acquiredAt` written, or handed the lock); keys that are not entries (or
+/// whose revision no token carries) left out, as [`split_queue`] leaves them.
+pub(super) fn decode(kvs: &[etcd_client::KeyValue]) -> Vec<(HolderInfo, bool)> {
     (kvs.iter())
-        .filter_map(|kv| Entry::decode(kv.value())?.holder(kv.create_revision()))
+        .filter_map(|kv| {
+            let entry = Entry::decode(kv.value())?;
+            let granted = entry.is_granted() || entry.handed;
+            Some((entry.holder(kv.create_revision())?, granted))
+        })
         .collect()
-}
-
-/// The holders of a queue whose head alone was read (`more`: keys lie beyond the read), by
-/// [`protocol::held_count`]; `None` when the read may have stopped among them (every entry
-/// read holds and more keys follow): then read the whole queue.
-pub fn head_holders(kvs: &[etcd_client::KeyValue], more: bool, max_holders: u32) -> Option<Vec<HolderInfo>> {
-    complete_head(decode(kvs), more, max_holders)
-}
-
-/// [`head_holders`] of decoded entries. A run of holders that ends inside the read ends there
-/// in the whole queue too: the rule looks only at the keys from the head on.
-fn complete_head(mut entries: Vec<HolderInfo>, more: bool, max_holders: u32) -> Option<Vec<HolderInfo>> {
-    let held = protocol::held_count(entries.iter().map(|e| e.mode), max_holders);
-    if more && held == entries.len() {
-        return None;
-    }
-    entries.truncate(held);
-    Some(entries)
 }
 
 /// A lock's settings and the head of its queue, read at one etcd revision.
@@ -286,55 +273,4 @@ pub fn queue_order() -> GetOptions {
     GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const X: Mode = Mode::Exclusive;
-    const S: Mode = Mode::Shared;
-
-    /// Entries of these modes, their tokens 1, 2, ... in queue order.
-    fn entries(modes: &[Mode]) -> Vec<HolderInfo> {
-        (modes.iter().zip(1..))
-            .map(|(&mode, token)| HolderInfo {
-                holder_id: format!("h{token}"),
-                pod: "p".into(),
-                fencing_token: token,
-                acquired_at: String::new(),
-                mode,
-            })
-            .collect()
-    }
-
-    fn tokens(head: Option<Vec<HolderInfo>>) -> Option<Vec<i64>> {
-        head.map(|h| h.iter().map(|e| e.fencing_token).collect())
-    }
-
-    #[test]
-    fn a_head_whose_holders_end_inside_it_has_them_all() {
-        assert_eq!(tokens(complete_head(entries(&[X, X]), true, 1)), Some(vec![1]));
-        assert_eq!(
-            tokens(complete_head(entries(&[X, X, X]), true, 2)),
-            Some(vec![1, 2])
-        );
-        assert_eq!(
-            tokens(complete_head(entries(&[S, S, X]), true, 1)),
-            Some(vec![1, 2])
-        );
-        assert_eq!(tokens(complete_head(entries(&[]), false, 1)), Some(vec![]));
-        // The whole queue read: whatever holds is all there is.
-        assert_eq!(
-            tokens(complete_head(entries(&[S, S]), false, 1)),
-            Some(vec![1, 2])
-        );
-    }
-
-    #[test]
-    fn a_head_read_that_may_stop_among_the_holders_is_not_an_answer() {
-        // Settings raised since last seen, or readers past the slots: the next key may hold too.
-        assert_eq!(tokens(complete_head(entries(&[X, X]), true, 3)), None);
-        assert_eq!(tokens(complete_head(entries(&[S, S, S]), true, 1)), None);
-    }
 }

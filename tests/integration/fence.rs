@@ -111,6 +111,27 @@ async fn every_holder_of_a_semaphore_is_current_and_a_release_ends_only_its_own(
     assert_eq!(fence(&s, "pool", b).await["current"], true);
 }
 
+/// `maxHolders` lowered binds new grants only: a hold granted before goes on, and stays current.
+#[tokio::test]
+async fn a_hold_granted_before_max_holders_was_lowered_stays_current() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["pool", "--max-holders", "2"]);
+    let s = Arc::new(Sidecar::start(&etcd.endpoint, "pod-a", &[]).await);
+    let a = s.must_acquire("pool", json!({"holderId": "a"})).await;
+    let b = s.must_acquire("pool", json!({"holderId": "b"})).await;
+    let c = later(&s, "pool", json!({"holderId": "c", "waitSeconds": 10}));
+    declare(&etcd.endpoint, &["pool", "--max-holders", "1"]);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let answer = fence(&s, "pool", b).await;
+    assert_eq!(answer["current"], true, "{answer}");
+    assert_eq!(holders(&answer), [a, b], "{answer}");
+    release(&s, "pool", "a").await;
+    assert_eq!(holders(&fence(&s, "pool", b).await), [b], "c waits for b too");
+    release(&s, "pool", "b").await;
+    let c = c.await.unwrap();
+    assert_eq!(holders(&fence(&s, "pool", b).await), [c]);
+}
+
 /// More shared holders than the check reads at first (the lock's slots and 8): it reads the
 /// whole queue and still names them all.
 #[tokio::test]
