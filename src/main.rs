@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use podlock::cli::{declare, probe, run_locked};
+use podlock::cli::{declare, fence, probe, run_locked};
 use podlock::{operator, sidecar};
 
 #[derive(Parser)]
@@ -34,6 +34,8 @@ enum Command {
     Declare(declare::DeclareArgs),
     /// Run a command while holding a lock through the sidecar.
     Lock(run_locked::LockArgs),
+    /// Ask the sidecar whether a fencing token is still a current hold of a lock.
+    Fence(fence::FenceArgs),
     /// Reconcile DistributedLock objects with etcd.
     Operator(Box<operator::OperatorArgs>),
     /// Print the DistributedLock CRD as YAML (what crds/ holds).
@@ -70,6 +72,7 @@ fn main() -> anyhow::Result<()> {
                 print!("{}", podlock::crd::crd_yaml());
                 Ok(())
             }
+            Command::Fence(args) => std::process::exit(fence::run(args).await),
             Command::Lock(args) => {
                 let code = run_locked::run(args).await?;
                 std::process::exit(code)

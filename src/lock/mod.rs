@@ -18,6 +18,7 @@ mod entry;
 mod error;
 mod etcd;
 mod events;
+mod fence;
 mod handoff;
 mod held;
 mod hold;
@@ -42,6 +43,7 @@ pub use changes::{Change, Changes, QueueEntry};
 pub use entry::{Entry, HolderInfo, Mode, PodRef, rfc3339};
 pub use error::{LockError, Unavailable};
 pub use etcd::Stats;
+pub use fence::FenceCheck;
 pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo};
 pub use names::{
     InvalidName, LockId, check_container, check_dns_subdomain, check_holder_id, unique_holder_id,

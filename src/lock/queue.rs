@@ -209,14 +209,63 @@ pub struct QueueState {
 /// Splits a queue range (sorted by create revision) into holders and waiters by
 /// [`protocol::held_count`].
 pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32) -> QueueState {
-    let entries: Vec<HolderInfo> = (kvs.iter())
-        .filter_map(|kv| Entry::decode(kv.value())?.holder(kv.create_revision()))
-        .collect();
-    let held = protocol::held_count(entries.iter().map(|e| e.mode), max_holders);
+    let entries = decode(kvs);
+    let held = protocol::held_count(entries.iter().map(|(e, _)| e.mode), max_holders);
     QueueState {
         waiters: kvs.len().saturating_sub(held),
-        holders: entries.into_iter().take(held).collect(),
+        holders: entries.into_iter().take(held).map(|(e, _)| e).collect(),
     }
+}
+
+/// The entries of a queue range as holders are shown, in its order, each with whether it
+/// records its grant (`acquiredAt` written, or handed the lock); keys that are not entries (or
+/// whose revision no token carries) left out, as [`split_queue`] leaves them.
+pub(super) fn decode(kvs: &[etcd_client::KeyValue]) -> Vec<(HolderInfo, bool)> {
+    (kvs.iter())
+        .filter_map(|kv| {
+            let entry = Entry::decode(kv.value())?;
+            let granted = entry.is_granted() || entry.handed;
+            Some((entry.holder(kv.create_revision())?, granted))
+        })
+        .collect()
+}
+
+/// A lock's settings and the head of its queue, read at one etcd revision.
+pub struct LockRead {
+    /// Its settings; `None` when etcd does not have them.
+    pub declared: Option<Declared>,
+    /// Its queue keys in queue order: the first `head` of them, or all.
+    pub queue: Vec<etcd_client::KeyValue>,
+    /// Whether more keys follow those read.
+    pub more: bool,
+    /// etcd's revision of the read.
+    pub revision: i64,
+}
+
+/// Reads `lock`'s settings and its queue (the first `head` keys; all when `None`) in one
+/// transaction: one etcd request, linearizable (etcd serves a read-only transaction after
+/// confirming its leadership, like a range), both at one revision.
+pub async fn read_lock(etcd: &Etcd, lock: &LockId, head: Option<u32>) -> Result<LockRead, LockError> {
+    let order = match head {
+        Some(n) => queue_order().with_limit(i64::from(n)),
+        None => queue_order(),
+    };
+    let resp = (etcd)
+        .txn(Txn::new().and_then([
+            TxnOp::get(lock.config_key(), None),
+            TxnOp::get(lock.queue_prefix(), Some(order)),
+        ]))
+        .await?;
+    let revision = resp.header().map_or(0, |h| h.revision());
+    let mut gets = etcd::gets(resp.op_responses());
+    let (config, mut queue) = (gets.next().expect("config"), gets.next().expect("queue"));
+    let declared = config.kvs().first().map(Declared::from_kv).transpose()?;
+    Ok(LockRead {
+        declared,
+        more: queue.more(),
+        queue: queue.take_kvs(),
+        revision,
+    })
 }
 
 /// Options to read a whole queue in order.

@@ -5,13 +5,13 @@
 //! what it returns is typed ([`QueueEntry`], [`Change`]): the key layout and etcd's own types
 //! stay inside the engine.
 
-use etcd_client::{GetOptions, KeyValue, Permission, Txn, TxnOp, WatchOptions};
+use etcd_client::{GetOptions, Permission, Txn, TxnOp, WatchOptions};
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use super::changes::{Changes, QueueEntry};
 use super::error::LockError;
-use super::etcd::{self, Etcd};
+use super::etcd::Etcd;
 use super::keys;
 use super::names::LockId;
 use super::queue::{self, QueueState, Ticket};
@@ -117,45 +117,23 @@ impl Store {
     /// many wait), read in one transaction with etcd's revision: the operator reads them on
     /// every reconciliation.
     pub async fn lock_state(&self, lock: &LockId, max_holders: u32) -> Result<LockState, LockError> {
-        let (declared, queue, revision) = self.read_lock(lock).await?;
+        let read = queue::read_lock(&self.0, lock, None).await?;
         Ok(LockState {
-            settings: declared.as_ref().map(|d| d.settings),
-            settings_revision: declared.map_or(0, |d| d.revision),
-            queue: queue::split_queue(&queue, max_holders),
-            revision,
+            settings: read.declared.as_ref().map(|d| d.settings),
+            settings_revision: read.declared.map_or(0, |d| d.revision),
+            queue: queue::split_queue(&read.queue, max_holders),
+            revision: read.revision,
         })
-    }
-
-    /// A lock's settings (`None` when undeclared), its whole queue in order, and etcd's
-    /// revision, in one read.
-    async fn read_lock(
-        &self,
-        lock: &LockId,
-    ) -> Result<(Option<settings::Declared>, Vec<KeyValue>, i64), LockError> {
-        let resp = (self.0)
-            .txn(Txn::new().and_then([
-                TxnOp::get(lock.config_key(), None),
-                TxnOp::get(lock.queue_prefix(), Some(queue::queue_order())),
-            ]))
-            .await?;
-        let revision = resp.header().map_or(0, |h| h.revision());
-        let mut gets = etcd::gets(resp.op_responses());
-        let (config, mut queue) = (gets.next().expect("config"), gets.next().expect("queue"));
-        let declared = config
-            .kvs()
-            .first()
-            .map(settings::Declared::from_kv)
-            .transpose()?;
-        Ok((declared, queue.take_kvs(), revision))
     }
 
     /// The entries that hold `lock` now, in queue order, by the queue's rule under its
     /// settings as etcd has them (none when it is not declared); one read.
     pub async fn holding(&self, lock: &LockId) -> Result<Vec<QueueEntry>, LockError> {
-        let (Some(declared), queue, _) = self.read_lock(lock).await? else {
+        let read = queue::read_lock(&self.0, lock, None).await?;
+        let Some(declared) = read.declared else {
             return Ok(vec![]);
         };
-        let entries: Vec<QueueEntry> = (queue.iter())
+        let entries: Vec<QueueEntry> = (read.queue.iter())
             .filter_map(QueueEntry::of)
             .filter(|e| e.entry.is_some())
             .collect();

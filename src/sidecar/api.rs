@@ -200,7 +200,7 @@ pub async fn not_found(uri: Uri) -> ApiError {
         StatusCode::NOT_FOUND,
         "not_found",
         format!(
-            "no endpoint at {}; see /v1/locks/{{name}}/acquire, release, heartbeat, events",
+            "no endpoint at {}; see /v1/locks/{{name}}/acquire, release, heartbeat, events, fence",
             uri.path()
         ),
     )

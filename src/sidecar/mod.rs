@@ -4,6 +4,7 @@ mod api;
 mod connection;
 mod error;
 mod events;
+mod fence;
 mod request;
 mod start;
 
@@ -78,6 +79,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/locks/{name}/release", post(api::release))
         .route("/v1/locks/{name}/heartbeat", post(api::heartbeat))
         .route("/v1/locks/{name}/events", get(events::events))
+        .route("/v1/locks/{name}/fence", get(fence::fence))
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(1024 * 1024))

@@ -19,6 +19,7 @@ mod etcd_rebuild;
 mod etcd_tls;
 mod examples;
 mod failure_modes;
+mod fence;
 mod force_release;
 mod holder_service;
 mod injection;

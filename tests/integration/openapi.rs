@@ -156,6 +156,18 @@ async fn the_server_answers_as_the_openapi_file_says() {
         ("get", "/v1/locks/{name}", "/v1/locks/nope".into(), Value::Null),
         ("get", "/v1/locks", "/v1/locks".into(), Value::Null),
         (
+            "get",
+            "/v1/locks/{name}/fence",
+            "/v1/locks/doc/fence?token=1".into(),
+            Value::Null,
+        ),
+        (
+            "get",
+            "/v1/locks/{name}/fence",
+            "/v1/locks/doc/fence?token=one".into(),
+            Value::Null,
+        ),
+        (
             "post",
             "/v1/locks/{name}/heartbeat",
             "/v1/locks/doc/heartbeat".into(),
@@ -197,6 +209,12 @@ async fn the_server_answers_as_the_openapi_file_says() {
         ("get", "/metrics", "/metrics".into(), Value::Null),
         ("stop-etcd", "", String::new(), Value::Null),
         ("get", "/readyz", "/readyz".into(), Value::Null),
+        (
+            "get",
+            "/v1/locks/{name}/fence",
+            "/v1/locks/doc/fence?token=1".into(),
+            Value::Null,
+        ),
         (
             "post",
             "/v1/locks/{name}/acquire",

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod fence;
 mod helm_test;
 mod holder_service;
 mod interrupt;
@@ -138,6 +139,7 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     isolation::a_namespace_cannot_touch_anothers_keys_nor_anyone_etcd_without_credentials(&node);
     network_policy::etcd_admits_only_this_releases_sidecars_and_the_operator(&node);
     holder_service::the_service_follows_the_holder(&node, &client).await;
+    fence::any_pod_checks_the_holders_token(&node);
     workload::pod_deletion_hands_the_lock_on(&node, &client).await;
     workload::app_crash_ends_the_hold(&node).await;
     lifecycle::helm_upgrade_reaches_new_pods(&node);

@@ -1,0 +1,168 @@
+//! The fence check: whether a fencing token is a current hold of a lock, and if not, which
+//! tokens are. Chubby gave resources the same question (`CheckSequencer`): a resource that keeps
+//! no "highest token seen" of its own can ask before it commits a holder's write.
+//!
+//! The answer comes from one etcd request: a read-only transaction of the lock's settings and
+//! the head of its queue, which etcd serves linearizably (after confirming its leadership,
+//! as it does a range). It is true *as of that read's revision*: the hold may end a moment
+//! later.
+//!
+//! A hold is current while its key is in place and it holds: by the queue's rule
+//! ([`protocol::held_count`]) under the settings read in the same transaction, as the operator
+//! and `GET /v1/locks/{name}` judge holders, or because its entry records its grant. The second
+//! keeps a hold current after `maxHolders` was lowered under it: a lowering binds new grants
+//! only, and the hold goes on until it ends. Grants follow the queue order, so either way the
+//! holders are the queue's first keys.
+//!
+//! [`protocol::held_count`]: super::protocol::held_count
+
+use serde::Serialize;
+
+use super::Engine;
+use super::entry::HolderInfo;
+use super::error::LockError;
+use super::names::LockId;
+use super::protocol;
+use super::queue::{self, LockRead};
+use super::settings::MAX_HOLDERS;
+
+/// Keys read beyond the lock's slots at the head of its queue: room for its first waiter and
+/// for shared holders past the slots (a reader-writer lock's readers). When every key read
+/// holds and more follow, the whole queue is read instead (a second request).
+const HEAD_SLACK: u32 = 8;
+
+/// The answer of a fence check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FenceCheck {
+    /// The lock (`lock` and `namespace` in JSON).
+    #[serde(flatten)]
+    pub lock: LockId,
+    /// The token asked about.
+    pub token: i64,
+    /// Whether `token` is one of `holders`' tokens.
+    pub current: bool,
+    /// The lock's holders at `revision`, in queue order (none when it is free or undeclared).
+    pub holders: Vec<HolderInfo>,
+    /// The etcd revision the answer was read at.
+    pub revision: i64,
+}
+
+impl Engine {
+    /// Whether `token` is a current hold of `lock`, from one linearizable etcd read (two when
+    /// more holders stand at the queue's head than the lock was last seen to have slots).
+    pub async fn fence(&self, lock: &LockId, token: i64) -> Result<FenceCheck, LockError> {
+        let head = self.slots_seen(lock).saturating_add(HEAD_SLACK);
+        let read = queue::read_lock(self.etcd(), lock, Some(head)).await?;
+        let (holders, revision) = match self.holders_in(&read) {
+            Some(holders) => (holders, read.revision),
+            None => {
+                let whole = queue::read_lock(self.etcd(), lock, None).await?;
+                let holders = self.holders_in(&whole).expect("a whole queue has every holder");
+                (holders, whole.revision)
+            }
+        };
+        Ok(FenceCheck {
+            lock: lock.clone(),
+            token,
+            current: holders.iter().any(|h| h.fencing_token == token),
+            holders,
+            revision,
+        })
+    }
+
+    /// The slots of `lock` as this sidecar last read its settings (1 if never): only how much
+    /// of the queue to read, the answer takes the settings read with it.
+    fn slots_seen(&self, lock: &LockId) -> u32 {
+        let cache = self.0.declared.lock().unwrap();
+        cache.get(lock).map_or(1, |d| d.settings.max_holders)
+    }
+
+    /// The holders in `read` under the settings read with it; `None` if the read may have
+    /// stopped among them. An undeclared lock has none, unless this sidecar serves undeclared
+    /// locks (`--standalone`): then the default settings apply, as to its acquires.
+    fn holders_in(&self, read: &LockRead) -> Option<Vec<HolderInfo>> {
+        let max_holders = match &read.declared {
+            Some(d) => d.settings.max_holders,
+            None if self.0.standalone => MAX_HOLDERS.default,
+            None => return Some(vec![]),
+        };
+        complete_head(queue::decode(&read.queue), read.more, max_holders)
+    }
+}
+
+/// The holders among the first entries of a queue (each with whether it records its grant),
+/// `more` if keys lie beyond them; `None` when every entry read holds and more follow (then the
+/// holders may go on past the read: read the whole queue). Holders that end inside the read
+/// end there in the whole queue too: neither the rule nor the grants look past them.
+fn complete_head(entries: Vec<(HolderInfo, bool)>, more: bool, max_holders: u32) -> Option<Vec<HolderInfo>> {
+    let by_rule = protocol::held_count(entries.iter().map(|(e, _)| e.mode), max_holders);
+    let recorded = entries.iter().take_while(|(_, granted)| *granted).count();
+    let held = by_rule.max(recorded);
+    if more && held == entries.len() {
+        return None;
+    }
+    Some(entries.into_iter().take(held).map(|(e, _)| e).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::Mode;
+
+    const X: Mode = Mode::Exclusive;
+    const S: Mode = Mode::Shared;
+
+    /// Entries of these modes and grant records, their tokens 1, 2, ... in queue order.
+    fn entries(spec: &[(Mode, bool)]) -> Vec<(HolderInfo, bool)> {
+        (spec.iter().zip(1..))
+            .map(|(&(mode, granted), token)| {
+                let holder = HolderInfo {
+                    holder_id: format!("h{token}"),
+                    pod: "p".into(),
+                    fencing_token: token,
+                    acquired_at: String::new(),
+                    mode,
+                };
+                (holder, granted)
+            })
+            .collect()
+    }
+
+    fn tokens(spec: &[(Mode, bool)], more: bool, max_holders: u32) -> Option<Vec<i64>> {
+        let head = complete_head(entries(spec), more, max_holders)?;
+        Some(head.iter().map(|e| e.fencing_token).collect())
+    }
+
+    #[test]
+    fn holders_that_end_inside_the_read_are_all_the_holders() {
+        // A mutex granted at once (its grant not recorded yet) and its first waiter.
+        assert_eq!(tokens(&[(X, false), (X, false)], true, 1), Some(vec![1]));
+        assert_eq!(
+            tokens(&[(X, true), (X, true), (X, false)], true, 2),
+            Some(vec![1, 2])
+        );
+        assert_eq!(
+            tokens(&[(S, true), (S, false), (X, false)], true, 1),
+            Some(vec![1, 2])
+        );
+        assert_eq!(tokens(&[], false, 1), Some(vec![]));
+        // The whole queue read: whatever holds is all there is.
+        assert_eq!(tokens(&[(S, true), (S, true)], false, 1), Some(vec![1, 2]));
+    }
+
+    #[test]
+    fn a_hold_granted_before_max_holders_was_lowered_stays_current() {
+        // maxHolders 2 -> 1 while two hold and one waits: both holds go on until they end.
+        let lowered = [(X, true), (X, true), (X, false)];
+        assert_eq!(tokens(&lowered, false, 1), Some(vec![1, 2]));
+    }
+
+    #[test]
+    fn a_read_that_may_stop_among_the_holders_is_no_answer() {
+        // Slots raised since last seen, or readers past the slots: the next key may hold too.
+        assert_eq!(tokens(&[(X, true), (X, false)], true, 3), None);
+        assert_eq!(tokens(&[(S, true), (S, true), (S, true)], true, 1), None);
+        assert_eq!(tokens(&[(X, true), (X, true)], true, 1), None);
+    }
+}
