@@ -145,6 +145,12 @@ fn status_patch() -> prometheus::Histogram {
         .unwrap()
 }
 
+/// A stage of the status lag (see `docs/operator.md`), from 10 ms to 10 s.
+fn status_stage(name: &str, help: &str) -> prometheus::Histogram {
+    let buckets = vec![0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0];
+    prometheus::Histogram::with_opts(HistogramOpts::new(name, help).buckets(buckets)).unwrap()
+}
+
 /// The hold metrics: handoffs, hold durations and the open holds' ages, each by lock.
 /// `podlock_acquire_wait_seconds{lock}`, with buckets fine enough between 1 s and 1 min for
 /// the dashboard's p50/p99 to mean something there.
@@ -230,6 +236,12 @@ pub struct OperatorMetrics {
     pub status_patch: prometheus::Histogram,
     /// `podlock_operator_status_writes_pending`: locks whose latest status waits to be written.
     pub status_writes_pending: IntGauge,
+    /// `podlock_operator_status_trigger_seconds`: from an etcd change of a lock to the start
+    /// of the reconciliation that reads it.
+    pub status_trigger: prometheus::Histogram,
+    /// `podlock_operator_status_wait_seconds`: from a lock's status first offered to the
+    /// start of its write.
+    pub status_wait: prometheus::Histogram,
     /// `podlock_lock_holders{namespace,lock}`.
     pub lock_holders: prometheus::IntGaugeVec,
     /// `podlock_lock_waiters{namespace,lock}`.
@@ -271,6 +283,20 @@ impl OperatorMetrics {
             status_writes_pending: gauge(
                 "podlock_operator_status_writes_pending",
                 "Locks whose latest status waits to be written (at most one write each)",
+            ),
+            status_trigger: registered(
+                &registry,
+                status_stage(
+                    "podlock_operator_status_trigger_seconds",
+                    "Time from an etcd change of a lock to the start of the reconciliation that reads it",
+                ),
+            ),
+            status_wait: registered(
+                &registry,
+                status_stage(
+                    "podlock_operator_status_wait_seconds",
+                    "Time a lock's latest status waited to be written, from first offered to its PATCH",
+                ),
             ),
             lock_holders: per_lock("podlock_lock_holders", "Holders of a lock"),
             lock_waiters: per_lock("podlock_lock_waiters", "Waiters of a lock"),

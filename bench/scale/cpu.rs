@@ -29,13 +29,18 @@ impl Cpu {
         Cpu { busy, total, kinds }
     }
 
-    /// What was used since `before`, in cores: "machine 1.80 of 2 busy: etcd 0.52, ...".
+    /// What was used since `before`, in cores: "machine 1.80 of 2 busy: etcd 0.52, ..., others
+    /// 0.10" (others: whatever else ran on the machine).
     pub fn since(&self, before: &Cpu, secs: f64) -> String {
         let cores = (self.total - before.total) / secs;
         let busy = (self.busy - before.busy) / secs;
-        let each: Vec<String> = (self.kinds.iter().zip(&before.kinds))
-            .map(|((name, now), (_, then))| format!("{name} {:.2}", (now - then) / secs))
+        let used: Vec<(&str, f64)> = (self.kinds.iter().zip(&before.kinds))
+            .map(|((name, now), (_, then))| (*name, (now - then) / secs))
             .collect();
+        let mut each: Vec<String> = used.iter().map(|(name, c)| format!("{name} {c:.2}")).collect();
+        // The rest of the busy time: processes outside the benchmark (other users' builds).
+        let others = busy - used.iter().map(|(_, c)| c).sum::<f64>();
+        each.push(format!("others {:.2}", others.max(0.0)));
         format!("machine {busy:.2} of {cores:.0} busy: {}", each.join(", "))
     }
 }

@@ -4,13 +4,14 @@
 
 use futures::StreamExt;
 use kube::Api;
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use podlock::crd::DistributedLock;
 use serde_json::json;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio::sync::oneshot;
 
 use crate::common::kube::ControlPlane;
 use crate::common::{Sidecar, wait_until};
@@ -19,11 +20,25 @@ use crate::fleet::lock;
 /// (namespace, lock, fencing token) of one grant.
 type GrantKey = (String, String, i64);
 
-/// When each grant was made (by the client) and first seen in status (by a watch).
+/// (namespace, lock).
+type LockKey = (String, String);
+
+/// When each grant was made (by the client), and when each lock's status first showed a
+/// holder of a higher fencing token than before (by a watch).
 #[derive(Default)]
 struct Seen {
     granted: HashMap<GrantKey, Instant>,
-    in_status: HashMap<GrantKey, Instant>,
+    shown: HashMap<LockKey, Vec<(Instant, i64)>>,
+}
+
+impl Seen {
+    /// When the status of the grant's lock first showed its holder or a later one (a lock's
+    /// tokens rise with each grant; a status written once for several grants shows the last).
+    fn in_status(&self, (ns, lock, token): &GrantKey) -> Option<Instant> {
+        let shown = self.shown.get(&(ns.clone(), lock.clone()))?;
+        let at = shown.partition_point(|(_, highest)| highest < token);
+        shown.get(at).map(|(when, _)| *when)
+    }
 }
 
 /// What the steady load measured.
@@ -32,7 +47,7 @@ pub struct Steady {
     pub grants: usize,
     /// Grant to status, for the grants that showed in status.
     pub lags: Vec<Duration>,
-    /// Grants that ended before their status showed them.
+    /// Grants whose status never showed them or a later holder.
     pub unseen: usize,
 }
 
@@ -47,7 +62,10 @@ pub async fn steady(
     window: Duration,
 ) -> Steady {
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let watch = tokio::spawn(watch_status(plane.client().await, seen.clone()));
+    let (listed, ready) = tokio::sync::oneshot::channel();
+    let watch = tokio::spawn(watch_status(plane.client().await, seen.clone(), listed));
+    // Grants made while the watch still lists every lock would be seen when the list ends.
+    ready.await.expect("the status watch lists every lock");
     let stop = Instant::now() + window;
     let tasks: Vec<_> = (0..clients)
         .map(|c| {
@@ -80,7 +98,7 @@ pub async fn steady(
     watch.abort();
     let seen = seen.lock().unwrap();
     let lags: Vec<Duration> = (seen.granted.iter())
-        .filter_map(|(k, at)| Some(seen.in_status.get(k)?.saturating_duration_since(*at)))
+        .filter_map(|(k, at)| Some(seen.in_status(k)?.saturating_duration_since(*at)))
         .collect();
     Steady {
         grants: seen.granted.len(),
@@ -89,21 +107,34 @@ pub async fn steady(
     }
 }
 
-/// Records when each holder first shows in a DistributedLock's status.
-async fn watch_status(client: kube::Client, seen: Arc<Mutex<Seen>>) {
+/// Records when each lock's status first shows a higher fencing token among its holders;
+/// `listed` once the watch has listed every lock.
+async fn watch_status(client: kube::Client, seen: Arc<Mutex<Seen>>, listed: oneshot::Sender<()>) {
     let api: Api<DistributedLock> = Api::all(client);
-    let mut events = watcher(api, watcher::Config::default()).applied_objects().boxed();
-    while let Some(Ok(dl)) = events.next().await {
-        let (ns, name) = (
+    let mut events = watcher(api, watcher::Config::default()).boxed();
+    let mut listed = Some(listed);
+    while let Some(Ok(event)) = events.next().await {
+        let dl = match event {
+            watcher::Event::Apply(dl) | watcher::Event::InitApply(dl) => dl,
+            watcher::Event::InitDone => {
+                listed.take().map(|l| l.send(()));
+                continue;
+            }
+            watcher::Event::Init | watcher::Event::Delete(_) => continue,
+        };
+        let now = Instant::now();
+        let key = (
             dl.metadata.namespace.unwrap_or_default(),
             dl.metadata.name.unwrap_or_default(),
         );
-        let now = Instant::now();
+        let holders = dl.status.map(|s| s.holders).unwrap_or_default();
+        let Some(highest) = holders.iter().map(|h| h.fencing_token).max() else {
+            continue;
+        };
         let mut seen = seen.lock().unwrap();
-        for h in dl.status.map(|s| s.holders).unwrap_or_default() {
-            seen.in_status
-                .entry((ns.clone(), name.clone(), h.fencing_token))
-                .or_insert(now);
+        let shown = seen.shown.entry(key).or_default();
+        if shown.last().is_none_or(|(_, before)| *before < highest) {
+            shown.push((now, highest));
         }
     }
 }

@@ -15,6 +15,7 @@ mod common;
 mod cpu;
 mod fleet;
 mod load;
+mod stages;
 
 use std::time::{Duration, Instant};
 
@@ -22,6 +23,7 @@ use common::kube::{Operator, with_crd};
 use common::{percentile, results, usage};
 use cpu::Cpu;
 use fleet::ApiWrites;
+use stages::{Histogram, STAGES};
 
 /// The operator's `podlock_reconcile_duration_seconds`: seconds spent reconciling, and how many
 /// reconciliations (failed ones too).
@@ -132,6 +134,7 @@ async fn steady(plane: &common::kube::ControlPlane, operator: &Operator, sizes: 
     let writes = ApiWrites::read(plane);
     let reconciles = operator.reconciles().await;
     let reconciling = operator.metric_values(RECONCILE_SECONDS).await;
+    let scraped = operator.metrics().await;
     let machine = Cpu::now(operator.pid());
     let started = Instant::now();
     let mut s = load::steady(plane, &sidecars, sizes.clients, sizes.hold, sizes.window).await;
@@ -141,6 +144,14 @@ async fn steady(plane: &common::kube::ControlPlane, operator: &Operator, sizes: 
     let reconciles = operator.reconciles().await - reconciles;
     let [seconds, count] = operator.metric_values(RECONCILE_SECONDS).await;
     let reconciling = [seconds - reconciling[0], count - reconciling[1]];
+    let (before, after) = (scraped, operator.metrics().await);
+    let stages: Vec<String> = (STAGES.iter())
+        .map(|name| {
+            Histogram::parse(&after, name)
+                .since(&Histogram::parse(&before, name))
+                .describe()
+        })
+        .collect();
     let busy_locks = (sizes.clients / 5) as f64;
     let (p50, p99) = match s.lags.is_empty() {
         true => (Duration::ZERO, Duration::ZERO),
@@ -185,6 +196,11 @@ async fn steady(plane: &common::kube::ControlPlane, operator: &Operator, sizes: 
                 1000.0 * reconciling[0] / reconciling[1].max(1.0),
                 reconciling[0] / secs
             ),
+            "",
+        ),
+        Row(
+            "operator: etcd change to its reconciliation; status offered to its PATCH".into(),
+            stages.join("; "),
             "",
         ),
         Row(

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use super::backoff::Backoff;
 use super::isolation::Isolation;
+use super::noticed::Noticed;
 use super::status_writer::StatusWriter;
 use crate::crd::DistributedLock;
 use crate::lock::{LockId, Store};
@@ -26,6 +27,8 @@ pub struct Context {
     pub backoff: Backoff,
     /// Per-namespace etcd credentials.
     pub isolation: Isolation,
+    /// When each lock's unread etcd change was noticed.
+    pub noticed: Arc<Noticed>,
     /// Writes each lock's status, latest state first.
     pub status: Arc<StatusWriter>,
 }

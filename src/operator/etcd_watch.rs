@@ -12,6 +12,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::warn;
 
+use super::noticed::Noticed;
 use super::verdict::{Binding, PodEntry};
 use crate::crd::DistributedLock;
 use crate::lock::{Change, LockError, LockId, QueueEntry, Store};
@@ -166,7 +167,12 @@ pub struct Feeds {
 
 /// Watches the settings and queues of `namespace` (all when `None`): returns the feeds and the
 /// future that fills them (it runs until dropped).
-pub fn watch(store: Store, namespace: Option<&str>) -> (Feeds, impl Future<Output = ()> + use<>) {
+/// Each change is marked in `noticed` (see [`Noticed`]).
+pub fn watch(
+    store: Store,
+    namespace: Option<&str>,
+    noticed: Arc<Noticed>,
+) -> (Feeds, impl Future<Output = ()> + use<>) {
     let namespace = namespace.map(str::to_string);
     let (changed, changed_rx) = mpsc::channel(1024);
     let (resync, resync_rx) = mpsc::channel(1);
@@ -181,6 +187,7 @@ pub fn watch(store: Store, namespace: Option<&str>) -> (Feeds, impl Future<Outpu
     let pump = async move {
         let out = Outputs {
             index: &index,
+            noticed: &noticed,
             changed: &changed,
             resync: &resync,
             pods: &pods,
@@ -202,6 +209,7 @@ pub fn watch(store: Store, namespace: Option<&str>) -> (Feeds, impl Future<Outpu
 /// Where [`follow`] puts what it learns.
 struct Outputs<'a> {
     index: &'a PodIndex,
+    noticed: &'a Noticed,
     changed: &'a mpsc::Sender<ObjectRef<DistributedLock>>,
     resync: &'a mpsc::Sender<()>,
     pods: &'a mpsc::Sender<PodKey>,
@@ -248,8 +256,10 @@ async fn follow(
                 continue;
             }
         };
+        let now = std::time::Instant::now();
         for change in batch {
             let lock = change.lock().clone();
+            out.noticed.mark(&lock, now);
             match change {
                 Change::Put(e) => {
                     if let Some(pod) = out.index.put(*e) {

@@ -15,6 +15,7 @@ pub mod isolation;
 mod leader;
 pub mod liveness;
 mod named_pods;
+mod noticed;
 mod owner;
 mod publish;
 mod readiness;
@@ -216,6 +217,7 @@ fn context(
         recorder: recorder.clone(),
         backoff: backoff::Backoff::default(),
         isolation: isolation::Isolation::new(args.etcd.has_credentials(), ca),
+        noticed: Arc::default(),
         status: Arc::new(status_writer::StatusWriter::new(
             metrics.clone(),
             client.clone(),
@@ -275,7 +277,7 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: D
     if let Err(e) = remove_orphans(&locks, &ctx.store, ns).await {
         warn!(error = %e, "could not clean up etcd keys of deleted locks; will retry when leading again");
     }
-    let (feeds, pump) = etcd_watch::watch(ctx.store.clone(), ns);
+    let (feeds, pump) = etcd_watch::watch(ctx.store.clone(), ns, ctx.noticed.clone());
     let liveness = liveness::run(
         ctx.client.clone(),
         ctx.store.clone(),

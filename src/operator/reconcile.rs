@@ -36,6 +36,10 @@ pub const LOCK_DELETED: &str = "lock_deleted";
 pub async fn reconcile(dl: Arc<DistributedLock>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = std::time::Instant::now();
     let id = lock_id(&dl);
+    if let Some(noticed) = ctx.noticed.take(&id) {
+        let waited = started.duration_since(noticed);
+        ctx.metrics.status_trigger.observe(waited.as_secs_f64());
+    }
     let ns = dl.namespace().unwrap_or_default();
     let api: Api<DistributedLock> = Api::namespaced(ctx.client.clone(), &ns);
     let result = finalizer(&api, FINALIZER, dl, |event| async {

@@ -113,9 +113,12 @@ impl StatusWriter {
     async fn work(&self) {
         loop {
             let offered = self.offered.notified();
-            let next = self.writes.lock().unwrap().take(Instant::now());
+            let now = Instant::now();
+            let next = self.writes.lock().unwrap().take(now);
             match next {
                 Ok((id, pending)) => {
+                    let waited = pending.waited(now).as_secs_f64();
+                    self.metrics.status_wait.observe(waited);
                     // Another writer may find one more due.
                     self.offered.notify_one();
                     self.write(&id, pending).await;

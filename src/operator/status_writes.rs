@@ -3,7 +3,8 @@
 //! and a lock that changed ten times while waiting is written once, as it is now). Slots whose
 //! holders changed are served before those that only count waiters, then the longest waiting
 //! first. Two writes of one lock are at least an interval apart that grows with the measured
-//! PATCH time, so that a slow API server gets fewer, newer patches instead of a backlog.
+//! PATCH time, so that a slow API server gets fewer, newer patches instead of a backlog;
+//! a new holder waits only for the lock's write under way, not for the interval.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use std::collections::HashMap;
@@ -42,7 +43,7 @@ pub struct Pending {
     pub object: ObjectReference,
     /// Its first holder differs from the one shown: a `HolderChanged` Event is due.
     pub first_changed: bool,
-    /// Its holders differ from those shown (served first).
+    /// Its holders (by token) differ from those shown (served first).
     holders_changed: bool,
     /// When the lock first had something to write since it was last written.
     since: Instant,
@@ -53,6 +54,8 @@ pub struct Pending {
 struct Shown {
     /// The fingerprint of the status written, unless the last write failed.
     fingerprint: Option<u64>,
+    /// The holders' tokens written or being written, unless a write failed.
+    holders: Option<Vec<i64>>,
     /// When its last write started.
     last: Option<Instant>,
     /// Not before this again (after a failed write).
@@ -108,12 +111,17 @@ impl Writes {
             return false;
         }
         let first = |s: &DistributedLockStatus| s.holders.first().map(|h| h.pod.clone());
+        // Against the holders last written: the cache lags the operator's own writes, and a
+        // waiter count offered just after a holder's write is not a holder change.
+        let holders_changed = match self.shown.get(id).and_then(|s| s.holders.as_ref()) {
+            Some(written) => *written != tokens(&status),
+            None => tokens(&status) != tokens(cached),
+        };
         let earlier = self.pending.remove(id);
         let pending = Pending {
             first_changed: first(&status) != first(cached)
                 || earlier.as_ref().is_some_and(|p| p.first_changed),
-            holders_changed: status.holders != cached.holders
-                || earlier.as_ref().is_some_and(|p| p.holders_changed),
+            holders_changed: holders_changed || earlier.as_ref().is_some_and(|p| p.holders_changed),
             since: earlier.map_or(now, |p| p.since),
             status,
             object,
@@ -150,6 +158,14 @@ impl Writes {
             if self.in_flight.contains_key(id) {
                 continue;
             }
+            // A new holder is written as soon as the lock's last write has landed: the
+            // interval would add to the status lag it is measured by. Other changes wait for
+            // it, and a backlog (the line, behind older changes) paces every lock alike.
+            let interval = if p.holders_changed {
+                Duration::ZERO
+            } else {
+                interval
+            };
             let ready_at = self.shown.get(id).map_or(now, |s| s.ready_at(interval, now));
             if ready_at > now {
                 wake = Some(wake.map_or(ready_at, |w| w.min(ready_at)));
@@ -163,12 +179,19 @@ impl Writes {
         let Some((id, _)) = best else { return Err(wake) };
         let id = id.clone();
         let mut p = self.pending.remove(&id).expect("picked from the slots");
-        let shown = self.shown.entry(id.clone()).or_default();
-        p.status.fencing_epoch = p.status.fencing_epoch.max(shown.epoch);
-        p.status.fencing_token = p.status.fencing_token.max(shown.token);
-        shown.last = Some(now);
-        self.in_flight.insert(id.clone(), fingerprint(&p.status));
+        self.start(&id, &mut p.status, now);
         Ok((id, p))
+    }
+
+    /// Marks the write of `status` to `id` under way, its fencing fields raised to those
+    /// already written.
+    fn start(&mut self, id: &LockId, status: &mut DistributedLockStatus, now: Instant) {
+        let shown = self.shown.entry(id.clone()).or_default();
+        status.fencing_epoch = status.fencing_epoch.max(shown.epoch);
+        status.fencing_token = status.fencing_token.max(shown.token);
+        shown.last = Some(now);
+        shown.holders = Some(tokens(status));
+        self.in_flight.insert(id.clone(), fingerprint(status));
     }
 
     /// Starts a write of `status` outside the slots (one that must land before the
@@ -177,11 +200,7 @@ impl Writes {
         if self.in_flight.contains_key(id) {
             return false;
         }
-        let shown = self.shown.entry(id.clone()).or_default();
-        status.fencing_epoch = status.fencing_epoch.max(shown.epoch);
-        status.fencing_token = status.fencing_token.max(shown.token);
-        shown.last = Some(now);
-        self.in_flight.insert(id.clone(), fingerprint(status));
+        self.start(id, status, now);
         true
     }
 
@@ -209,6 +228,7 @@ impl Writes {
             Outcome::Failed(after) => {
                 let shown = self.shown.entry(id.clone()).or_default();
                 shown.fingerprint = None;
+                shown.holders = None;
                 shown.retry_at = Some(now + after);
                 if let Some(p) = retry {
                     self.pending.entry(id.clone()).or_insert(p);
@@ -237,9 +257,20 @@ impl Shown {
 }
 
 impl Pending {
+    /// How long it has waited at `now`, since first offered.
+    pub fn waited(&self, now: Instant) -> Duration {
+        now.saturating_duration_since(self.since)
+    }
+
     fn urgent(&self, now: Instant) -> bool {
         self.holders_changed || now.duration_since(self.since) >= STARVED
     }
+}
+
+/// Who holds, by fencing token: a new holder is a change served first; a holder's
+/// `acquiredAt` recorded a moment after its grant is not.
+fn tokens(status: &DistributedLockStatus) -> Vec<i64> {
+    status.holders.iter().map(|h| h.fencing_token).collect()
 }
 
 /// A hash of a status, to tell whether the one shown is already the latest.

@@ -11,7 +11,8 @@ fn held(holder: &str, waiters: u32) -> DistributedLockStatus {
         holders: vec![Holder {
             holder_id: holder.into(),
             pod: format!("pod-{holder}"),
-            fencing_token: 1,
+            // One token per holder: each is another grant.
+            fencing_token: holder.bytes().map(i64::from).sum(),
             acquired_at: "2026-01-01T00:00:00Z".into(),
             mode: "exclusive".into(),
         }],
@@ -106,13 +107,13 @@ fn holder_changes_go_before_waiter_counts_until_those_starve() {
 }
 
 #[test]
-fn a_lock_is_written_again_only_after_its_interval() {
+fn a_lock_is_written_again_only_after_its_interval_unless_its_holder_changed() {
     let (mut w, t0) = (Writes::default(), Instant::now());
     let cached = held("a", 0);
     offer(&mut w, "l", &cached, held("b", 0), t0);
     let (_, p) = w.take(t0).unwrap();
     assert!(
-        offer(&mut w, "l", &cached, held("c", 0), t0),
+        offer(&mut w, "l", &cached, held("b", 2), t0),
         "a change while writing is kept"
     );
     assert!(w.take(t0).is_err(), "one write of a lock at a time");
@@ -121,6 +122,13 @@ fn a_lock_is_written_again_only_after_its_interval() {
     // 100 ms PATCHes: 400 ms between two writes of the lock, counted from the last start.
     assert_eq!(w.take(t0 + took), Err(Some(t0 + interval(took))));
     let (_, p) = w.take(t0 + interval(took)).unwrap();
+    assert_eq!(p.status.waiters, 2);
+    // A new holder goes as soon as the write under way has landed.
+    let t1 = t0 + interval(took);
+    offer(&mut w, "l", &cached, held("c", 1), t1);
+    assert!(w.take(t1).is_err(), "one write of a lock at a time");
+    written(&mut w, "l", &p.status, took, t1 + took);
+    let (_, p) = w.take(t1 + took).unwrap();
     assert_eq!(p.status.holders[0].holder_id, "c");
 }
 
@@ -192,4 +200,57 @@ fn a_fencing_epoch_written_is_never_taken_back() {
         (p.status.holders[0].holder_id.as_str(), p.status.fencing_epoch),
         ("b", Some(2))
     );
+}
+
+#[test]
+fn a_waiter_count_after_a_holders_write_is_not_a_holder_change_though_the_cache_lags() {
+    let (mut w, t0) = (Writes::default(), Instant::now());
+    let cached = held("a", 0);
+    offer(&mut w, "l", &cached, held("b", 0), t0);
+    let (_, p) = w.take(t0).unwrap();
+    // The releaser queues again while b's write is under way; the cache still shows a.
+    offer(&mut w, "l", &cached, held("b", 1), t0 + Duration::from_millis(1));
+    offer(&mut w, "m", &cached, held("c", 0), t0 + Duration::from_millis(2));
+    written(
+        &mut w,
+        "l",
+        &p.status,
+        Duration::ZERO,
+        t0 + Duration::from_millis(3),
+    );
+    let (first, _) = w.take(t0 + Duration::from_secs(1)).unwrap();
+    assert_eq!(first, id("m"), "the holder change goes first");
+}
+
+#[test]
+fn after_a_failed_write_holders_are_compared_with_the_cache() {
+    let (mut w, t0) = (Writes::default(), Instant::now());
+    let cached = held("a", 0);
+    offer(&mut w, "l", &cached, held("b", 0), t0);
+    let (_, p) = w.take(t0).unwrap();
+    let ended = Ended {
+        took: Duration::ZERO,
+        now: t0,
+        retry: None,
+    };
+    w.done(&id("l"), &p.status, Outcome::Failed(Duration::ZERO), ended);
+    offer(&mut w, "m", &cached, held("a", 4), t0);
+    offer(&mut w, "l", &cached, held("b", 1), t0 + Duration::from_millis(1));
+    let (first, _) = w.take(t0 + Duration::from_secs(1)).unwrap();
+    assert_eq!(first, id("l"), "b may not be shown: still a holder change");
+}
+
+#[test]
+fn a_holders_acquired_at_recorded_after_its_write_is_not_a_holder_change() {
+    let (mut w, t0) = (Writes::default(), Instant::now());
+    let cached = held("a", 0);
+    offer(&mut w, "l", &cached, held("b", 0), t0);
+    let (_, p) = w.take(t0).unwrap();
+    written(&mut w, "l", &p.status, Duration::ZERO, t0);
+    let mut marked = held("b", 0);
+    marked.holders[0].acquired_at = "2026-01-01T00:00:00.030Z".into();
+    offer(&mut w, "l", &cached, marked, t0 + Duration::from_millis(30));
+    offer(&mut w, "m", &cached, held("c", 0), t0 + Duration::from_millis(40));
+    let (first, _) = w.take(t0 + Duration::from_secs(1)).unwrap();
+    assert_eq!(first, id("m"), "the new holder goes first");
 }

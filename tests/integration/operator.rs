@@ -204,6 +204,13 @@ async fn status_follows_etcd_within_a_second() {
     ] {
         assert!(metrics.contains(m), "operator metrics lack {m}:\n{metrics}");
     }
+    // The operator's part of each lag, stage by stage, was observed.
+    let stages = [
+        "podlock_operator_status_trigger_seconds_count",
+        "podlock_operator_status_wait_seconds_count",
+    ];
+    let observed = _op.metric_values(stages).await;
+    assert!(observed.iter().all(|n| *n > 0.0), "{stages:?}: {observed:?}");
     for lag in &lags {
         assert!(*lag < Duration::from_secs(1), "status lagged {lag:?}");
     }
