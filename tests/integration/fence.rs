@@ -89,14 +89,21 @@ async fn a_token_is_current_while_held_and_names_the_next_holder_after() {
     );
 }
 
-#[tokio::test]
-async fn every_holder_of_a_semaphore_is_current_and_a_release_ends_only_its_own() {
+/// A semaphore `pool` of 2 slots held by `a` and `b` of one sidecar, and `c` waiting (up to
+/// 10 s) for a slot: the etcd, the sidecar, the holders' tokens and the waiter's.
+async fn two_holders_and_a_waiter() -> (EtcdServer, Arc<Sidecar>, [i64; 2], tokio::task::JoinHandle<i64>) {
     let etcd = EtcdServer::start().await;
     declare(&etcd.endpoint, &["pool", "--max-holders", "2"]);
     let s = Arc::new(Sidecar::start(&etcd.endpoint, "pod-a", &[]).await);
     let a = s.must_acquire("pool", json!({"holderId": "a"})).await;
     let b = s.must_acquire("pool", json!({"holderId": "b"})).await;
     let c = later(&s, "pool", json!({"holderId": "c", "waitSeconds": 10}));
+    (etcd, s, [a, b], c)
+}
+
+#[tokio::test]
+async fn every_holder_of_a_semaphore_is_current_and_a_release_ends_only_its_own() {
+    let (_etcd, s, [a, b], c) = two_holders_and_a_waiter().await;
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     for token in [a, b] {
         let answer = fence(&s, "pool", token).await;
@@ -114,12 +121,7 @@ async fn every_holder_of_a_semaphore_is_current_and_a_release_ends_only_its_own(
 /// `maxHolders` lowered binds new grants only: a hold granted before goes on, and stays current.
 #[tokio::test]
 async fn a_hold_granted_before_max_holders_was_lowered_stays_current() {
-    let etcd = EtcdServer::start().await;
-    declare(&etcd.endpoint, &["pool", "--max-holders", "2"]);
-    let s = Arc::new(Sidecar::start(&etcd.endpoint, "pod-a", &[]).await);
-    let a = s.must_acquire("pool", json!({"holderId": "a"})).await;
-    let b = s.must_acquire("pool", json!({"holderId": "b"})).await;
-    let c = later(&s, "pool", json!({"holderId": "c", "waitSeconds": 10}));
+    let (etcd, s, [a, b], c) = two_holders_and_a_waiter().await;
     declare(&etcd.endpoint, &["pool", "--max-holders", "1"]);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let answer = fence(&s, "pool", b).await;
