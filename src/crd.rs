@@ -242,6 +242,9 @@ pub struct Holder {
     pub holder_id: String,
     /// The holder's pod.
     pub pod: String,
+    /// The holder's pod's cluster, when several clusters share the lock (absent: the only one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// The hold's fencing token.
     pub fencing_token: i64,
     /// When the hold began (RFC 3339).
@@ -260,6 +263,7 @@ impl From<HolderInfo> for Holder {
         Holder {
             holder_id: h.holder_id,
             pod: h.pod,
+            cluster: h.cluster,
             fencing_token: h.fencing_token,
             acquired_at: h.acquired_at,
             mode: h.mode.as_str().into(),

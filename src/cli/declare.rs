@@ -98,7 +98,10 @@ async fn publish(
         let s = Settings { epoch, ..spec };
         let renew = epoch != kept;
         // Written even if unchanged, as before epochs: a new mod revision, which waiters follow.
-        if let Some(ended) = store.publish(lock, &s, state.settings_revision, renew).await? {
+        if let Some(ended) = store
+            .publish(lock, &s, "", state.settings_revision, renew)
+            .await?
+        {
             return Ok((s, renew.then_some(ended)));
         }
     }

@@ -18,6 +18,11 @@ pub struct PodRef {
     /// The pod's uid (empty outside Kubernetes).
     #[serde(default)]
     pub uid: String,
+    /// The cluster the pod runs in, when several clusters share the lock etcd (the operator's
+    /// `--cluster-name`, injected as `PODLOCK_CLUSTER`); empty: the only one. Only that
+    /// cluster's operator judges the pod.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cluster: String,
 }
 
 /// How a hold shares its lock (a lock with `maxHolders` 1: a reader-writer lock).
@@ -115,6 +120,7 @@ impl Entry {
             acquired_at: self.acquired_at.unwrap_or(self.requested_at),
             holder_id: self.holder_id,
             pod: self.pod.name,
+            cluster: Some(self.pod.cluster).filter(|c| !c.is_empty()),
             mode: self.mode,
         })
     }
@@ -128,6 +134,9 @@ pub struct HolderInfo {
     pub holder_id: String,
     /// The holder's pod name.
     pub pod: String,
+    /// The holder's cluster, when several clusters share the lock (absent: the only one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
     /// The holder's fencing token (its epoch and the create revision of its queue key).
     pub fencing_token: i64,
     /// When the hold began (RFC 3339).

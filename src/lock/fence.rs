@@ -120,6 +120,7 @@ mod tests {
                 let holder = HolderInfo {
                     holder_id: format!("h{token}"),
                     pod: "p".into(),
+                    cluster: None,
                     fencing_token: token,
                     acquired_at: String::new(),
                     mode,

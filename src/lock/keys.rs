@@ -6,6 +6,7 @@
 //! /podlock/v1/credentials/{namespace}                       the namespace's etcd password
 //! /podlock/v1/config/{namespace}/.released/{lock}/{lease:016x}/{holder}
 //!                                                           why the operator ended that hold
+//! /podlock/v1/declared/{namespace}/{lock}/{cluster}          a named cluster declares the lock
 //! ```
 //!
 //! Settings and queues live under separate prefixes so that a role can be granted read-only
@@ -25,6 +26,11 @@ impl LockId {
     /// The prefix under which contenders queue.
     pub(super) fn queue_prefix(&self) -> String {
         format!("{ROOT}/queue/{}/{}/", self.namespace, self.name)
+    }
+
+    /// The prefix of the clusters' declarations of this lock (see `shared`).
+    pub(super) fn declared_prefix(&self) -> String {
+        format!("{ROOT}/declared/{}/{}/", self.namespace, self.name)
     }
 
     /// The queue key of one holder id under one lease.

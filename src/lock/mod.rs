@@ -33,6 +33,7 @@ mod registry;
 mod released;
 mod session;
 mod settings;
+mod shared;
 mod store;
 mod sweep;
 mod token;
@@ -46,10 +47,12 @@ pub use etcd::Stats;
 pub use fence::FenceCheck;
 pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo};
 pub use names::{
-    InvalidName, LockId, check_container, check_dns_subdomain, check_holder_id, unique_holder_id,
+    InvalidName, LockId, check_container, check_dns_subdomain, check_holder_id, cluster_name,
+    unique_holder_id,
 };
 pub use queue::QueueState;
 pub use settings::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
+pub use shared::{Withdrawn, may_publish};
 pub use store::{LockState, Revoked, RoundTripError, Store};
 pub use token::{MAX_EPOCH, REVISION_LIMIT, Token, TokenError, next_epoch};
 

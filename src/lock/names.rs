@@ -86,6 +86,18 @@ pub fn check_container(value: &str) -> Result<(), InvalidName> {
     )))
 }
 
+/// Parses a cluster name (`--cluster-name`, `PODLOCK_CLUSTER`): empty (the only cluster), or a
+/// DNS-1123 label, as the status and the logs show it.
+pub fn cluster_name(value: &str) -> Result<String, InvalidName> {
+    if value.is_empty() || LABEL.allows(value) {
+        return Ok(value.to_string());
+    }
+    Err(InvalidName(format!(
+        "cluster name {value:?} is not a DNS-1123 label: use 1 to 63 lower-case letters, \
+         digits or '-', starting and ending with a letter or digit"
+    )))
+}
+
 /// Whether `c` may appear in a holder id.
 fn holder_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')

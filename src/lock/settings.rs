@@ -169,7 +169,8 @@ pub async fn read(etcd: &Etcd, lock: &LockId) -> Result<Option<Declared>, LockEr
     resp.kvs().first().map(Declared::from_kv).transpose()
 }
 
-/// Writes a lock's settings if the config key still has mod revision `over` (0: absent);
+/// Writes a lock's settings, published by `cluster` (see [`shared`](super::shared)), if the
+/// config key still has mod revision `over` (0: absent);
 /// `renew` also removes its queue in the same transaction (a new epoch: no key enqueued under
 /// the old one may be granted under it). Returns the number of queue keys removed, or `None`
 /// if the settings changed since `over` was read.
@@ -177,11 +178,12 @@ pub async fn publish(
     etcd: &Etcd,
     lock: &LockId,
     settings: &Settings,
+    cluster: &str,
     over: i64,
     renew: bool,
 ) -> Result<Option<i64>, LockError> {
     settings.validate()?;
-    let value = serde_json::to_vec(settings).expect("settings serialize");
+    let value = super::shared::encode(settings, cluster);
     let config = lock.config_key();
     let mut ops = vec![TxnOp::put(config.as_str(), value, None)];
     if renew {

@@ -1,5 +1,5 @@
 //! The narrow interface through which the operator and `podlock declare` use podlock's data in
-//! etcd, without the sidecar's engine: publish and undeclare a lock, read its settings and its
+//! etcd, without the sidecar's engine: publish, withdraw and undeclare a lock, read its settings and its
 //! queue, list and watch what is there, end an entry, revoke a dead pod's lease, and give a
 //! namespace its etcd role. Every request goes through the engine's hedged, counted client;
 //! what it returns is typed ([`QueueEntry`], [`Change`]): the key layout and etcd's own types
@@ -17,6 +17,7 @@ use super::names::LockId;
 use super::queue::{self, QueueState, Ticket};
 use super::released;
 use super::settings::{self, Settings};
+use super::shared::{self, Withdrawn};
 
 /// podlock's data in etcd, for the operator and `podlock declare`. Cheap to clone.
 #[derive(Clone)]
@@ -27,6 +28,8 @@ pub struct Store(Etcd);
 pub struct LockState {
     /// Its settings; `None` when etcd does not have them.
     pub settings: Option<Settings>,
+    /// The cluster that published them (empty: unowned, or a single cluster's).
+    pub publisher: String,
     /// The settings' mod revision (0: none), which [`Store::publish`] is guarded by.
     pub settings_revision: i64,
     /// Its holders, and how many wait.
@@ -93,7 +96,8 @@ impl Store {
         written.and(revoked).map(|_| ())
     }
 
-    /// Writes a lock's settings if etcd still has the ones of mod revision `over` (0: none);
+    /// Writes a lock's settings, published by `cluster` (empty: unnamed), if etcd still has the
+    /// ones of mod revision `over` (0: none);
     /// `renew` (a new token epoch) also removes the lock's queue in the same transaction, so
     /// that no key enqueued under the old epoch is granted under it: its holders see `lost`.
     /// Returns how many queue keys it removed, or `None` if the settings changed meanwhile
@@ -102,10 +106,24 @@ impl Store {
         &self,
         lock: &LockId,
         s: &Settings,
+        cluster: &str,
         over: i64,
         renew: bool,
     ) -> Result<Option<i64>, LockError> {
-        settings::publish(&self.0, lock, s, over, renew).await
+        settings::publish(&self.0, lock, s, cluster, over, renew).await
+    }
+
+    /// Records that the named `cluster` declares `lock` (nothing when unnamed), so that no other
+    /// cluster's withdrawal removes the lock from under it (see `shared`).
+    pub async fn declare_in(&self, lock: &LockId, cluster: &str) -> Result<(), LockError> {
+        shared::declare(&self.0, lock, cluster).await
+    }
+
+    /// Withdraws `cluster` from a lock several clusters may share: ends its own pods' keys and
+    /// removes the lock only when no other cluster's pod queues on it (see `shared`). `None`:
+    /// the lock kept changing meanwhile.
+    pub async fn withdraw(&self, lock: &LockId, cluster: &str) -> Result<Option<Withdrawn>, LockError> {
+        shared::withdraw(&self.0, lock, cluster).await
     }
 
     /// Removes a lock: its settings and every queue key. Returns how many keys it ended.
@@ -120,6 +138,7 @@ impl Store {
         let read = queue::read_lock(&self.0, lock, None).await?;
         Ok(LockState {
             settings: read.declared.as_ref().map(|d| d.settings),
+            publisher: (read.declared.as_ref()).map_or(String::new(), |d| shared::publisher(&d.value)),
             settings_revision: read.declared.map_or(0, |d| d.revision),
             queue: queue::split_queue(&read.queue, max_holders),
             revision: read.revision,

@@ -31,6 +31,9 @@ pub struct Context {
     pub noticed: Arc<Noticed>,
     /// Writes each lock's status, latest state first.
     pub status: Arc<StatusWriter>,
+    /// This cluster's name (`--cluster-name`; empty: the only one): the operator ends only
+    /// the holds of its pods.
+    pub cluster: String,
 }
 
 /// The lock a DistributedLock declares.

@@ -28,6 +28,8 @@ pub enum Parsed {
     Entry(PodKey, PodEntry),
     /// Not bound to a pod (no uid: a sidecar outside Kubernetes), or not an entry.
     Unbound,
+    /// An entry of a pod of another cluster sharing the lock etcd: its own operator judges it.
+    OtherCluster,
     /// The value names a pod of another namespace than the key's: whoever wrote it could write
     /// only under the key's namespace, so it claims what it cannot own.
     Foreign {
@@ -40,9 +42,11 @@ pub enum Parsed {
     },
 }
 
-/// Reads a queue entry. The namespace comes from its key, which etcd's per-namespace roles
-/// confine; the value is whatever its writer chose.
-pub fn parse(queued: QueueEntry) -> Parsed {
+/// Reads a queue entry for the operator of `cluster`. The namespace comes from its key, which
+/// etcd's per-namespace roles confine; the value is whatever its writer chose (a pod that
+/// names another cluster than its own only forgoes its own operator's judgment: its lease still
+/// ends its holds).
+pub fn parse(queued: QueueEntry, cluster: &str) -> Parsed {
     let QueueEntry {
         lock,
         key,
@@ -55,6 +59,9 @@ pub fn parse(queued: QueueEntry) -> Parsed {
     };
     if entry.pod.uid.is_empty() {
         return Parsed::Unbound;
+    }
+    if entry.pod.cluster != cluster {
+        return Parsed::OtherCluster;
     }
     if entry.pod.namespace != lock.namespace {
         return Parsed::Foreign {
@@ -81,11 +88,15 @@ pub fn parse(queued: QueueEntry) -> Parsed {
     Parsed::Entry(pod, e)
 }
 
-/// Queue entries by pod.
-#[derive(Default)]
-pub struct PodIndex(Mutex<HashMap<PodKey, BTreeMap<String, PodEntry>>>);
+/// Queue entries by pod, of the pods of one cluster.
+pub struct PodIndex(Mutex<HashMap<PodKey, BTreeMap<String, PodEntry>>>, String);
 
 impl PodIndex {
+    /// An empty index of the entries of `cluster`'s pods.
+    pub fn new(cluster: &str) -> Self {
+        PodIndex(Mutex::default(), cluster.to_string())
+    }
+
     /// The entries of one pod.
     pub fn entries_of(&self, pod: &PodKey) -> Vec<PodEntry> {
         self.0
@@ -107,12 +118,13 @@ impl PodIndex {
 
     /// Records a queue key-value bound to a pod; returns its pod. Entries without a pod uid
     /// (sidecars outside Kubernetes) are not bound to any pod and are left out, and so are
-    /// entries whose value names another namespace than their key (logged).
+    /// the entries of other clusters' pods and entries whose value names another namespace
+    /// than their key (logged).
     fn put(&self, queued: QueueEntry) -> Option<PodKey> {
         let key = queued.key.clone();
-        let (pod, mut e) = match parse(queued) {
+        let (pod, mut e) = match parse(queued, &self.1) {
             Parsed::Entry(pod, e) => (pod, e),
-            Parsed::Unbound => return None,
+            Parsed::Unbound | Parsed::OtherCluster => return None,
             Parsed::Foreign {
                 lock,
                 holder,
@@ -166,18 +178,19 @@ pub struct Feeds {
 }
 
 /// Watches the settings and queues of `namespace` (all when `None`): returns the feeds and the
-/// future that fills them (it runs until dropped).
+/// future that fills them (it runs until dropped). The pod index has the pods of `cluster`.
 /// Each change is marked in `noticed` (see [`Noticed`]).
 pub fn watch(
     store: Store,
     namespace: Option<&str>,
     noticed: Arc<Noticed>,
+    cluster: &str,
 ) -> (Feeds, impl Future<Output = ()> + use<>) {
     let namespace = namespace.map(str::to_string);
     let (changed, changed_rx) = mpsc::channel(1024);
     let (resync, resync_rx) = mpsc::channel(1);
     let (pods, pods_rx) = mpsc::channel(1024);
-    let index = Arc::new(PodIndex::default());
+    let index = Arc::new(PodIndex::new(cluster));
     let feeds = Feeds {
         changed: ReceiverStream::new(changed_rx),
         resync: ReceiverStream::new(resync_rx),
@@ -294,7 +307,7 @@ mod tests {
             lease: 255,
             entry: Entry::decode(value),
         };
-        match parse(queued(value("x").as_bytes())) {
+        match parse(queued(value("x").as_bytes()), "") {
             Parsed::Entry(pod, e) => {
                 assert_eq!(pod, ("x".to_string(), "p".to_string()));
                 assert_eq!(
@@ -304,10 +317,35 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        match parse(queued(value("y").as_bytes())) {
+        match parse(queued(value("y").as_bytes()), "") {
             Parsed::Foreign { claimed, .. } => assert_eq!(claimed, "y"),
             other => panic!("a value naming another namespace was trusted: {other:?}"),
         }
-        assert!(matches!(parse(queued(b"not json")), Parsed::Unbound));
+        assert!(matches!(parse(queued(b"not json"), ""), Parsed::Unbound));
+    }
+
+    #[test]
+    fn an_operator_judges_only_its_own_clusters_pods() {
+        let value = |cluster: &str| {
+            serde_json::json!({"holderId": "h",
+                "pod": {"namespace": "x", "name": "p", "uid": "u", "cluster": cluster},
+                "requestedAt": "2026-01-01T00:00:00.250Z", "ttlSeconds": 15,
+                "heartbeatTimeoutSeconds": 0})
+            .to_string()
+        };
+        let queued = |cluster: &str| QueueEntry {
+            lock: LockId::new("x", "l").unwrap(),
+            key: "/podlock/v1/queue/x/l/00ff/h".into(),
+            revision: 7,
+            lease: 255,
+            entry: Entry::decode(value(cluster).as_bytes()),
+        };
+        assert!(matches!(parse(queued("east"), "east"), Parsed::Entry(..)));
+        assert!(matches!(parse(queued("west"), "east"), Parsed::OtherCluster));
+        assert!(matches!(parse(queued(""), "east"), Parsed::OtherCluster));
+        assert!(matches!(parse(queued("west"), ""), Parsed::OtherCluster));
+        let index = PodIndex::new("east");
+        assert_eq!(index.put(queued("west")), None);
+        assert_eq!(index.put(queued("east")), Some(("x".into(), "p".into())));
     }
 }

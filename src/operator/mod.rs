@@ -79,6 +79,10 @@ pub struct OperatorArgs {
     /// `--etcd-user` must name): for an etcd podlock runs itself, like the chart's bundled one.
     #[arg(long, env = "PODLOCK_ETCD_ENABLE_AUTH")]
     pub etcd_enable_auth: bool,
+    /// This cluster's name, when several clusters share the lock etcd (docs/operator.md):
+    /// recorded with every hold of its pods; the operator ends only its own cluster's holds.
+    #[arg(long, env = "PODLOCK_CLUSTER_NAME", default_value = "", value_parser = crate::lock::cluster_name)]
+    pub cluster_name: String,
     #[command(flatten)]
     pub leader: leader::LeaderArgs,
     #[command(flatten)]
@@ -218,6 +222,7 @@ fn context(
         backoff: backoff::Backoff::default(),
         isolation: isolation::Isolation::new(args.etcd.has_credentials(), ca),
         noticed: Arc::default(),
+        cluster: args.cluster_name.clone(),
         status: Arc::new(status_writer::StatusWriter::new(
             metrics.clone(),
             client.clone(),
@@ -262,6 +267,7 @@ fn sidecar_template(args: &OperatorArgs, ctx: &Context) -> inject::SidecarTempla
         etcd_endpoints: endpoints.unwrap_or_else(|| args.etcd.etcd_endpoints.join(",")),
         credentials_secret: ctx.isolation.enabled().then(|| isolation::SECRET.to_string()),
         etcd_ca: ctx.isolation.has_ca(),
+        cluster: ctx.cluster.clone(),
     }
 }
 
@@ -274,10 +280,10 @@ const RECONCILE_CONCURRENCY: u16 = 16;
 async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: Duration) {
     let ns = namespace.as_deref();
     let locks: Api<DistributedLock> = scoped(&ctx.client, ns);
-    if let Err(e) = remove_orphans(&locks, &ctx.store, ns).await {
+    if let Err(e) = remove_orphans(&locks, &ctx.store, ns, &ctx.cluster).await {
         warn!(error = %e, "could not clean up etcd keys of deleted locks; will retry when leading again");
     }
-    let (feeds, pump) = etcd_watch::watch(ctx.store.clone(), ns, ctx.noticed.clone());
+    let (feeds, pump) = etcd_watch::watch(ctx.store.clone(), ns, ctx.noticed.clone(), &ctx.cluster);
     let liveness = liveness::run(
         ctx.client.clone(),
         ctx.store.clone(),
@@ -350,9 +356,15 @@ async fn shutdown_signal() {
     }
 }
 
-/// Deletes the etcd keys of locks whose DistributedLock no longer exists (deleted while the
-/// operator was down).
-async fn remove_orphans(locks: &Api<DistributedLock>, store: &Store, ns: Option<&str>) -> anyhow::Result<()> {
+/// Withdraws this cluster from the locks whose DistributedLock no longer exists (deleted while
+/// the operator was down): ends its own pods' keys there, and removes the locks no other
+/// cluster's pod queues on (see `Store::withdraw`).
+async fn remove_orphans(
+    locks: &Api<DistributedLock>,
+    store: &Store,
+    ns: Option<&str>,
+    cluster: &str,
+) -> anyhow::Result<()> {
     let existing: BTreeSet<LockId> = locks
         .list(&ListParams::default())
         .await?
@@ -362,8 +374,11 @@ async fn remove_orphans(locks: &Api<DistributedLock>, store: &Store, ns: Option<
         .map(context::lock_id)
         .collect();
     for id in store.locks(ns).await?.difference(&existing) {
-        let ended = store.undeclare(id).await?;
-        info!(lock = %id, ended, "removed etcd keys of a deleted lock");
+        if let Some(w) = store.withdraw(id, cluster).await?
+            && (w.ended > 0 || w.removed)
+        {
+            info!(lock = %id, ended = w.ended, removed = w.removed, "withdrew from a deleted lock");
+        }
     }
     Ok(())
 }

@@ -13,7 +13,7 @@ use super::context::{Context, event};
 use super::epoch::{self, Choice};
 use super::reconcile_error::Error;
 use crate::crd::{DistributedLock, DistributedLockStatus};
-use crate::lock::{LockError, LockId, LockState, Settings, Token};
+use crate::lock::{LockError, LockId, LockState, Settings, Token, may_publish};
 
 /// How many times a publish is tried while the settings change under it (another replica, or
 /// `podlock declare`): each try reads them again and decides again.
@@ -23,7 +23,8 @@ const ATTEMPTS: usize = 4;
 pub const NEW_EPOCH: &str = "NewFencingEpoch";
 
 /// Makes etcd have the spec's settings under the epoch the rule picks (unless it has them
-/// already); returns the lock as etcd has it then.
+/// already, or another cluster sharing the lock etcd published them: see [`may_publish`]);
+/// returns the lock as etcd has it then.
 pub async fn settings(
     ctx: &Context,
     api: &Api<DistributedLock>,
@@ -31,10 +32,14 @@ pub async fn settings(
     id: &LockId,
 ) -> Result<LockState, Error> {
     let spec = dl.spec.settings();
+    ctx.store.declare_in(id, &ctx.cluster).await?;
     let mut status = dl.status.clone();
     let mut fresh = false;
     for _ in 0..ATTEMPTS {
         let state = ctx.store.lock_state(id, spec.max_holders).await?;
+        if state.settings.is_some() && !may_publish(&state.publisher, &ctx.cluster) {
+            return Ok(state);
+        }
         let found = state.settings.map(|s| s.epoch);
         let want = |choice: Choice| Settings {
             epoch: choice.epoch,
@@ -60,7 +65,7 @@ pub async fn settings(
         }
         let renew = choice.renewal.is_some();
         let over = state.settings_revision;
-        if let Some(ended) = ctx.store.publish(id, &want, over, renew).await? {
+        if let Some(ended) = ctx.store.publish(id, &want, &ctx.cluster, over, renew).await? {
             announce(ctx, dl, id, &want, choice, ended).await;
         }
     }

@@ -15,7 +15,7 @@ use super::holder_service::{self, Followed};
 use super::reconcile_error::Error;
 use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder, HolderServiceStatus};
 use crate::lock::rfc3339;
-use crate::lock::{LockId, LockState};
+use crate::lock::{LockId, LockState, Settings, Withdrawn};
 use crate::metrics::{OperatorMetrics, RECONCILED};
 
 /// The finalizer that makes deletion wait until the lock's etcd keys are gone.
@@ -118,18 +118,13 @@ async fn mirror_status(
     state: LockState,
 ) -> Result<(), Error> {
     let old = dl.status.clone().unwrap_or_default();
+    let ready = ready(dl, &state, &ctx.cluster);
     let (queue, epoch) = (state.queue, state.settings.map(|s| s.epoch));
     let newest = queue.holders.iter().map(|h| h.fencing_token).max();
     let holders: Vec<Holder> = queue.holders.into_iter().map(Holder::from).collect();
     // The route first: it is what moves traffic to the new holder.
     let route = route(ctx, dl, &old, &holders).await;
-    let mut conditions = vec![condition(
-        dl,
-        READY,
-        "True",
-        "Published",
-        "settings are live in etcd",
-    )];
+    let mut conditions = vec![ready];
     conditions.extend(route.condition);
     let status = DistributedLockStatus {
         phase: Some(if holders.is_empty() { "Free" } else { "Held" }.into()),
@@ -154,6 +149,28 @@ async fn mirror_status(
     // follows the write that shows the new holder.
     ctx.status.offer(id, dl, &old, status);
     route.failed.map_or(Ok(()), |e| Err(e.into()))
+}
+
+/// The `Ready` condition of a published lock: whose settings are live, and whether they are
+/// this spec's (another cluster sharing the lock etcd may have published its own).
+fn ready(dl: &DistributedLock, state: &LockState, cluster: &str) -> Condition {
+    let publisher = &state.publisher;
+    if publisher.is_empty() || publisher == cluster {
+        return condition(dl, READY, "True", "Published", "settings are live in etcd");
+    }
+    let spec = dl.spec.settings();
+    let live = state.settings.map(|s| Settings { epoch: 0, ..s });
+    let differs = match live {
+        Some(live) if live != spec => format!(
+            "; they differ from this spec (maxHolders {}, ttlSeconds {}, \
+             heartbeatTimeoutSeconds {}), and change only with cluster {publisher}'s \
+             DistributedLock",
+            live.max_holders, live.ttl_seconds, live.heartbeat_timeout_seconds
+        ),
+        _ => String::new(),
+    };
+    let message = format!("the settings cluster {publisher} published are live in etcd{differs}");
+    condition(dl, READY, "True", "PublishedByOtherCluster", &message)
 }
 
 /// Where the holder Service routes after a reconciliation.
@@ -210,9 +227,14 @@ async fn route(
 
 async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
     let id = lock_id(dl);
-    let ended = ctx.store.undeclare(&id).await?;
+    let withdrawn = ctx.store.withdraw(&id, &ctx.cluster).await?;
+    let Withdrawn {
+        ended,
+        removed,
+        others,
+    } = withdrawn.ok_or(Error::SettingsChanging(id.clone()))?;
     ctx.status.forget(&id);
-    info!(lock = %id, ended, "deleted the lock's etcd keys");
+    info!(lock = %id, ended, removed, ?others, "withdrew from the lock in etcd");
     if ended > 0 {
         ctx.metrics
             .forced_releases
@@ -227,7 +249,14 @@ async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         .metrics
         .lock_waiters
         .remove_label_values(&[&id.namespace, &id.name]);
-    let note = format!("removed from etcd; {ended} holds and waits ended");
+    let note = match removed {
+        true => format!("removed from etcd; {ended} holds and waits ended"),
+        false => format!(
+            "{ended} holds and waits of this cluster ended; the lock stays in etcd for the pods \
+             of cluster(s) {} that queue on it",
+            others.join(", ")
+        ),
+    };
     event(ctx, dl, EventType::Normal, "Deleted", note).await;
     Ok(Action::await_change())
 }

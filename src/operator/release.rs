@@ -11,7 +11,9 @@
 //! holder's sidecar reads the note the deletion leaves and reports `lost` saying an
 //! administrator released it; the next waiter is granted as after any release. Each request
 //! ends in an Event on the DistributedLock: `Released` (who, pod, token, and the field manager
-//! that set the annotation) or a Warning naming what was wrong.
+//! that set the annotation) or a Warning naming what was wrong. When several clusters share
+//! the lock etcd, an operator releases only its own cluster's pods' holds: another cluster's
+//! holder is named in the Event, to be released from its own cluster.
 
 use kube::ResourceExt;
 use kube::api::{Api, Patch, PatchParams};
@@ -63,10 +65,11 @@ pub async fn handle(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Cont
         Ok(held) => held,
         Err(e) => return Err(failed(ctx, dl, &asked, &[], e).await),
     };
-    let named: Vec<&QueueEntry> = held
+    let (named, elsewhere): (Vec<&QueueEntry>, Vec<&QueueEntry>) = held
         .iter()
         .filter(|e| value == ALL || holder(e) == value)
-        .collect();
+        .partition(|e| cluster_of(e).is_none_or(|c| c == ctx.cluster));
+    let elsewhere: Vec<String> = elsewhere.into_iter().map(describe).collect();
     let mut released = vec![];
     for entry in &named {
         match ctx.store.release(entry).await {
@@ -78,8 +81,13 @@ pub async fn handle(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Cont
             Err(e) => return Err(failed(ctx, dl, &asked, &released, e).await),
         }
     }
-    report(ctx, dl, &asked, &held, released).await;
+    report(ctx, dl, &asked, &held, released, elsewhere).await;
     Ok(())
+}
+
+/// The cluster an entry's pod names (`None`: not an entry, which any operator may end).
+fn cluster_of(e: &QueueEntry) -> Option<&str> {
+    e.entry.as_ref().map(|e| e.pod.cluster.as_str())
 }
 
 /// Removes the annotation if it still has `value`; returns whether it did.
@@ -114,10 +122,14 @@ fn holder(e: &QueueEntry) -> &str {
     e.entry.as_ref().map_or("", |e| e.holder_id.as_str())
 }
 
-/// An entry for an Event: holder id, pod and token.
+/// An entry for an Event: holder id, pod (and its cluster, if named) and token.
 fn describe(e: &QueueEntry) -> String {
     let pod = e.entry.as_ref().map_or("?", |e| e.pod.name.as_str());
-    format!("{} (pod {pod}, token {})", holder(e), e.revision)
+    let cluster = match cluster_of(e) {
+        Some(c) if !c.is_empty() => format!(" of cluster {c}"),
+        _ => String::new(),
+    };
+    format!("{} (pod {pod}{cluster}, token {})", holder(e), e.revision)
 }
 
 /// " (set by MANAGER at TIME)": the field manager that last wrote the annotation, from the
@@ -144,18 +156,31 @@ fn set_by(dl: &DistributedLock) -> String {
     }
 }
 
-/// Records what a request did: `Released`, or a Warning that it ended nothing.
+/// Records what a request did: `Released`, or a Warning that it ended nothing; either names
+/// the holds left to the other clusters they belong to (`elsewhere`).
 async fn report(
     ctx: &Context,
     dl: &DistributedLock,
     asked: &str,
     held: &[QueueEntry],
     released: Vec<String>,
+    elsewhere: Vec<String>,
 ) {
+    let left = match elsewhere.is_empty() {
+        true => String::new(),
+        false => format!(
+            "; left to their own clusters' operators (release them there): {}",
+            elsewhere.join(", ")
+        ),
+    };
     if !released.is_empty() {
-        info!(lock = %lock_id(dl), ?released, "released at an administrator's request");
-        let note = format!("{asked}: released {}", released.join(", "));
+        info!(lock = %lock_id(dl), ?released, ?elsewhere, "released at an administrator's request");
+        let note = format!("{asked}: released {}{left}", released.join(", "));
         return event(ctx, dl, EventType::Normal, "Released", note).await;
+    }
+    if !elsewhere.is_empty() {
+        let note = format!("{asked}: nothing released{left}");
+        return event(ctx, dl, EventType::Warning, "ReleaseOtherCluster", note).await;
     }
     let holders: Vec<String> = held.iter().map(describe).collect();
     let now = match holders.is_empty() {

@@ -11,6 +11,7 @@ fn held(holder: &str, waiters: u32) -> DistributedLockStatus {
         holders: vec![Holder {
             holder_id: holder.into(),
             pod: format!("pod-{holder}"),
+            cluster: None,
             // One token per holder: each is another grant.
             fencing_token: holder.bytes().map(i64::from).sum(),
             acquired_at: "2026-01-01T00:00:00Z".into(),

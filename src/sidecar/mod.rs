@@ -35,6 +35,11 @@ pub struct SidecarArgs {
     /// The pod's uid (from the downward API), recorded with every hold.
     #[arg(long, env = "PODLOCK_POD_UID", default_value = "")]
     pub pod_uid: String,
+    /// The pod's cluster, when several clusters share the lock etcd (injected from the
+    /// operator's `--cluster-name`), recorded with every hold: only that cluster's operator
+    /// judges the pod.
+    #[arg(long, env = "PODLOCK_CLUSTER", default_value = "", value_parser = crate::lock::cluster_name)]
+    pub cluster: String,
     /// Also serve /healthz, /readyz and /metrics (only those) here, e.g. 0.0.0.0:4041 for
     /// kubelet probes and Prometheus; the lock API stays on --listen.
     #[arg(long, env = "PODLOCK_HEALTH_LISTEN")]
@@ -110,6 +115,7 @@ async fn start(args: &SidecarArgs) -> anyhow::Result<(Engine, AppState)> {
         namespace: args.namespace.clone(),
         name: pod_name.clone(),
         uid: args.pod_uid.clone(),
+        cluster: args.cluster.clone(),
     };
     let engine = Engine::new(client, members, pod, args.standalone);
     let metrics = SidecarMetrics::new();

@@ -40,38 +40,53 @@ pub async fn client_for(kubeconfig: &std::path::Path) -> kube::Client {
 pub fn with_crd() -> &'static ControlPlane {
     static INSTALLED: OnceLock<()> = OnceLock::new();
     let plane = shared();
-    INSTALLED.get_or_init(|| {
-        let crd = include_str!("../../crds/distributedlock.yaml");
-        let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], crd);
-        assert!(ok, "CRD apply: {err}");
-        let (ok, _, err) = plane.kubectl(&[
-            "wait",
-            "--for=condition=Established",
-            "crd/distributedlocks.podlock.io",
-        ]);
-        assert!(ok, "CRD not established: {err}");
-    });
+    INSTALLED.get_or_init(|| install_crd(plane));
     plane
+}
+
+/// A second control plane with the CRD, started on first use: another cluster, for the tests
+/// of locks that several clusters share.
+pub fn other_cluster() -> &'static ControlPlane {
+    static PLANE: OnceLock<&'static ControlPlane> = OnceLock::new();
+    let plane = PLANE.get_or_init(start_for_good);
+    static INSTALLED: OnceLock<()> = OnceLock::new();
+    INSTALLED.get_or_init(|| install_crd(plane));
+    plane
+}
+
+fn install_crd(plane: &ControlPlane) {
+    let crd = include_str!("../../crds/distributedlock.yaml");
+    let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], crd);
+    assert!(ok, "CRD apply: {err}");
+    let (ok, _, err) = plane.kubectl(&[
+        "wait",
+        "--for=condition=Established",
+        "crd/distributedlocks.podlock.io",
+    ]);
+    assert!(ok, "CRD not established: {err}");
 }
 
 /// The control plane shared by the tests of this binary, started on first use.
 pub fn shared() -> &'static ControlPlane {
     static PLANE: OnceLock<&'static ControlPlane> = OnceLock::new();
-    PLANE.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            let plane: &'static ControlPlane = Box::leak(Box::new(rt.block_on(ControlPlane::start())));
-            tx.send(plane).unwrap();
-            loop {
-                std::thread::park(); // keep the processes' parent thread alive
-            }
-        });
-        rx.recv().expect("control plane failed to start")
-    })
+    PLANE.get_or_init(start_for_good)
+}
+
+/// Starts a control plane that lives as long as the test binary.
+fn start_for_good() -> &'static ControlPlane {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let plane: &'static ControlPlane = Box::leak(Box::new(rt.block_on(ControlPlane::start())));
+        tx.send(plane).unwrap();
+        loop {
+            std::thread::park(); // keep the processes' parent thread alive
+        }
+    });
+    rx.recv().expect("control plane failed to start")
 }
 
 impl ControlPlane {

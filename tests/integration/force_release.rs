@@ -40,7 +40,7 @@ fn events_of(plane: &ControlPlane, ns: &str, name: &str) -> Vec<(String, String,
 }
 
 /// Waits for an Event of `reason` on `name`; returns its type and message.
-async fn event(plane: &ControlPlane, ns: &str, name: &str, reason: &str) -> (String, String) {
+pub(crate) async fn event(plane: &ControlPlane, ns: &str, name: &str, reason: &str) -> (String, String) {
     let mut found = None;
     let waited = wait_until(Duration::from_secs(10), || {
         found = events_of(plane, ns, name).into_iter().find(|e| e.1 == reason);

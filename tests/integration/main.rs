@@ -11,6 +11,7 @@ mod chart;
 mod chart_etcd;
 mod chart_scan;
 mod checkz;
+mod clusters;
 mod connection;
 mod dashboards;
 mod docs;

@@ -31,7 +31,8 @@ pub enum Kind {
     /// A holder stalls past its heartbeat window between grant and write, its sidecar running:
     /// the sidecar ends the hold at the window.
     WorkerStall,
-    /// The DistributedLock deleted (the operator removes every key) and created again.
+    /// The DistributedLock deleted in both clusters (each operator withdraws: ends its own
+    /// pods' keys; the lock leaves etcd with the last) and created again.
     LockDeleted,
     /// The mutex holder's Pod deleted while its sidecar runs on, unaware: the operator ends
     /// its holds. Then the pod comes back under its name with a new uid and a new sidecar.
@@ -160,7 +161,7 @@ impl Rig {
             }
             Kind::LockDeleted => {
                 let at = now();
-                block_in_place(|| recreate_lock(self.plane, COUNTER, 1));
+                block_in_place(|| recreate_lock(self, COUNTER, 1));
                 (0, at)
             }
             Kind::PodDeleted => self.delete_pod(round).await,

@@ -24,8 +24,11 @@
 //! podlock.io/release=HOLDER`, or `=*`); the DistributedLock deleted and created again; the
 //! semaphore's `maxHolders` lowered to
 //! 1 on its DistributedLock while it is full and waiters queue, and later raised back to 2.
-//! The locks are DistributedLocks that an operator publishes to the checker's etcd, and each
-//! sidecar belongs to a Pod on the shared API server.
+//! The locks are DistributedLocks that two clusters share ([`clusters`]): two control planes,
+//! each with its operator on the checker's etcd (`--cluster-name east` and `west`), each
+//! declaring every lock; each sidecar belongs to a Pod of one of them (two of them west's), so
+//! every lock has holders of both, and a Pod deletion or a force release goes to the holder's
+//! own cluster. Neither operator may end a hold of the other cluster's pods.
 //!
 //! Afterwards ([`check`]): no hold was granted while the holds that lasted filled the lock's
 //! `maxHolders` then in force (a lowering binds new grants; holders already in may stay),
@@ -57,6 +60,7 @@ mod common;
 mod apis;
 mod check;
 mod client;
+mod clusters;
 mod eventlog;
 mod faults;
 mod history;
@@ -205,20 +209,42 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     eprintln!("{}", report::slow_recoveries(&a, &ops, start));
     let count = |kind| faults.iter().filter(|f| f.kind == kind).count();
     let (deleted, asked) = (count(Kind::PodDeleted), count(Kind::ForceRelease));
-    let metrics = rig.operator.metrics().await;
-    let _ = std::fs::write(
-        linearizability::run_dir().join("operator.log"),
-        rig.operator.log(),
-    );
-    // A deleted pod comes back under its name at once: the operator may find the new pod first
-    // and end the old one's holds as replaced.
-    let ended = forced(&metrics, "pod_deleted") + forced(&metrics, "pod_replaced");
-    let released = forced(&metrics, "admin_release");
-    eprintln!("  operator: {ended} holds and waits ended for {deleted} deleted pods");
-    eprintln!("  operator: {released} holds ended by {asked} force releases");
-    for said in objects::release_events(rig.plane) {
-        eprintln!("    {said}");
+    let (mut ended, mut released, mut foreign, mut logs) = (0, 0, vec![], String::new());
+    let mut each = vec![];
+    for (c, cluster) in rig.clusters.iter().enumerate() {
+        let (metrics, log) = (cluster.operator.metrics().await, cluster.operator.log());
+        let name = clusters::NAMES[c];
+        let _ = std::fs::write(
+            linearizability::run_dir().join(format!("operator-{name}.log")),
+            &log,
+        );
+        // A deleted pod comes back under its name at once: the operator may find the new pod
+        // first and end the old one's holds as replaced.
+        ended += forced(&metrics, "pod_deleted") + forced(&metrics, "pod_replaced");
+        released += forced(&metrics, "admin_release");
+        let theirs = clusters::foreign_ends(&log, c);
+        each.push(clusters::ends(&log));
+        eprintln!(
+            "  operator {name}: ended {} holds of dead pods, {} of them the other cluster's",
+            each[c],
+            theirs.len()
+        );
+        foreign.extend(theirs);
+        logs.push_str(&log);
+        for said in objects::release_events(cluster.plane) {
+            eprintln!("    {said}");
+        }
     }
+    eprintln!("  operators: {ended} holds and waits ended for {deleted} deleted pods");
+    eprintln!("  operators: {released} holds ended by {asked} force releases");
+    assert!(
+        foreign.is_empty(),
+        "an operator ended another cluster's holds: {foreign:#?}"
+    );
+    assert!(
+        deleted < 2 || each.iter().all(|&n| n > 0),
+        "pods of both clusters were deleted, but an operator ended nothing: {each:?}"
+    );
     assert!(
         deleted == 0 || ended >= 1,
         "pods were deleted but the operator ended nothing"
@@ -226,7 +252,7 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     assert!(
         asked == 0 || released >= 1,
         "force releases were asked for but the operator ended nothing; its log of them:\n{}",
-        lines_about(&rig.operator.log(), "release")
+        lines_about(&logs, "release")
     );
     assert_eq!(
         verdict.result, "Ok",

@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams};
 use std::time::Duration;
 
+use super::clusters;
 use super::faults::Kind;
 use super::rig::Rig;
 use super::{COUNTER, POOL, TTL, now};
@@ -25,12 +26,16 @@ pub fn apply_lock(plane: &ControlPlane, lock: &str, max_holders: u32) {
     assert!(ok, "apply DistributedLock {lock}: {err}");
 }
 
-/// Deletes the DistributedLock `lock`, waiting until the operator removed its keys from etcd
-/// (its finalizer), and creates it again with `max_holders`.
-pub fn recreate_lock(plane: &ControlPlane, lock: &str, max_holders: u32) {
-    let (ok, _, err) = plane.kubectl(&["delete", "dlock", lock, "-n", NAMESPACE, "--wait=true"]);
-    assert!(ok, "delete DistributedLock {lock}: {err}");
-    apply_lock(plane, lock, max_holders);
+/// Deletes the DistributedLock `lock` in each cluster, east first, each waiting until its
+/// operator withdrew from it in etcd (its finalizer), and creates it again in each, east first.
+pub fn recreate_lock(rig: &Rig, lock: &str, max_holders: u32) {
+    for c in &rig.clusters {
+        let (ok, _, err) = c
+            .plane
+            .kubectl(&["delete", "dlock", lock, "-n", NAMESPACE, "--wait=true"]);
+        assert!(ok, "delete DistributedLock {lock}: {err}");
+    }
+    rig.apply_everywhere(lock, max_holders);
 }
 
 /// The `maxHolders` etcd holds for `lock` now (`None`: not declared).
@@ -49,32 +54,50 @@ impl Rig {
     /// seen to hold the new value, so the checker allows either limit in between).
     pub async fn patch_pool_limit(&self, limit: u32) -> f64 {
         let at = now();
-        tokio::task::block_in_place(|| apply_lock(self.plane, POOL, limit));
+        tokio::task::block_in_place(|| self.apply_everywhere(POOL, limit));
         let published = wait_until(Duration::from_secs(10), || async {
             published_limit(&self.endpoints, POOL).await == Some(limit.into())
         })
         .await;
-        published
-            .unwrap_or_else(|e| panic!("maxHolders {limit} not published: {e}\n{}", self.operator.log()));
+        published.unwrap_or_else(|e| {
+            panic!(
+                "maxHolders {limit} not published: {e}\n{}",
+                self.clusters[0].operator.log()
+            )
+        });
         at
     }
 
-    /// Deletes the Pod of the mutex holder (or of a worker picked by `round`) while its sidecar
-    /// runs on, unaware, as behind a lost kubelet: the operator must end its holds. Once the
-    /// lock has moved on (or after twice the TTL), the pod comes back under the same name with
-    /// a new uid, as a StatefulSet's would, with a new sidecar (the old one killed with it).
+    /// Deletes the Pod of the mutex holder while its sidecar runs on, unaware, as behind a lost
+    /// kubelet: its cluster's operator must end its holds. The clusters take turns by `round`:
+    /// the holder of that cluster is waited for (at most twice the TTL), else one of its mutex
+    /// workers' pods is deleted. Once the lock has moved on (or after twice the TTL), the pod
+    /// comes back under the same name with a new uid, as a StatefulSet's would, with a new
+    /// sidecar (the old one killed with it).
     pub async fn delete_pod(&mut self, round: usize) -> (usize, f64) {
-        let i = self.holder().await.unwrap_or(round % self.counter_workers());
+        let cluster = (round / Kind::CYCLE.len()) % 2;
+        let of_cluster = |i: &usize| clusters::of(self.slots[*i].sidecar) == cluster;
+        let held = wait_until(2 * TTL, || async {
+            self.holder().await.is_some_and(|h| of_cluster(&h))
+        });
+        let fallback = (0..self.counter_workers())
+            .find(of_cluster)
+            .expect("a mutex worker in each cluster");
+        let i = match held.await {
+            Ok(_) => self.holder().await.filter(of_cluster).unwrap_or(fallback),
+            Err(_) => fallback,
+        };
         let pod = self.slots[i].pod.clone();
+        let pods = self.pods_of(self.slots[i].sidecar).clone();
         let at = now();
-        self.pods.delete(&pod, &DeleteParams::default()).await.unwrap();
+        pods.delete(&pod, &DeleteParams::default()).await.unwrap();
         let _ = wait_until(2 * TTL, || async { self.holder().await.is_some_and(|h| h != i) }).await;
         let gone = wait_until(Duration::from_secs(10), || async {
-            self.pods.get_opt(&pod).await.unwrap().is_none()
+            pods.get_opt(&pod).await.unwrap().is_none()
         });
         gone.await.expect("the deleted pod is gone");
         self.sidecars[i].kill9(); // before its pod comes back: it never serves the new uid
-        self.uids[i] = running_pod(&self.pods, &pod).await;
+        self.uids[i] = running_pod(&pods, &pod).await;
         self.replace_sidecar(i).await;
         (i, at)
     }
@@ -98,16 +121,18 @@ impl Rig {
             Some(i) => i,
             None => self.holder().await.unwrap_or(0),
         };
+        // Asked of the target's own cluster, whose operator alone may end its hold.
+        let cluster = &self.clusters[clusters::of(self.slots[target].sidecar)];
         let at = now();
-        tokio::task::block_in_place(|| annotate_release(self.plane, COUNTER, &value));
+        tokio::task::block_in_place(|| annotate_release(cluster.plane, COUNTER, &value));
         let acted = wait_until(Duration::from_secs(10), || async {
-            !tokio::task::block_in_place(|| release_pending(self.plane, COUNTER))
+            !tokio::task::block_in_place(|| release_pending(cluster.plane, COUNTER))
         })
         .await;
         acted.unwrap_or_else(|e| {
             panic!(
                 "the operator never acted on podlock.io/release ({e}):\n{}",
-                self.operator.log()
+                cluster.operator.log()
             )
         });
         (target, at)

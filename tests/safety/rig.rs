@@ -1,15 +1,17 @@
-//! The processes under test: a 3-member etcd (each member in its own network namespace), the
-//! operator with the two locks as DistributedLocks, a Pod and a sidecar per worker.
+//! The processes under test: a 3-member etcd (each member in its own network namespace), two
+//! clusters' operators with the locks as DistributedLocks ([`clusters`](super::clusters)), a
+//! Pod and a sidecar per worker.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::Api;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::objects::{NAMESPACE, apply_lock, pods, published_limit};
+use super::clusters::{self, Cluster};
+use super::objects::{NAMESPACE, apply_lock, published_limit};
 use super::worker::Slot;
 use super::{COUNTER, POOL, POOL_SLOTS, RW, SIDECARS, WORKERS};
-use crate::common::kube::{ControlPlane, Operator, running_pod, with_crd};
+use crate::common::kube::{other_cluster, running_pod, with_crd};
 use crate::common::members::leader_of;
 use crate::common::netns::MemberNet;
 use crate::common::{EtcdServer, Sidecar, wait_until};
@@ -22,12 +24,8 @@ pub struct Rig {
     pub net: MemberNet,
     /// Their client URLs, comma-separated, as the sidecars get them.
     pub endpoints: String,
-    /// The API server of the locks and pods.
-    pub plane: &'static ControlPlane,
-    /// The operator, on the checker's etcd and namespace.
-    pub operator: Operator,
-    /// The workers' pods.
-    pub pods: Api<Pod>,
+    /// The two clusters: east publishes the locks, west declares them too.
+    pub clusters: [Cluster; 2],
     /// Pod `i`'s uid now (a pod made again has a new one).
     pub uids: Vec<String>,
     /// Sidecar `i` serves pod `w{i}`.
@@ -45,13 +43,11 @@ impl Rig {
         let endpoints = (etcd.iter().map(|m| m.endpoint.clone()))
             .collect::<Vec<_>>()
             .join(",");
-        let plane = with_crd();
-        plane.namespace(NAMESPACE);
+        let east = Cluster::start(0, with_crd(), &endpoints).await;
         let locks = [(COUNTER, 1), (POOL, POOL_SLOTS), (RW, 1)];
         for (lock, limit) in locks {
-            apply_lock(plane, lock, limit);
+            apply_lock(east.plane, lock, limit);
         }
-        let operator = Operator::start_with(plane, NAMESPACE, &endpoints, &[]).await;
         let published = wait_until(Duration::from_secs(20), || async {
             for (lock, _) in locks {
                 if published_limit(&endpoints, lock).await.is_none() {
@@ -62,20 +58,23 @@ impl Rig {
         });
         published
             .await
-            .unwrap_or_else(|e| panic!("locks not published: {e}\n{}", operator.log()));
+            .unwrap_or_else(|e| panic!("locks not published: {e}\n{}", east.operator.log()));
+        // West declares them once east has published them: east's settings stay in force.
+        let west = Cluster::start(1, other_cluster(), &endpoints).await;
+        for (lock, limit) in locks {
+            apply_lock(west.plane, lock, limit);
+        }
         let mut rig = Rig {
             etcd,
             net,
             endpoints,
-            plane,
-            operator,
-            pods: pods(plane).await,
+            clusters: [east, west],
             uids: vec![],
             sidecars: vec![],
             slots: vec![],
         };
         for i in 0..SIDECARS {
-            rig.uids.push(running_pod(&rig.pods, &format!("w{i}")).await);
+            rig.uids.push(running_pod(rig.pods_of(i), &format!("w{i}")).await);
             let s = rig.start_sidecar(i).await;
             rig.sidecars.push(s);
         }
@@ -97,9 +96,29 @@ impl Rig {
         }
     }
 
+    /// The pods' API of sidecar `i`'s cluster.
+    pub fn pods_of(&self, i: usize) -> &Api<Pod> {
+        &self.clusters[clusters::of(i)].pods
+    }
+
+    /// Applies DistributedLock `lock` with `max_holders` in both clusters, east first.
+    pub fn apply_everywhere(&self, lock: &str, max_holders: u32) {
+        for c in &self.clusters {
+            apply_lock(c.plane, lock, max_holders);
+        }
+    }
+
     /// A new sidecar for worker `i`'s pod.
     pub async fn start_sidecar(&self, i: usize) -> Sidecar {
-        let args = ["--namespace", NAMESPACE, "--pod-uid", &self.uids[i]];
+        let cluster = clusters::NAMES[clusters::of(i)];
+        let args = [
+            "--namespace",
+            NAMESPACE,
+            "--pod-uid",
+            &self.uids[i],
+            "--cluster",
+            cluster,
+        ];
         Sidecar::start(&self.endpoints, &format!("w{i}"), &args).await
     }
 

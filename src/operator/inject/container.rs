@@ -203,6 +203,9 @@ fn sidecar_env(tpl: &SidecarTemplate, options: &Options) -> Vec<EnvVar> {
     if let Some(h) = options.heartbeat {
         env.push(env_var("PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", h.to_string()));
     }
+    if !tpl.cluster.is_empty() {
+        env.push(env_var("PODLOCK_CLUSTER", tpl.cluster.clone()));
+    }
     let Some(secret) = &tpl.credentials_secret else {
         return env;
     };

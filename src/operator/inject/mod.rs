@@ -70,6 +70,8 @@ pub struct SidecarTemplate {
     pub credentials_secret: Option<String>,
     /// Whether that Secret also has etcd's CA (`ca.crt`, with etcd TLS) for the sidecar.
     pub etcd_ca: bool,
+    /// The cluster's name for the sidecar's holds (`PODLOCK_CLUSTER`; empty: none).
+    pub cluster: String,
 }
 
 /// Why an object cannot be admitted: an annotation the sidecar cannot be set up from.

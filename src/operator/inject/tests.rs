@@ -7,6 +7,7 @@ fn tpl() -> SidecarTemplate {
         etcd_endpoints: "http://etcd:2379".into(),
         credentials_secret: None,
         etcd_ca: false,
+        cluster: String::new(),
     }
 }
 
@@ -205,4 +206,26 @@ fn with_etcd_tls_the_sidecar_gets_the_ca_from_its_namespaces_secret() {
     assert_eq!(sc["volumeMounts"][0]["mountPath"], "/etc/podlock/etcd");
     let env = sc["env"].as_array().unwrap();
     assert!(env.contains(&json!({"name": "PODLOCK_ETCD_CA_FILE", "value": "/etc/podlock/etcd/ca.crt"})));
+}
+
+#[test]
+fn a_named_cluster_is_passed_to_the_sidecar_and_no_name_passes_nothing() {
+    let env_of = |tpl: &SidecarTemplate| {
+        let p = mutate(tpl, "Pod", true, "app", &pod(json!({INJECT: "true"})))
+            .unwrap()
+            .patch
+            .unwrap();
+        let mut out = pod(json!({INJECT: "true"}));
+        json_patch::patch(&mut out, &p).unwrap();
+        out["spec"]["initContainers"][0]["env"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let named = SidecarTemplate {
+        cluster: "east".into(),
+        ..tpl()
+    };
+    assert!(env_of(&named).contains(&json!({"name": "PODLOCK_CLUSTER", "value": "east"})));
+    assert!(!env_of(&tpl()).iter().any(|e| e["name"] == "PODLOCK_CLUSTER"));
 }

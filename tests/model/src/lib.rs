@@ -11,6 +11,7 @@
 //! 8 times slower.
 
 mod client;
+mod clusters;
 mod decide;
 mod liveness;
 mod model;

@@ -55,6 +55,9 @@ pub enum Action {
     Crash(u8),
     /// A dead pod's lease expires.
     Expire(u8),
+    /// The operator of a cluster ends the holds of a pod it judges gone: it revokes the
+    /// pod's lease (cluster, pod).
+    Revoke(u8, u8),
     /// The operator deletes a queue key (a hold revoked).
     DeleteKey(u8, Rev),
     /// The operator deletes a lock: its settings key and its queue, in one transaction.
@@ -93,7 +96,11 @@ impl Action {
     pub fn good(&self) -> bool {
         match self {
             Action::Client(_, step) => !matches!(step, Step::Rewatch | Step::GiveUp | Step::HeartbeatMiss),
-            Action::Expire(_) | Action::Republish(..) | Action::Mirror(_) | Action::Sweep(..) => true,
+            Action::Expire(_)
+            | Action::Revoke(..)
+            | Action::Republish(..)
+            | Action::Mirror(_)
+            | Action::Sweep(..) => true,
             _ => false,
         }
     }
@@ -159,6 +166,7 @@ impl Protocol {
             releases: self.spec.releases,
             release: None,
             released_holder: false,
+            revoked: false,
             broken: None,
             etcd: locks_len,
             rebuilt: self.spec.rebuild.map(|_| {

@@ -68,6 +68,10 @@ pub fn properties() -> Vec<Property<Protocol>> {
         Property::sometimes(HANDED_SLOT, |_, s: &State| {
             (s.locks.iter()).any(|l| l.max > 1 && l.queue.iter().any(|k| k.record == Record::Handed))
         }),
+        Property::always(crate::clusters::OWN, |_, s: &State| {
+            s.broken != Some(Broken::LiveRevoked)
+        }),
+        Property::sometimes(crate::clusters::REVOKED, |_, s: &State| s.revoked),
         Property::sometimes(REGRANTED, |_, s: &State| {
             s.rebuilt.as_ref().is_some_and(|r| r.granted_after)
         }),
@@ -126,6 +130,9 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     }
     if spec.rebuild.is_some() {
         out.push(REGRANTED);
+    }
+    if !spec.clusters.is_empty() {
+        out.push(crate::clusters::REVOKED);
     }
     out
 }

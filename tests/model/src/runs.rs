@@ -14,7 +14,7 @@ pub enum Expect {
 }
 
 /// Every property holds.
-const HOLDS: Expect = Expect::Fails(&[]);
+pub(crate) const HOLDS: Expect = Expect::Fails(&[]);
 
 /// One configuration and its expected outcome.
 pub struct Run {
@@ -26,7 +26,7 @@ pub struct Run {
     pub expect: Expect,
 }
 
-fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8>>, clients: Vec<C>) -> Spec {
+pub(crate) fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8>>, clients: Vec<C>) -> Spec {
     Spec {
         name,
         pods: clients.iter().map(|c| c.pod + 1).max().unwrap_or(0),
@@ -42,6 +42,7 @@ fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8>>, clients
         epoch_rule: EpochRule::WriteAhead,
         status_lag: false,
         handoff: Handoff::Exclusive,
+        clusters: vec![],
     }
 }
 
@@ -389,8 +390,15 @@ fn rebuilds() -> Vec<Run> {
 
 /// Every run, in order.
 pub fn runs() -> Vec<Run> {
-    [protocol(), handoff(), on_behalf(), bugs(), rebuilds()]
-        .into_iter()
-        .flatten()
-        .collect()
+    [
+        protocol(),
+        handoff(),
+        on_behalf(),
+        bugs(),
+        rebuilds(),
+        crate::clusters::runs(),
+    ]
+    .into_iter()
+    .flatten()
+    .collect()
 }

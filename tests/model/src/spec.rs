@@ -111,6 +111,9 @@ pub enum Bug {
     /// A grant written by a release counts as recorded for the rule before its owner has
     /// learned it: a key behind may be let in first, with a higher token.
     HandedCountsAsGranted,
+    /// An operator judges every entry, whatever its cluster: a pod of another cluster, which
+    /// its API server does not know, looks deleted to it.
+    ForeignPods,
 }
 
 /// One configuration to check.
@@ -147,6 +150,10 @@ pub struct Spec {
     /// Whether the operator's status lags: it mirrors the queue as a step of its own (else
     /// every grant is in the status at once).
     pub status_lag: bool,
+    /// Per pod, the cluster whose API server knows it; each cluster's operator ends the holds
+    /// of the pods it judges gone ([`crate::clusters`]). Empty: one cluster, whose operator's
+    /// revocations are the faults' ended leases.
+    pub clusters: Vec<u8>,
 }
 
 impl ClientSpec {

@@ -240,6 +240,8 @@ pub enum Broken {
     Limit,
     /// A token not above every token granted before.
     TokenOrder,
+    /// An operator ended the holds of a live pod.
+    LiveRevoked,
 }
 
 /// The whole model state.
@@ -260,6 +262,8 @@ pub struct State {
     pub release: Option<(u8, Rev)>,
     /// Whether a force release ended a hold its client believed it had.
     pub released_holder: bool,
+    /// An operator ended the holds of a dead pod of its cluster.
+    pub revoked: bool,
     /// The first safety rule a grant broke.
     pub broken: Option<Broken>,
     /// etcd's revision: the one the next write comes after.

@@ -58,6 +58,7 @@ impl Protocol {
         if self.spec.rebuild.is_some() {
             self.rebuild_steps(s, out);
         }
+        self.revocations(s, out);
     }
 
     /// Takes the world's step `action`.
@@ -103,6 +104,7 @@ impl Protocol {
                     s.released_holder = true;
                 }
             }
+            Action::Revoke(_, p) => self.revoke(s, p),
             Action::Client(..) => unreachable!("a client's step"),
             _ => self.rebuild_step(s, action),
         }
