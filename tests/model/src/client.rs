@@ -22,7 +22,7 @@ impl Protocol {
             Phase::Reading { .. } => can(Step::Read),
             Phase::Waiting(w) => {
                 // A read woken by an event, or by a broken watch without one.
-                can(if self.woken(s, spec.lock, w) {
+                can(if self.woken(s, c, w) {
                     Step::Wake
                 } else {
                     Step::Rewatch
@@ -47,22 +47,24 @@ impl Protocol {
         }
     }
 
-    /// Whether something `w` watches changed since its read: a watched key deleted (or
-    /// written, if watched for any change, but for a grant handed to it, which lets nobody
+    /// Whether something `c`'s wait `w` watches changed since its read: a watched key deleted
+    /// (or written, if watched for any change, but for a grant handed to it, which lets nobody
     /// behind it in: the engine ignores that event), its own key deleted (or written: a grant
-    /// handed on), or the settings key changed.
-    fn woken(&self, s: &State, lock: u8, w: &Wait) -> bool {
+    /// handed on), or the settings key changed; in any of its locks.
+    fn woken(&self, s: &State, c: u8, w: &Wait) -> bool {
         let counts =
             |k: &Key| k.record != Record::Handed || self.spec.bug == Some(Bug::HandedCountsAsGranted);
-        let changed = |create, any| match s.key(lock, create) {
+        let changed = |lock, create, any| match s.key(lock, create) {
             None => true,
             Some(k) => any && k.modrev > w.at && (create == w.ticket || counts(k)),
         };
-        let l = &s.locks[lock as usize];
-        w.wakes.iter().any(|&(create, any)| changed(create, any))
-            || changed(w.ticket, self.spec.handoff != Handoff::Off)
-            || l.modrev == 0
-            || l.modrev > w.at
+        let settings = |l: &Lock| l.modrev == 0 || l.modrev > w.at;
+        let own = |lock| changed(lock, w.ticket, self.spec.handoff != Handoff::Off);
+        let mut locks = self.spec.clients[c as usize].locks();
+        w.wakes
+            .iter()
+            .any(|&(lock, create, any)| changed(lock, create, any))
+            || locks.any(|lock| own(lock) || settings(&s.locks[lock as usize]))
     }
 
     /// Whether the holder `c` can tell that its hold ended: its key is gone (its watch), or
@@ -73,8 +75,9 @@ impl Protocol {
         };
         let pod = &s.pods[self.owners[c as usize] as usize];
         let session_lost = !pod.lease || pod.session != session;
-        let lock = self.spec.clients[c as usize].lock;
-        session_lost || (s.key(lock, ticket).is_none() && self.spec.bug != Some(Bug::NoKeyWatch))
+        let mut locks = self.spec.clients[c as usize].locks();
+        let key_gone = locks.any(|lock| s.key(lock, ticket).is_none());
+        session_lost || (key_gone && self.spec.bug != Some(Bug::NoKeyWatch))
     }
 
     /// Takes `step` for `c`.
@@ -84,7 +87,7 @@ impl Protocol {
         match (step, me.phase.clone()) {
             (Step::Removal(i), _) => {
                 let old = me.removals.remove(i as usize);
-                s.delete(spec.lock, old);
+                self.delete_all(s, c, old);
             }
             (Step::Start, _) => {
                 me.left -= 1;
@@ -94,7 +97,7 @@ impl Protocol {
             }
             (Step::Enqueue, _) => self.enqueue(s, c),
             (Step::Requeue, Phase::Requeue { old }) => {
-                s.delete(spec.lock, old);
+                self.delete_all(s, c, old);
                 s.clients[c as usize].phase = Phase::Enqueue;
             }
             (Step::Read, Phase::Reading { ticket }) => self.read(s, c, ticket),
@@ -135,7 +138,7 @@ impl Protocol {
             }
             Step::GiveUp => {
                 me.phase = Phase::Idle;
-                s.delete(spec.lock, w.ticket); // leaves the queue before answering
+                self.delete_all(s, c, w.ticket); // leaves the queues before answering
             }
             _ => unreachable!("{step:?} while waiting"),
         }
@@ -144,7 +147,6 @@ impl Protocol {
     /// A holder's step: it records its grant, releases, learns its hold ended, or misses its
     /// heartbeat (the sidecar ends the hold, then removes its key in the background).
     fn holder_step(&self, s: &mut State, c: u8, step: Step, (ticket, session): (Rev, u8), chain: Vec<Rev>) {
-        let lock = self.spec.clients[c as usize].lock;
         let me = &mut s.clients[c as usize];
         match step {
             Step::Record => {
@@ -154,19 +156,22 @@ impl Protocol {
                     recorded: true,
                     chain,
                 };
-                if s.key(lock, ticket).is_some() {
-                    let rev = s.next_rev();
-                    let key = s.key_mut(lock, ticket).expect("in place");
-                    (key.record, key.modrev, key.next) = (Record::Own, rev, vec![]);
-                }
+                self.record(s, c, ticket);
             }
             Step::Release => {
                 me.phase = Phase::Idle;
                 if !self.hand_on(s, c, ticket, &chain) {
-                    s.delete(lock, ticket);
+                    self.delete_all(s, c, ticket);
                 }
             }
-            Step::Learn => me.phase = Phase::Idle,
+            Step::Learn => {
+                me.phase = Phase::Idle;
+                // A multi-lock hold that lost one key removes the others (in the background).
+                if self.spec.clients[c as usize].also.is_some() {
+                    me.removals.push(ticket);
+                    me.removals.sort_unstable();
+                }
+            }
             Step::HeartbeatMiss => {
                 me.phase = Phase::Idle;
                 me.removals.push(ticket);
@@ -183,6 +188,9 @@ impl Protocol {
     /// transaction's read of the keys ahead decides where it stands.
     fn enqueue(&self, s: &mut State, c: u8) {
         let (spec, pod) = (self.spec.clients[c as usize], self.owners[c as usize]);
+        if spec.also.is_some() {
+            return self.enqueue_multi(s, c);
+        }
         let p = &mut s.pods[pod as usize];
         if !p.lease {
             (p.session, p.lease) = (p.session + 1, true);
@@ -225,6 +233,9 @@ impl Protocol {
 
     /// The position read: its own key, the settings and the keys ahead, in one transaction.
     fn read(&self, s: &mut State, c: u8, ticket: Rev) {
+        if self.spec.clients[c as usize].also.is_some() {
+            return self.read_multi(s, c, ticket);
+        }
         let lock = self.spec.clients[c as usize].lock;
         let l = &s.locks[lock as usize];
         let me = &mut s.clients[c as usize];
@@ -248,7 +259,7 @@ impl Protocol {
     /// Whether the settings `cached` are those of `lock` in etcd now, as the enqueue's guard
     /// and a waiter's read compare them: by mod revision and value (by mod revision alone
     /// with [`Bug::GuardByRevision`]). A lock that is not declared never matches.
-    fn guard_holds(&self, cached: &Cached, lock: &Lock) -> bool {
+    pub fn guard_holds(&self, cached: &Cached, lock: &Lock) -> bool {
         let by_value = self.spec.bug != Some(Bug::GuardByRevision);
         lock.modrev != 0 && cached.modrev == lock.modrev && (!by_value || *cached == Cached::of(lock))
     }
@@ -279,10 +290,17 @@ impl Protocol {
         let (cache, l) = (s.clients[c as usize].cache, &s.locks[spec.lock as usize]);
         let writer = !spec.shared && self.guard_holds(&cache, l);
         let guarded = self.spec.bug != Some(Bug::HandoffUnguarded);
-        if self.spec.handoff == Handoff::Off || chain.is_empty() || (guarded && !writer) {
+        if self.spec.handoff == Handoff::Off
+            || chain.is_empty()
+            || (guarded && !writer)
+            || spec.also.is_some()
+        {
             return false;
         }
-        let untouched = |create: &Rev| s.key(spec.lock, *create).filter(|k| k.modrev == k.create);
+        // A multi-lock key is never handed a grant: it holds only once admitted on every lock.
+        let single = |k: &Key| self.spec.clients[k.owner as usize].also.is_none();
+        let untouched =
+            |create: &Rev| (s.key(spec.lock, *create)).filter(|k| k.modrev == k.create && single(k));
         let Some(first) = untouched(&chain[0]) else {
             return false;
         };

@@ -55,9 +55,9 @@ impl<'a> Read<'a> {
         }
     }
 
-    /// The engine's verdict on this read (`all_granted`: as if every key ahead had recorded
-    /// its grant).
-    fn position(&self, all_granted: bool) -> Position {
+    /// The engine's verdict on this read (`assumed`: the keys ahead counted as recorded even
+    /// if they are not).
+    fn position(&self, assumed: impl Fn(&Key) -> bool) -> Position {
         let bug = self.bug;
         let ahead: Vec<_> = (self.keys.iter().zip(&self.names))
             .map(|(k, n)| match self.values {
@@ -65,7 +65,7 @@ impl<'a> Read<'a> {
                 true => Ahead {
                     key: n.to_vec(),
                     mode: mode(k.shared && bug != Some(Bug::IgnoreModes)),
-                    granted: all_granted || recorded(k.record, bug) || bug == Some(Bug::GrantPastUngranted),
+                    granted: assumed(k) || recorded(k.record, bug) || bug == Some(Bug::GrantPastUngranted),
                 },
             })
             .collect();
@@ -87,14 +87,14 @@ fn recorded(record: Record, bug: Option<Bug>) -> bool {
 /// `max_holders`: `Ok` to hold, or `Err` with what the waiter watches and may record.
 pub fn decide(model: &Protocol, state: &State, at: (u8, Rev), max: u8) -> Result<(), Wait> {
     let read = Read::new(state, at, max, model.spec.bug);
-    let position = read.position(false);
+    let position = read.position(|_| false);
     if position == Position::Holder {
         return Ok(());
     }
     let predecessor_deletion =
         read.bug == Some(Bug::PredecessorDeletionOnly) && matches!(position, Position::Waiter(_));
     let wakes = (protocol::wakes(&position, max.into()).into_iter())
-        .map(|(key, on)| (create_of(&key), on == Change::Any && !predecessor_deletion))
+        .map(|(key, on)| (at.0, create_of(&key), on == Change::Any && !predecessor_deletion))
         .collect();
     // Behind a grant its owner has not recorded: the waiter may record it (see `OnBehalf`).
     let behind = match &position {
@@ -109,19 +109,28 @@ pub fn decide(model: &Protocol, state: &State, at: (u8, Rev), max: u8) -> Result
     })
 }
 
-/// Whether the waiter `client` would hold its lock by the rule, applied to etcd as it is now
-/// (its settings, and every key ahead counted as recorded): nothing but the recording of the
-/// grants ahead and its own read need happen before it holds, whatever it last read.
+/// Whether the waiter `client` would hold its locks by the rule, applied to etcd as it is now
+/// (its settings, and every key ahead counted as recorded, but a multi-lock waiter's, which
+/// records only once admitted on all its locks): nothing but the recording of the grants
+/// ahead and its own read need happen before it holds, whatever it last read.
 pub fn admissible(model: &Protocol, state: &State, client: u8) -> bool {
-    let lock = model.spec.clients[client as usize].lock;
     let ticket = match &state.clients[client as usize].phase {
         Phase::Waiting(w) => w.ticket,
         Phase::Reading { ticket } => *ticket,
         _ => return false,
     };
-    let l = &state.locks[lock as usize];
-    let in_place = state.key(lock, ticket).is_some() && l.modrev != 0;
-    in_place && Read::new(state, (lock, ticket), l.max, None).position(true) == Position::Holder
+    let waiting_multi = |k: &Key| {
+        let owner = &state.clients[k.owner as usize];
+        let holds = matches!(owner.phase, Phase::Holding { ticket, .. } if ticket == k.create);
+        model.spec.clients[k.owner as usize].also.is_some() && !holds
+    };
+    model.spec.clients[client as usize].locks().all(|lock| {
+        let l = &state.locks[lock as usize];
+        let in_place = state.key(lock, ticket).is_some() && l.modrev != 0;
+        in_place
+            && Read::new(state, (lock, ticket), l.max, None).position(|k| !waiting_multi(k))
+                == Position::Holder
+    })
 }
 
 /// Notes a grant of an exclusive key in `lock` that breaks the count rule: the new holder and
@@ -138,7 +147,7 @@ pub fn check_limit(model: &Protocol, state: &mut State, lock: u8) {
         let handed = state
             .key(lock, ticket)
             .is_some_and(|k| k.record == Record::Handed);
-        handed && model.spec.clients[c].lock == lock
+        handed && model.spec.clients[c].locks().any(|l| l == lock)
     });
     let holders = live_holders(model, state, lock).count() + handed_waiters.count();
     if holders + 1 > state.locks[lock as usize].max as usize {
@@ -153,6 +162,13 @@ pub fn check_limit(model: &Protocol, state: &mut State, lock: u8) {
 /// operator has not reconciled yet is noted apart, see
 /// [`crate::state::Rebuilt::window_broken`]).
 pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), ticket: Rev, chain: Vec<Rev>) {
+    check_grant(model, state, (client, lock), ticket);
+    hold(model, state, client, ticket, chain);
+}
+
+/// Notes whether the grant of `ticket` in `lock` to `client` breaks a safety rule (see
+/// [`grant`]).
+pub fn check_grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), ticket: Rev) {
     let key = state.key(lock, ticket).expect("a key in place");
     if !model.spec.clients[client as usize].shared && key.record != Record::Handed {
         check_limit(model, state, lock);
@@ -177,6 +193,10 @@ pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), tick
         None if below => drop(state.broken.get_or_insert(Broken::TokenOrder)),
         None => {}
     }
+}
+
+/// Makes `client` a holder of `ticket`, knowing `chain` behind it.
+pub fn hold(model: &Protocol, state: &mut State, client: u8, ticket: Rev, chain: Vec<Rev>) {
     let session = state.pods[model.owners[client as usize] as usize].session;
     state.clients[client as usize].phase = Phase::Holding {
         ticket,
@@ -193,6 +213,6 @@ pub fn live_holders<'a>(model: &'a Protocol, state: &'a State, lock: u8) -> impl
             Phase::Holding { ticket, .. } => state.key(lock, ticket).is_some(),
             _ => false,
         };
-        holds && model.spec.clients[c as usize].lock == lock
+        holds && model.spec.clients[c as usize].locks().any(|l| l == lock)
     })
 }

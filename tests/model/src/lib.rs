@@ -15,6 +15,7 @@ mod clusters;
 mod decide;
 mod liveness;
 mod model;
+mod multi;
 mod props;
 mod rebuild;
 mod report;

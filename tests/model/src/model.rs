@@ -153,6 +153,7 @@ impl Protocol {
             .map(|c| Client {
                 phase: Phase::Idle,
                 cache: Cached::of(&locks[c.lock as usize]),
+                also_cache: c.also.map(|l| Cached::of(&locks[l as usize])),
                 left: c.acquires,
                 holder: 0,
                 removals: vec![],

@@ -72,6 +72,7 @@ pub fn properties() -> Vec<Property<Protocol>> {
             s.broken != Some(Broken::LiveRevoked)
         }),
         Property::sometimes(crate::clusters::REVOKED, |_, s: &State| s.revoked),
+        Property::sometimes(crate::multi::HELD, crate::multi::held),
         Property::sometimes(REGRANTED, |_, s: &State| {
             s.rebuilt.as_ref().is_some_and(|r| r.granted_after)
         }),
@@ -120,7 +121,12 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     if spec.releases > 0 {
         out.push(RELEASED);
     }
-    let mutex = |l: usize| spec.max_holders[l] == 1 && count(l, false) >= 2;
+    // Grants are handed on among single-lock writers only.
+    let single = |l: usize| {
+        let writer = |c: &&crate::spec::ClientSpec| c.lock as usize == l && !c.shared && c.also.is_none();
+        spec.clients.iter().filter(writer).count()
+    };
+    let mutex = |l: usize| spec.max_holders[l] == 1 && single(l) >= 2;
     if spec.handoff != crate::spec::Handoff::Off && locks.clone().any(mutex) {
         out.push(HANDED);
     }
@@ -133,6 +139,9 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     }
     if !spec.clusters.is_empty() {
         out.push(crate::clusters::REVOKED);
+    }
+    if spec.clients.iter().any(|c| c.also.is_some()) {
+        out.push(crate::multi::HELD);
     }
     out
 }
@@ -159,11 +168,11 @@ fn holding(s: &State, c: u8) -> bool {
     matches!(s.clients[c as usize].phase, Phase::Holding { .. })
 }
 
-/// Whether `c` believes it holds but its key is gone.
+/// Whether `c` believes it holds but a key of its hold is gone.
 fn outlived(m: &Protocol, s: &State, c: u8) -> bool {
-    let lock = m.spec.clients[c as usize].lock;
+    let mut locks = m.spec.clients[c as usize].locks();
     match s.clients[c as usize].phase {
-        Phase::Holding { ticket, .. } => s.key(lock, ticket).is_none(),
+        Phase::Holding { ticket, .. } => locks.any(|lock| s.key(lock, ticket).is_none()),
         _ => false,
     }
 }

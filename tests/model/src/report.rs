@@ -53,7 +53,12 @@ impl Display for Shown<'_> {
         for (c, client) in s.clients.iter().enumerate() {
             let spec = model.spec.clients[c];
             let mode = if spec.shared { "shared" } else { "exclusive" };
-            let mut line = format!("    c{c} ({mode}, lock {}): {}", spec.lock, phase(&client.phase));
+            let locks: Vec<_> = spec.locks().map(|l| l.to_string()).collect();
+            let mut line = format!(
+                "    c{c} ({mode}, lock {}): {}",
+                locks.join("+"),
+                phase(&client.phase)
+            );
             if !client.removals.is_empty() {
                 write!(line, "; removing {:?}", client.removals)?;
             }
@@ -116,7 +121,7 @@ fn phase(p: &Phase) -> String {
         }
         Phase::Waiting(w) => {
             let wakes: Vec<_> = (w.wakes.iter())
-                .map(|(k, any)| format!("#{k} {}", if *any { "any change" } else { "deletion" }))
+                .map(|(l, k, any)| format!("lock {l} #{k} {}", if *any { "any change" } else { "deletion" }))
                 .collect();
             let behalf = match w.behind {
                 Some((c, _, _)) => format!("; may record c{c}'s grant"),

@@ -390,15 +390,10 @@ fn rebuilds() -> Vec<Run> {
 
 /// Every run, in order.
 pub fn runs() -> Vec<Run> {
-    [
-        protocol(),
-        handoff(),
-        on_behalf(),
-        bugs(),
-        rebuilds(),
-        crate::clusters::runs(),
-    ]
-    .into_iter()
-    .flatten()
-    .collect()
+    let more = [crate::multi::runs(), crate::clusters::runs()];
+    [protocol(), handoff(), on_behalf(), bugs(), rebuilds()]
+        .into_iter()
+        .chain(more)
+        .flatten()
+        .collect()
 }

@@ -8,6 +8,9 @@ pub struct ClientSpec {
     pub pod: u8,
     /// The lock it contends for.
     pub lock: u8,
+    /// A second lock taken with the first as one (a multi-lock acquire, see
+    /// [`crate::multi`]): one key in each queue, put by one transaction.
+    pub also: Option<u8>,
     /// Shared (else exclusive).
     pub shared: bool,
     /// A connection-bound hold (`POST /hold`): a new holder id per connection, and a closed
@@ -111,6 +114,9 @@ pub enum Bug {
     /// A grant written by a release counts as recorded for the rule before its owner has
     /// learned it: a key behind may be let in first, with a higher token.
     HandedCountsAsGranted,
+    /// A multi-lock waiter records its grant (`acquiredAt`) in each lock as soon as it is
+    /// admitted there, before it is admitted on every lock.
+    MultiRecordsEarly,
     /// An operator judges every entry, whatever its cluster: a pod of another cluster, which
     /// its API server does not know, looks deleted to it.
     ForeignPods,
@@ -162,6 +168,7 @@ impl ClientSpec {
         ClientSpec {
             pod,
             lock,
+            also: None,
             shared: false,
             connection: false,
             heartbeat: false,
@@ -193,5 +200,18 @@ impl ClientSpec {
     /// The same, acquiring `n` times.
     pub fn acquires(self, n: u8) -> Self {
         ClientSpec { acquires: n, ..self }
+    }
+
+    /// The same, taking lock `also` too, as one multi-lock acquire.
+    pub fn and(self, also: u8) -> Self {
+        ClientSpec {
+            also: Some(also),
+            ..self
+        }
+    }
+
+    /// The locks it takes: its lock, then the other of a multi-lock acquire.
+    pub fn locks(&self) -> impl Iterator<Item = u8> + use<> {
+        std::iter::once(self.lock).chain(self.also)
     }
 }

@@ -174,8 +174,8 @@ pub struct Wait {
     pub ticket: Rev,
     /// The revision of its last read.
     pub at: Rev,
-    /// The keys it watches (create revision; true: any change, false: deletion).
-    pub wakes: Vec<(Rev, bool)>,
+    /// The keys it watches (lock, create revision; true: any change, false: deletion).
+    pub wakes: Vec<(u8, Rev, bool)>,
     /// The unrecorded grant ahead it waits behind, by name, which it may record.
     pub behind: Option<Name>,
 }
@@ -213,6 +213,8 @@ pub struct Client {
     pub phase: Phase,
     /// The settings its sidecar cached.
     pub cache: Cached,
+    /// Those of the other lock of a multi-lock acquire.
+    pub also_cache: Option<Cached>,
     /// Acquires it has yet to make.
     pub left: u8,
     /// Its holder id's generation.
@@ -334,6 +336,7 @@ impl State {
         }
         for client in &mut self.clients {
             f(&mut client.cache.modrev);
+            client.also_cache.iter_mut().for_each(|c| f(&mut c.modrev));
             client.removals.iter_mut().for_each(&mut f);
             match &mut client.phase {
                 Phase::Idle | Phase::Enqueue => {}
@@ -345,7 +348,7 @@ impl State {
                 Phase::Waiting(w) => {
                     f(&mut w.ticket);
                     f(&mut w.at);
-                    w.wakes.iter_mut().for_each(|(r, _)| f(r));
+                    w.wakes.iter_mut().for_each(|(_, r, _)| f(r));
                 }
             }
         }

@@ -97,7 +97,7 @@ impl Protocol {
             Action::ReleaseDelete => {
                 let (l, create) = s.release.take().expect("a release read");
                 let believed = (s.clients.iter().enumerate()).any(|(c, client)| {
-                    self.spec.clients[c].lock == l
+                    self.spec.clients[c].locks().any(|x| x == l)
                         && matches!(client.phase, Phase::Holding { ticket, .. } if ticket == create)
                 });
                 if s.delete(l, create) && believed {
