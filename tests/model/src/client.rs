@@ -217,17 +217,8 @@ impl Protocol {
             return;
         }
         let ticket = s.next_rev();
-        s.locks[spec.lock as usize].queue.push(Key {
-            owner: c,
-            session,
-            epoch,
-            holder,
-            create: ticket,
-            modrev: ticket,
-            shared: spec.shared,
-            record: Record::No,
-            next: vec![],
-        });
+        let key = new_key((c, session, holder), epoch, ticket, spec.shared);
+        s.locks[spec.lock as usize].queue.push(key);
         self.place(s, c, ticket, max);
     }
 
@@ -328,6 +319,22 @@ impl Protocol {
             (key.record, key.modrev, key.next) = (Record::Handed, rev, rest.clone());
         }
         true
+    }
+}
+
+/// A new queue key: its owner, session and holder id's generation, the epoch it records, its
+/// create revision and its mode; no grant recorded.
+pub fn new_key((owner, session, holder): Name, epoch: u8, create: Rev, shared: bool) -> Key {
+    Key {
+        owner,
+        session,
+        epoch,
+        holder,
+        create,
+        modrev: create,
+        shared,
+        record: Record::No,
+        next: vec![],
     }
 }
 

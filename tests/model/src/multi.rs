@@ -12,6 +12,7 @@
 //! every queue, and revisions are totally ordered. Waiting for all keys of a request at once
 //! (rather than taking the locks one by one) is what makes that order global.
 
+use crate::client::new_key;
 use crate::decide::{check_grant, decide, hold};
 use crate::model::Protocol;
 use crate::runs::{HOLDS, Run, spec};
@@ -79,17 +80,8 @@ impl Protocol {
         let ticket = s.next_rev();
         for l in spec.locks() {
             let epoch = self.cached(s, c, l).epoch;
-            s.locks[l as usize].queue.push(Key {
-                owner: c,
-                session,
-                epoch,
-                holder,
-                create: ticket,
-                modrev: ticket,
-                shared: false,
-                record: Record::No,
-                next: vec![],
-            });
+            let key = new_key((c, session, holder), epoch, ticket, false);
+            s.locks[l as usize].queue.push(key);
         }
         self.place_multi(s, c, ticket);
     }
