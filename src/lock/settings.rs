@@ -163,6 +163,34 @@ impl Declared {
     }
 }
 
+/// The field of the settings' value that names their publisher.
+const FIELD: &str = "cluster";
+
+/// The cluster that published a settings value (empty: unowned, or a single cluster's).
+pub fn publisher(value: &[u8]) -> String {
+    let parsed: Result<serde_json::Value, _> = serde_json::from_slice(value);
+    match parsed.ok().as_ref().and_then(|v| v.get(FIELD)) {
+        Some(serde_json::Value::String(c)) => c.clone(),
+        _ => String::new(),
+    }
+}
+
+/// Settings with their publisher, as stored.
+#[derive(Serialize)]
+struct Published<'a> {
+    #[serde(flatten)]
+    settings: &'a Settings,
+    /// [`FIELD`]; absent when unnamed.
+    #[serde(skip_serializing_if = "str::is_empty")]
+    cluster: &'a str,
+}
+
+/// The value that stores `settings` as published by `cluster` (unnamed: the settings alone,
+/// byte for byte as before clusters were named; see [`shared`](super::shared)).
+pub fn encode(settings: &Settings, cluster: &str) -> Vec<u8> {
+    serde_json::to_vec(&Published { settings, cluster }).expect("settings serialize")
+}
+
 /// Reads a lock's settings; `None` when undeclared.
 pub async fn read(etcd: &Etcd, lock: &LockId) -> Result<Option<Declared>, LockError> {
     let resp = etcd.get(lock.config_key(), None).await?;
@@ -183,7 +211,7 @@ pub async fn publish(
     renew: bool,
 ) -> Result<Option<i64>, LockError> {
     settings.validate()?;
-    let value = super::shared::encode(settings, cluster);
+    let value = encode(settings, cluster);
     let config = lock.config_key();
     let mut ops = vec![TxnOp::put(config.as_str(), value, None)];
     if renew {
@@ -249,5 +277,16 @@ mod tests {
         let later = Settings { epoch: 2, ..read };
         let text = String::from_utf8(serde_json::to_vec(&later).unwrap()).unwrap();
         assert!(text.ends_with(r#""epoch":2}"#), "{text}");
+    }
+
+    #[test]
+    fn an_unnamed_publisher_writes_the_settings_as_before_and_a_named_one_is_read_back() {
+        let s = Settings::default();
+        assert_eq!(encode(&s, ""), serde_json::to_vec(&s).unwrap());
+        let named = encode(&s, "east");
+        assert_eq!(publisher(&named), "east");
+        assert_eq!(serde_json::from_slice::<Settings>(&named).unwrap(), s);
+        assert_eq!(publisher(&encode(&s, "")), "");
+        assert_eq!(publisher(b"not json"), "");
     }
 }

@@ -14,42 +14,13 @@
 //!   settings stay, unowned if they were the withdrawing cluster's, for another to adopt.
 
 use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp};
-use serde::Serialize;
 
 use super::changes::QueueEntry;
 use super::error::LockError;
 use super::etcd::{self, Etcd};
 use super::names::LockId;
 use super::queue::{self, Ticket};
-use super::settings::{Declared, Settings};
-
-/// The field of the settings' value that names their publisher.
-const FIELD: &str = "cluster";
-
-/// The cluster that published a settings value (empty: unowned, or a single cluster's).
-pub fn publisher(value: &[u8]) -> String {
-    let parsed: Result<serde_json::Value, _> = serde_json::from_slice(value);
-    match parsed.ok().as_ref().and_then(|v| v.get(FIELD)) {
-        Some(serde_json::Value::String(c)) => c.clone(),
-        _ => String::new(),
-    }
-}
-
-/// Settings with their publisher, as stored.
-#[derive(Serialize)]
-struct Published<'a> {
-    #[serde(flatten)]
-    settings: &'a Settings,
-    /// [`FIELD`]; absent when unnamed.
-    #[serde(skip_serializing_if = "str::is_empty")]
-    cluster: &'a str,
-}
-
-/// The value that stores `settings` as published by `cluster` (unnamed: the settings alone,
-/// byte for byte as before clusters were named).
-pub fn encode(settings: &Settings, cluster: &str) -> Vec<u8> {
-    serde_json::to_vec(&Published { settings, cluster }).expect("settings serialize")
-}
+use super::settings::{Declared, encode, publisher};
 
 /// Whether the operator of `cluster` may write settings whose publisher is `publisher`.
 pub fn may_publish(publisher: &str, cluster: &str) -> bool {
@@ -209,17 +180,6 @@ impl Read {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn an_unnamed_publisher_writes_the_settings_as_before_and_a_named_one_is_read_back() {
-        let s = Settings::default();
-        assert_eq!(encode(&s, ""), serde_json::to_vec(&s).unwrap());
-        let named = encode(&s, "east");
-        assert_eq!(publisher(&named), "east");
-        assert_eq!(serde_json::from_slice::<Settings>(&named).unwrap(), s);
-        assert_eq!(publisher(&encode(&s, "")), "");
-        assert_eq!(publisher(b"not json"), "");
-    }
 
     #[test]
     fn only_unowned_or_own_settings_may_be_written() {

@@ -138,7 +138,7 @@ impl Store {
         let read = queue::read_lock(&self.0, lock, None).await?;
         Ok(LockState {
             settings: read.declared.as_ref().map(|d| d.settings),
-            publisher: (read.declared.as_ref()).map_or(String::new(), |d| shared::publisher(&d.value)),
+            publisher: (read.declared.as_ref()).map_or(String::new(), |d| settings::publisher(&d.value)),
             settings_revision: read.declared.map_or(0, |d| d.revision),
             queue: queue::split_queue(&read.queue, max_holders),
             revision: read.revision,
