@@ -57,8 +57,9 @@ impl Engine {
             return Err(self.lose(&hold, self.why_key_deleted(&hold).await).await);
         }
         if !self.0.registry.end_released(&hold) {
-            // Its monitor ended it meanwhile (lost), and has reported that.
-            return Err(self.lose(&hold, "it ended while being released").await);
+            // Its monitor ended it meanwhile (lost, and reported), or a release of the same
+            // holder id did (two requests of one holder): say which, and report nothing again.
+            return Err(self.0.registry.ended(&hold));
         }
         debug!(lock = %lock, holder, token = hold.token(), "released");
         self.publish(&hold, EventKind::Released, None);

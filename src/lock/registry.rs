@@ -92,6 +92,20 @@ impl Registry {
         true
     }
 
+    /// Why `hold`, no longer the slot's, ended: lost (410, its monitor reported it) if the slot
+    /// remembers it lost, else another release of the same holder id ended it (409: this
+    /// release found nothing left to release, as after that release).
+    pub fn ended(&self, hold: &Hold) -> LockError {
+        let map = self.0.lock().unwrap();
+        let slot = map.get(&(hold.lock.clone(), hold.holder_id.clone()));
+        match slot {
+            Some(Slot::Lost { token, .. }) if *token == hold.token() => {
+                not_held(&hold.lock, &hold.holder_id, slot)
+            }
+            _ => not_held(&hold.lock, &hold.holder_id, None),
+        }
+    }
+
     /// The hold of `lock`/`holder`, or why there is none: lost (410) or never held (409).
     pub fn get_held(&self, lock: &LockId, holder: &str) -> Result<Arc<Hold>, LockError> {
         let map = self.0.lock().unwrap();
@@ -258,6 +272,22 @@ mod tests {
             registry.get_held(&lock, "b"),
             Err(LockError::NotHolder { .. })
         ));
+    }
+
+    /// Two requests of one holder id release its hold at once: the one that finds it ended by
+    /// the other is told it holds nothing (409), not that the hold was lost, even once the
+    /// holder id holds again; a hold its monitor ended is told lost.
+    #[tokio::test]
+    async fn a_hold_released_by_another_request_ended_as_released_not_lost() {
+        let registry = Registry::default();
+        let first = held(&registry, "a");
+        assert!(registry.end_released(&first));
+        assert!(matches!(registry.ended(&first), LockError::NotHolder { .. }));
+        let _again = held(&registry, "a");
+        assert!(matches!(registry.ended(&first), LockError::NotHolder { .. }));
+        let lost = held(&registry, "b");
+        registry.mark_lost(&lost, "its key was deleted");
+        assert!(matches!(registry.ended(&lost), LockError::Lost { .. }));
     }
 
     /// Finding 5 of the safety review: while an acquire of a slot was in progress, the sweep
