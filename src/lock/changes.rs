@@ -8,6 +8,7 @@ use super::entry::Entry;
 use super::error::{LockError, Unavailable};
 use super::keys;
 use super::names::LockId;
+use super::queue::Ticket;
 
 /// One entry of a lock's queue, as etcd holds it.
 #[derive(Debug, Clone)]
@@ -37,6 +38,15 @@ impl QueueEntry {
             lease: kv.lease(),
             entry: Entry::decode(kv.value()),
         })
+    }
+
+    /// Its key as the queue's own operations take it.
+    pub(super) fn ticket(&self) -> Ticket {
+        Ticket {
+            key: self.key.clone(),
+            revision: self.revision,
+            lease: self.lease,
+        }
     }
 }
 

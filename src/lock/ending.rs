@@ -93,27 +93,31 @@ impl Engine {
         }
     }
 
-    /// Ends `hold` as lost for `reason` (unless it already ended) and returns the error that
-    /// tells its holder so.
+    /// Ends `hold` as lost for `reason` and returns the error that tells its holder so; if it
+    /// had already ended, says how: lost (410), or released by another request of the same
+    /// holder id (409), even when that holder id holds again since.
     async fn lose(&self, hold: &Arc<Hold>, reason: &str) -> LockError {
-        self.end_lost(hold, reason).await;
-        let slot = self.0.registry.get_held(&hold.lock, &hold.holder_id);
-        slot.err().unwrap_or_else(|| LockError::Lost {
+        if !self.end_lost(hold, reason).await {
+            return self.0.registry.ended(hold);
+        }
+        LockError::Lost {
             lock: hold.lock.clone(),
             holder: hold.holder_id.clone(),
             reason: reason.into(),
-        })
+        }
     }
 
-    /// Ends `hold` as lost (called by its monitor), unless it already ended.
-    pub(crate) async fn end_lost(&self, hold: &Arc<Hold>, reason: &str) {
+    /// Ends `hold` as lost (called by its monitor), unless it already ended; returns whether
+    /// it ended it.
+    pub(crate) async fn end_lost(&self, hold: &Arc<Hold>, reason: &str) -> bool {
         if !self.0.registry.mark_lost(hold, reason) {
-            return;
+            return false;
         }
         hold.ended.cancel();
         warn!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), reason, "hold lost");
         self.publish(hold, EventKind::Lost, Some(reason.into()));
         spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
+        true
     }
 
     /// Ends `session` at once if etcd no longer has its lease: a key of it that vanished may

@@ -191,10 +191,20 @@ pub async fn remove_noting(etcd: &Etcd, ticket: &Ticket, note: TxnOp) -> Result<
     if_still_ours(etcd, ticket, ops).await
 }
 
+/// The transaction of [`remove`], to run among others in one revision.
+pub fn removal(ticket: &Ticket) -> Txn {
+    still_ours(ticket, [TxnOp::delete(ticket.key.as_str(), None)])
+}
+
 /// Runs `ops` only while `ticket`'s key still has its create revision; returns whether they ran.
 async fn if_still_ours(etcd: &Etcd, ticket: &Ticket, ops: impl Into<Vec<TxnOp>>) -> Result<bool, LockError> {
+    Ok(etcd.txn(still_ours(ticket, ops)).await?.succeeded())
+}
+
+/// `ops`, guarded by `ticket`'s key still having its create revision.
+fn still_ours(ticket: &Ticket, ops: impl Into<Vec<TxnOp>>) -> Txn {
     let ours = Compare::create_revision(ticket.key.as_str(), CompareOp::Equal, ticket.revision);
-    Ok(etcd.txn(Txn::new().when([ours]).and_then(ops)).await?.succeeded())
+    Txn::new().when([ours]).and_then(ops)
 }
 
 /// A lock's queue as it stands: holders in acquisition order and the number of waiters.

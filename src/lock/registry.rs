@@ -284,6 +284,10 @@ mod tests {
         assert!(registry.end_released(&first));
         assert!(matches!(registry.ended(&first), LockError::NotHolder { .. }));
         let _again = held(&registry, "a");
+        assert!(
+            !registry.mark_lost(&first, "its key was deleted"),
+            "already ended"
+        );
         assert!(matches!(registry.ended(&first), LockError::NotHolder { .. }));
         let lost = held(&registry, "b");
         registry.mark_lost(&lost, "its key was deleted");

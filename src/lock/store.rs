@@ -168,12 +168,7 @@ impl Store {
         let Some((_, holder)) = keys::parse_entry_key(&held.key) else {
             return Ok(false); // not a key the engine writes: no sidecar to tell
         };
-        let ticket = Ticket {
-            key: held.key.clone(),
-            revision: held.revision,
-            lease: held.lease,
-        };
-        released::release(&self.0, &held.lock, &holder, &ticket).await
+        released::release(&self.0, &held.lock, &holder, &held.ticket()).await
     }
 
     /// Every lock with settings or queue keys in `namespace` (all when `None`).

@@ -230,3 +230,62 @@ async fn one_cluster_publishes_the_settings_and_the_other_reports_a_different_sp
         .conditions;
     assert!(ready[0].message.contains("(maxHolders 2,"), "{:?}", ready[0]);
 }
+
+#[tokio::test]
+async fn a_withdrawal_ends_its_clusters_holder_and_waiters_together() {
+    let ns = "clusters-together";
+    let (east, west, etcd) = clusters(ns).await;
+    // East holds and waits (its holder's key sorts first), west waits last.
+    let holder = east.pod(ns, "app-east", &etcd).await;
+    let waiter = east.pod(ns, "app-east2", &etcd).await;
+    let other = west.pod(ns, "app-west", &etcd).await;
+    holder.must_acquire("job", json!({})).await;
+    let east_waits = acquire_later(&waiter);
+    east.shows("job", "a waiter", |s| s.waiters == 1).await;
+    let west_waits = acquire_later(&other);
+    east.shows("job", "two waiters", |s| s.waiters == 2).await;
+    let before = with_crd().etcd.revision().await;
+    assert!(
+        east.plane
+            .kubectl(&["delete", "dlock", "job", "-n", ns, "--wait=true"])
+            .0
+    );
+    let (status, _) = west_waits.await.unwrap();
+    assert_eq!(status, 200, "west's waiter was not granted once east withdrew");
+    let (status, _) = east_waits.await.unwrap();
+    assert_ne!(
+        status, 200,
+        "east's waiter was granted by its own cluster's withdrawal"
+    );
+    // Ended one by one, front first, the holder's end would admit east's waiter for a moment,
+    // and its sidecar could answer that grant, already gone.
+    let ended = deletions(&format!("/podlock/v1/queue/{ns}/job/"), before).await;
+    assert_eq!(ended.len(), 2, "{ended:?}");
+    assert_eq!(ended[0].1, ended[1].1, "not ended in one revision: {ended:?}");
+}
+
+/// The deletions under `prefix` after revision `from` that a second of watching shows: (key,
+/// revision).
+async fn deletions(prefix: &str, from: i64) -> Vec<(String, i64)> {
+    let opts = etcd_client::WatchOptions::new()
+        .with_prefix()
+        .with_start_revision(from + 1);
+    let mut client = with_crd().etcd.client().await;
+    let mut stream = client.watch(prefix, Some(opts)).await.unwrap();
+    let mut found = vec![];
+    let second = tokio::time::sleep(Duration::from_secs(1));
+    tokio::pin!(second);
+    loop {
+        tokio::select! {
+            _ = &mut second => return found,
+            msg = stream.message() => {
+                let events = msg.unwrap().map(|m| m.events().to_vec()).unwrap_or_default();
+                let deleted = events.into_iter().filter(|e| e.event_type() == etcd_client::EventType::Delete);
+                found.extend(deleted.filter_map(|e| {
+                    let kv = e.kv()?;
+                    Some((kv.key_str().ok()?.to_string(), kv.mod_revision()))
+                }));
+            }
+        }
+    }
+}

@@ -230,6 +230,21 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_answered_after_its_key_was_ended_must_be_told_lost_in_time() {
+        // Token 10 was decided first, but its answer (and stamp) came after token 12's grant:
+        // its key had been ended meanwhile. Its client must hear of the loss in time.
+        let answered_late = |told: f64| {
+            let mut late = hold(10, 0.3, told, Some(told), 409);
+            late.acquired = 0.25;
+            let holds = [hold(12, 0.2, 0.6, None, 200), late];
+            analyze(&holds, &[write(0.21, 12, 1)], &[])
+        };
+        let a = answered_late(0.5);
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+        assert_eq!(answered_late(1.5).violations.len(), 2, "overlap and token order");
+    }
+
+    #[test]
     fn a_release_answered_released_after_a_later_grant_is_caught() {
         // The bug of a release that answered 200 for a hold whose lease had ended while its
         // sidecar was paused: the client counts its hold until it sent the release (0.5), and

@@ -161,7 +161,7 @@ impl Rig {
             }
             Kind::LockDeleted => {
                 let at = now();
-                block_in_place(|| recreate_lock(self, COUNTER, 1));
+                recreate_lock(self, COUNTER, 1).await;
                 (0, at)
             }
             Kind::PodDeleted => self.delete_pod(round).await,
@@ -188,7 +188,7 @@ impl Rig {
     /// Stalls a mutex worker picked by `round` (and for a pause its sidecar, for the TTL plus
     /// 1 s); returns the worker and when it stalled, or `None` if it did not get to stall.
     async fn stall(&mut self, kind: Kind, round: usize) -> Option<(usize, f64)> {
-        let i = self.start_stall(kind, round).await?;
+        let i = self.start_stall(kind, round % self.counter_workers()).await?;
         let at = now();
         if kind == Kind::WorkerStall {
             sleep(STALL).await; // only the worker stalls; its sidecar runs on
@@ -200,15 +200,15 @@ impl Rig {
         Some((i, at))
     }
 
-    /// Makes a mutex worker picked by `round` stall once it holds (before its release for a
-    /// [`Kind::ReleasePause`], else between its grant and its write); returns it once it
-    /// stalls, holding, or `None` if it did not get to stall within 10 s.
-    pub async fn start_stall(&self, kind: Kind, round: usize) -> Option<usize> {
-        let i = round % self.counter_workers();
+    /// Makes mutex worker `i` stall once it holds (before its release for a
+    /// [`Kind::ReleasePause`], else between its grant and its write; heartbeating if only the
+    /// operator is to end its hold); returns it once it stalls, holding, or `None` if it did
+    /// not get to stall within 10 s.
+    pub async fn start_stall(&self, kind: Kind, i: usize) -> Option<usize> {
         let slot = &self.slots[i];
-        // A hung app whose heartbeat still runs: only the force release ends its hold.
-        slot.stall_beating
-            .store(kind == Kind::ForceRelease, Ordering::Relaxed);
+        // A hung app whose heartbeat still runs: only the operator ends its hold.
+        let beating = matches!(kind, Kind::ForceRelease | Kind::PodDeleted);
+        slot.stall_beating.store(beating, Ordering::Relaxed);
         let flag = if kind == Kind::ReleasePause {
             &slot.stall_release
         } else {

@@ -3,7 +3,8 @@
 //! change a lock or delete a pod go through the API server, as a user's or a kubelet's would.
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use podlock::crd::DistributedLock;
 use std::time::Duration;
 
 use super::clusters;
@@ -16,30 +17,48 @@ use crate::common::wait_until;
 /// The namespace of the checker's locks and pods.
 pub const NAMESPACE: &str = "safety";
 
-/// Creates (or changes) the DistributedLock `lock` with the checker's TTL and `max_holders`.
-pub fn apply_lock(plane: &ControlPlane, lock: &str, max_holders: u32) {
-    let yaml = format!(
-        "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: {lock}, namespace: {NAMESPACE}}}\nspec: {{ttlSeconds: {}, maxHolders: {max_holders}}}\n",
-        TTL.as_secs()
-    );
-    let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &yaml);
-    assert!(ok, "apply DistributedLock {lock}: {err}");
+/// Creates (or changes) the DistributedLock `lock` with the checker's TTL and `max_holders`,
+/// by a server-side apply. Each attempt is bounded and retried: a `kubectl apply` (which fetches
+/// the OpenAPI schema each time) once took a minute on a loaded machine, starving the run.
+pub async fn apply_lock(plane: &ControlPlane, lock: &str, max_holders: u32) {
+    let locks: Api<DistributedLock> = Api::namespaced(plane.client().await, NAMESPACE);
+    let object = serde_json::json!({
+        "apiVersion": "podlock.io/v1alpha1",
+        "kind": "DistributedLock",
+        "metadata": {"name": lock, "namespace": NAMESPACE},
+        "spec": {"ttlSeconds": TTL.as_secs(), "maxHolders": max_holders},
+    });
+    let (params, patch) = (PatchParams::apply("safety").force(), Patch::Apply(&object));
+    for tries in 1.. {
+        let apply = locks.patch(lock, &params, &patch);
+        match tokio::time::timeout(Duration::from_secs(10), apply).await {
+            Ok(Ok(_)) => return,
+            Ok(Err(e)) if tries < 3 => eprintln!("  apply DistributedLock {lock}: {e}; retrying"),
+            Err(_) if tries < 3 => eprintln!("  apply DistributedLock {lock}: no answer in 10 s; retrying"),
+            failed => panic!("apply DistributedLock {lock}: {failed:?}"),
+        }
+    }
 }
 
 /// Deletes the DistributedLock `lock` in each cluster, east first, each waiting until its
 /// operator withdrew from it in etcd (its finalizer), and creates it again in each, east first.
-pub fn recreate_lock(rig: &Rig, lock: &str, max_holders: u32) {
+pub async fn recreate_lock(rig: &Rig, lock: &str, max_holders: u32) {
     for c in &rig.clusters {
-        let (ok, _, err) = c
-            .plane
-            .kubectl(&["delete", "dlock", lock, "-n", NAMESPACE, "--wait=true"]);
+        let delete = ["delete", "dlock", lock, "-n", NAMESPACE, "--wait=true"];
+        let (ok, _, err) = tokio::task::block_in_place(|| c.plane.kubectl(&delete));
         assert!(ok, "delete DistributedLock {lock}: {err}");
     }
-    rig.apply_everywhere(lock, max_holders);
+    rig.apply_everywhere(lock, max_holders).await;
 }
 
-/// The `maxHolders` etcd holds for `lock` now (`None`: not declared).
+/// The `maxHolders` etcd holds for `lock` now (`None`: not declared, or etcd did not answer
+/// within a second).
 pub async fn published_limit(endpoints: &str, lock: &str) -> Option<u64> {
+    let read = read_limit(endpoints, lock);
+    tokio::time::timeout(Duration::from_secs(1), read).await.ok()?
+}
+
+async fn read_limit(endpoints: &str, lock: &str) -> Option<u64> {
     let endpoints: Vec<&str> = endpoints.split(',').collect();
     let mut etcd = etcd_client::Client::connect(endpoints, None).await.ok()?;
     let key = format!("/podlock/v1/config/{NAMESPACE}/{lock}");
@@ -54,7 +73,7 @@ impl Rig {
     /// seen to hold the new value, so the checker allows either limit in between).
     pub async fn patch_pool_limit(&self, limit: u32) -> f64 {
         let at = now();
-        tokio::task::block_in_place(|| self.apply_everywhere(POOL, limit));
+        self.apply_everywhere(POOL, limit).await;
         let published = wait_until(Duration::from_secs(10), || async {
             published_limit(&self.endpoints, POOL).await == Some(limit.into())
         })
@@ -68,25 +87,20 @@ impl Rig {
         at
     }
 
-    /// Deletes the Pod of the mutex holder while its sidecar runs on, unaware, as behind a lost
-    /// kubelet: its cluster's operator must end its holds. The clusters take turns by `round`:
-    /// the holder of that cluster is waited for (at most twice the TTL), else one of its mutex
-    /// workers' pods is deleted. Once the lock has moved on (or after twice the TTL), the pod
-    /// comes back under the same name with a new uid, as a StatefulSet's would, with a new
-    /// sidecar (the old one killed with it).
+    /// Deletes the Pod of a mutex holder while its sidecar runs on, unaware, as behind a lost
+    /// kubelet: its cluster's operator must end its hold. The clusters take turns by `round`;
+    /// one of that cluster's mutex workers is made to stall once it holds, heartbeating (a hung
+    /// app: nothing but the operator would end its hold), and its pod is deleted then (or after
+    /// 10 s without a hold). Once the lock has moved on (or after twice the TTL), the pod comes
+    /// back under the same name with a new uid, as a StatefulSet's would, with a new sidecar
+    /// (the old one killed with it).
     pub async fn delete_pod(&mut self, round: usize) -> (usize, f64) {
         let cluster = (round / Kind::CYCLE.len()) % 2;
-        let of_cluster = |i: &usize| clusters::of(self.slots[*i].sidecar) == cluster;
-        let held = wait_until(2 * TTL, || async {
-            self.holder().await.is_some_and(|h| of_cluster(&h))
-        });
-        let fallback = (0..self.counter_workers())
-            .find(of_cluster)
-            .expect("a mutex worker in each cluster");
-        let i = match held.await {
-            Ok(_) => self.holder().await.filter(of_cluster).unwrap_or(fallback),
-            Err(_) => fallback,
-        };
+        let mine: Vec<usize> = (0..self.counter_workers())
+            .filter(|&i| clusters::of(self.slots[i].sidecar) == cluster)
+            .collect();
+        let i = mine[round / (2 * Kind::CYCLE.len()) % mine.len()];
+        self.start_stall(Kind::PodDeleted, i).await;
         let pod = self.slots[i].pod.clone();
         let pods = self.pods_of(self.slots[i].sidecar).clone();
         let at = now();
@@ -109,7 +123,10 @@ impl Rig {
     /// annotation was set.
     pub async fn force_release(&self, round: usize) -> (usize, f64) {
         let stalled = match round % 2 {
-            1 => self.start_stall(Kind::ForceRelease, round).await,
+            1 => {
+                let i = round % self.counter_workers();
+                self.start_stall(Kind::ForceRelease, i).await
+            }
             _ => None,
         };
         let (_, info) = self.sidecars[0].get(&format!("/v1/locks/{COUNTER}")).await;

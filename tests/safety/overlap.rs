@@ -100,9 +100,12 @@ pub fn check_lock(holds: &[&HoldRecord], limits: &Limits, faults: &[Fault], a: &
         let over = (lasting.len() + 1).saturating_sub(allowed as usize);
         // Each lost hold's lag counts from the first grant it could have made room for.
         let lag = |h: &HoldRecord| h.ended - resumed(h, faults, g.granted);
+        // The new grant may itself be the lost one: decided while its key was admitted (etcd's
+        // log proves that) and answered after the key was ended, its client told soon after.
         let timely = (lasting.iter())
             .filter(|h| h.lost.is_some() && lag(h) <= LOST_NOTICE)
-            .count();
+            .count()
+            + usize::from(lost_on_arrival(g, faults));
         if over > 0 {
             for h in lasting.iter().filter(|h| h.lost.is_some()) {
                 if lagged.insert(h.token) {
@@ -116,7 +119,7 @@ pub fn check_lock(holds: &[&HoldRecord], limits: &Limits, faults: &[Fault], a: &
         let peak = stats.peaks.entry(allowed).or_default();
         *peak = (*peak).max(lasting.len() + 1 - timely.min(over));
     }
-    check_token_order(holds, a);
+    check_token_order(holds, faults, a);
     if let Some(h) = holds.first() {
         a.locks.push((h.lock, stats));
     }
@@ -151,16 +154,27 @@ fn overfull(
     )
 }
 
+/// Whether `g`'s client was told its hold was lost within [`LOST_NOTICE`] of the grant's
+/// arrival: a grant its sidecar decided while its key was admitted, but answered (and stamped)
+/// only after the key had been ended, as when an operator ends a pod's keys one by one while
+/// its sidecar is slow. Such a hold lasts in etcd before any later grant; only its answer is
+/// late, and its client hears of the loss as of any other.
+fn lost_on_arrival(g: &HoldRecord, faults: &[Fault]) -> bool {
+    g.lost.is_some() && g.ended - resumed(g, faults, g.granted) <= LOST_NOTICE
+}
+
 /// Tokens must rise in grant order: a grant with a lower token than an earlier grant's means
 /// the lock handed out grants out of queue order (as it did when `maxHolders` changed under
 /// queued waiters), and a fenced resource would then refuse a rightful holder. Grants are
 /// ordered by when their sidecars made them; two made in the same millisecond are not ordered.
-fn check_token_order(holds: &[&HoldRecord], a: &mut Analysis) {
+/// A grant lost on arrival ([`lost_on_arrival`]) has no rightful write to lose.
+fn check_token_order(holds: &[&HoldRecord], faults: &[Fault], a: &mut Analysis) {
     let mut by_grant = holds.to_vec();
     by_grant.sort_by(|x, y| (x.acquired.total_cmp(&y.acquired)).then(x.token.cmp(&y.token)));
     let mut highest: Option<&HoldRecord> = None;
     for h in by_grant {
         match highest {
+            Some(_) if lost_on_arrival(h, faults) => {}
             Some(top) if h.token <= top.token => a.violations.push(format!(
                 "{} token {} granted at {:.3} after token {} was granted at {:.3}",
                 h.lock, h.token, h.acquired, top.token, top.acquired

@@ -46,7 +46,7 @@ impl Rig {
         let east = Cluster::start(0, with_crd(), &endpoints).await;
         let locks = [(COUNTER, 1), (POOL, POOL_SLOTS), (RW, 1)];
         for (lock, limit) in locks {
-            apply_lock(east.plane, lock, limit);
+            apply_lock(east.plane, lock, limit).await;
         }
         let published = wait_until(Duration::from_secs(20), || async {
             for (lock, _) in locks {
@@ -62,7 +62,7 @@ impl Rig {
         // West declares them once east has published them: east's settings stay in force.
         let west = Cluster::start(1, other_cluster(), &endpoints).await;
         for (lock, limit) in locks {
-            apply_lock(west.plane, lock, limit);
+            apply_lock(west.plane, lock, limit).await;
         }
         let mut rig = Rig {
             etcd,
@@ -102,9 +102,9 @@ impl Rig {
     }
 
     /// Applies DistributedLock `lock` with `max_holders` in both clusters, east first.
-    pub fn apply_everywhere(&self, lock: &str, max_holders: u32) {
+    pub async fn apply_everywhere(&self, lock: &str, max_holders: u32) {
         for c in &self.clusters {
-            apply_lock(c.plane, lock, max_holders);
+            apply_lock(c.plane, lock, max_holders).await;
         }
     }
 

@@ -76,7 +76,7 @@ pub struct Slot {
     /// so the release reaches it only after its lease ended and another worker took over).
     pub stall_release: AtomicBool,
     /// Set by the fault loop with `stall`: heartbeat while stalled, as a hung app whose
-    /// heartbeat still runs (only an administrator's force release then ends its hold).
+    /// heartbeat still runs (only a force release or its pod's deletion then ends its hold).
     pub stall_beating: AtomicBool,
     /// Set while stalling, holding the lock, before the write or the release.
     pub stalling: AtomicBool,
