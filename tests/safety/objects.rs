@@ -19,7 +19,8 @@ pub const NAMESPACE: &str = "safety";
 
 /// Creates (or changes) the DistributedLock `lock` with the checker's TTL and `max_holders`,
 /// by a server-side apply. Each attempt is bounded and retried: a `kubectl apply` (which fetches
-/// the OpenAPI schema each time) once took a minute on a loaded machine, starving the run.
+/// the OpenAPI schema each time) once took a minute on a loaded machine, starving the run; so
+/// every change of a DistributedLock here goes through the API client, not kubectl.
 pub async fn apply_lock(plane: &ControlPlane, lock: &str, max_holders: u32) {
     let locks: Api<DistributedLock> = Api::namespaced(plane.client().await, NAMESPACE);
     let object = serde_json::json!({
@@ -44,9 +45,18 @@ pub async fn apply_lock(plane: &ControlPlane, lock: &str, max_holders: u32) {
 /// operator withdrew from it in etcd (its finalizer), and creates it again in each, east first.
 pub async fn recreate_lock(rig: &Rig, lock: &str, max_holders: u32) {
     for c in &rig.clusters {
-        let delete = ["delete", "dlock", lock, "-n", NAMESPACE, "--wait=true"];
-        let (ok, _, err) = tokio::task::block_in_place(|| c.plane.kubectl(&delete));
-        assert!(ok, "delete DistributedLock {lock}: {err}");
+        let locks: Api<DistributedLock> = Api::namespaced(c.plane.client().await, NAMESPACE);
+        let deleted = locks.delete(lock, &DeleteParams::default()).await;
+        deleted.unwrap_or_else(|e| panic!("delete DistributedLock {lock}: {e}"));
+        let gone = wait_until(Duration::from_secs(20), || async {
+            matches!(locks.get_opt(lock).await, Ok(None))
+        });
+        gone.await.unwrap_or_else(|e| {
+            panic!(
+                "DistributedLock {lock} not withdrawn ({e}):\n{}",
+                c.operator.log()
+            )
+        });
     }
     rig.apply_everywhere(lock, max_holders).await;
 }
