@@ -1,4 +1,5 @@
-//! `podlock lock NAME -- CMD ARGS...`: runs CMD while holding NAME through the sidecar.
+//! `podlock lock NAME [NAME...] -- CMD ARGS...`: runs CMD while holding NAME (and every further
+//! NAME, taken as one: a multi-lock acquire) through the sidecar.
 //!
 //! The hold is bound to its connection (`POST .../hold`): its answer streams the grant and
 //! then the hold's end, so a `lost` can never slip by, and if this process dies (kill -9, OOM)
@@ -32,6 +33,9 @@ acquired; 75 if the hold was lost while CMD ran (CMD then got SIGTERM)."
 pub struct LockArgs {
     /// The lock's name.
     pub name: String,
+    /// Further locks to hold with it, taken as one (a multi-lock acquire: FIFO on each, no
+    /// deadlock whatever the order).
+    pub with: Vec<String>,
     /// Seconds to wait for the lock (0: try once).
     #[arg(long, env = "PODLOCK_WAIT", default_value_t = 30.0)]
     pub wait: f64,
@@ -48,6 +52,17 @@ pub struct LockArgs {
     /// The command to run, after `--`.
     #[arg(last = true, required = true, num_args = 1..)]
     pub command: Vec<String>,
+}
+
+impl LockArgs {
+    /// The locks held, as CMD is told them (`PODLOCK_LOCK`): their names, comma-separated.
+    fn names(&self) -> String {
+        std::iter::once(&self.name)
+            .chain(&self.with)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(",")
+    }
 }
 
 /// Runs `podlock lock`: subscribe, acquire, run CMD under the hold, release; returns the
@@ -78,7 +93,7 @@ fn command(args: &LockArgs, holder: &str, token: i64) -> Command {
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..])
         .env("PODLOCK_FENCING_TOKEN", token.to_string())
-        .env("PODLOCK_LOCK", &args.name)
+        .env("PODLOCK_LOCK", args.names())
         .env("PODLOCK_HOLDER_ID", holder);
     // SAFETY: prctl is async-signal-safe and touches no memory of the parent. The runtime is
     // single-threaded, so the thread it watches is the process's.
@@ -128,6 +143,9 @@ impl Sidecar {
         if let Some(c) = &args.container {
             options["container"] = json!(c);
         }
+        if !args.with.is_empty() {
+            options["with"] = json!(args.with);
+        }
         let resp = self
             .http
             .post(format!("{}/hold", self.base))
@@ -137,7 +155,7 @@ impl Sidecar {
         if !resp.status().is_success() {
             let error: Value = resp.json().await?;
             let why = error["message"].as_str().unwrap_or("?");
-            eprintln!("podlock: could not acquire {}: {why}", args.name);
+            eprintln!("podlock: could not acquire {}: {why}", args.names());
             return Ok(None);
         }
         let mut events: HoldEvents = Box::pin(

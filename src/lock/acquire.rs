@@ -16,6 +16,7 @@ use super::held::Hold;
 use super::hold::{self, MarkWhen};
 use super::model::{AcquireRequest, EventKind, Grant};
 use super::names::{LockId, check_holder_id};
+use super::pending::Pending;
 use super::position::{Position, Standing};
 use super::queue::{self, Enqueued, Ticket};
 use super::registry::{Claimed, SlotKey};
@@ -62,6 +63,9 @@ impl Engine {
         if let Some(window) = req.heartbeat_timeout_seconds {
             HEARTBEAT.check(window)?;
         }
+        if !req.with.is_empty() {
+            return self.acquire_set(req).await;
+        }
         let slot: SlotKey = (req.lock.clone(), req.holder_id.clone());
         if let Some(hold) = self.0.registry.held(&slot) {
             check_rejoin(&req, &hold)?;
@@ -70,7 +74,7 @@ impl Engine {
             }
         }
         let mut pending = match self.0.registry.claim(&slot) {
-            Ok(()) => Pending::new(self, slot),
+            Ok(()) => Pending::new(self, vec![slot]),
             Err(Claimed::Holds(hold)) => return check_rejoin(&req, &hold).map(|()| Grant::of(&hold)),
             Err(Claimed::Waits) => {
                 return Err(LockError::AlreadyWaiting {
@@ -107,7 +111,7 @@ impl Engine {
     /// Answers an acquire by a holder that already holds: the same grant while its key is
     /// still in place. A key found gone is a loss (410), never a silent new hold; `None`: the
     /// hold was released meanwhile, acquire anew.
-    async fn regrant(&self, hold: &Arc<Hold>) -> Result<Option<Grant>, LockError> {
+    pub(super) async fn regrant(&self, hold: &Arc<Hold>) -> Result<Option<Grant>, LockError> {
         let ours = queue::is_ours(&self.0.etcd, &hold.ticket).await?;
         if hold.session.is_lost() {
             self.end_lost(hold, hold::SESSION_LOST).await;
@@ -132,21 +136,21 @@ impl Engine {
     ) -> Result<Placed, LockError> {
         for _ in 0..MAX_PLACEMENTS {
             let s = declared.settings;
-            check_mode(req, s)?;
+            check_mode(&req.lock, req.mode, s)?;
             let ttl = req.ttl_seconds.unwrap_or(s.ttl_seconds);
             let ttl = TTL.check(ttl)?;
             let session = self.0.sessions.get(ttl).await?;
             let entry = self.entry(req, ttl, s, s.epoch);
             let key = req.lock.entry_key(session.id, &req.holder_id);
-            self.0.registry.placing(&pending.slot, &key);
+            self.0.registry.placing(&pending.slots[0], &key);
             let enqueue = {
                 let (etcd, lock, under) = (self.0.etcd.clone(), req.lock.clone(), declared.clone());
                 let lease = session.id;
                 async move { queue::enqueue(&etcd, &lock, &key, &entry, lease, &under).await }
             };
-            match detached::enqueue_to_completion(self, &session, enqueue).await {
+            match detached::enqueue_to_completion(self, &session, enqueue, Enqueued::placed).await {
                 Ok(Enqueued::Placed { ticket, standing }) => {
-                    pending.ticket = Some((ticket.clone(), session.clone()));
+                    pending.keys = Some((vec![ticket.clone()], session.clone()));
                     // A revision a token cannot carry: refused (the key leaves with `pending`).
                     let token = Token::new(s.epoch, ticket.revision).map_err(|source| LockError::Token {
                         lock: req.lock.clone(),
@@ -199,7 +203,7 @@ impl Engine {
             // (granted a moment ago): that is bookkeeping, not a held lock.
             (Some(Position::BehindUngranted(_)), true) => Instant::now() + RECORDING_GRACE,
             // Try-once, and the enqueue said it waits: no need to read again.
-            (Some(_), true) => return Err(self.give_up(req, pending).await),
+            (Some(_), true) => return Err(self.give_up(&req.lock, req.wait, pending).await),
             _ => deadline,
         };
         let (etcd, ticket) = (&self.0.etcd, &placed.ticket);
@@ -207,31 +211,27 @@ impl Engine {
         match turn {
             Turn::Granted { at, chain } => Ok((at, chain)),
             Turn::Gone => Err(self.vanished(&req.lock, &placed.session).await),
-            Turn::TimedOut => Err(self.give_up(req, pending).await),
+            Turn::TimedOut => Err(self.give_up(&req.lock, req.wait, pending).await),
         }
     }
 
-    /// Leaves the queue after a wait that timed out, and says who holds the lock.
-    async fn give_up(&self, req: &AcquireRequest, pending: &mut Pending<'_>) -> LockError {
+    /// Leaves the queue after a wait (of `waited`) for `lock` timed out, and says who holds it.
+    pub(super) async fn give_up(
+        &self,
+        lock: &LockId,
+        waited: Duration,
+        pending: &mut Pending<'_>,
+    ) -> LockError {
         // Leave the queue before answering, so the 409 means "no trace left".
-        if let Some((ticket, session)) = pending.ticket.take()
-            && let Err(e) = queue::remove(&self.0.etcd, &ticket).await
-        {
-            warn!(key = ticket.key, error = %e, "could not leave the queue; retrying in the background");
-            detached::spawn_removal(self.clone(), ticket, session);
-        }
-        let holders = self
-            .inspect(&req.lock)
-            .await
-            .map(|i| i.holders)
-            .unwrap_or_default();
-        let why = if req.wait.is_zero() {
+        pending.leave().await;
+        let holders = self.inspect(lock).await.map(|i| i.holders).unwrap_or_default();
+        let why = if waited.is_zero() {
             String::new()
         } else {
-            format!("; waited {:?}", req.wait)
+            format!("; waited {waited:?}")
         };
         LockError::Held {
-            lock: req.lock.clone(),
+            lock: lock.clone(),
             holders,
             why,
         }
@@ -264,12 +264,7 @@ impl Engine {
         if mark == MarkWhen::Now && !queue::mark_acquired(&self.0.etcd, &ticket, &entry).await? {
             return Err(self.vanished(&req.lock, &session).await);
         }
-        // A hold must start with most of its lease confirmed: if keepalives have been failing,
-        // the lease may end any moment and the lock move on while the app believes it holds.
-        let confirmed = session.expires_at().saturating_duration_since(Instant::now());
-        if session.is_lost() || confirmed < Duration::from_secs(session.ttl.into()) / 2 {
-            return Err(Unavailable::LeaseUnconfirmed(confirmed).into());
-        }
+        check_lease(&session)?;
         let heartbeat = req
             .heartbeat_timeout_seconds
             .unwrap_or(settings.heartbeat_timeout_seconds);
@@ -286,8 +281,8 @@ impl Engine {
         hold.connection_bound = req.connection_bound;
         hold.chain = Chain::of(declared, req.mode, chain);
         let hold = Arc::new(hold);
-        pending.ticket = None;
-        self.0.registry.hold(pending.slot.clone(), hold.clone());
+        pending.keys = None;
+        self.0.registry.hold(pending.slots[0].clone(), hold.clone());
         debug!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), "acquired");
         self.publish(&hold, EventKind::Acquired, None);
         hold::spawn_monitor(self.clone(), hold.clone(), mark, entry);
@@ -295,7 +290,7 @@ impl Engine {
     }
 
     /// The entry of `req`'s key, enqueued under token epoch `epoch`.
-    fn entry(&self, req: &AcquireRequest, ttl: u32, s: Settings, epoch: u32) -> Entry {
+    pub(super) fn entry(&self, req: &AcquireRequest, ttl: u32, s: Settings, epoch: u32) -> Entry {
         Entry {
             holder_id: req.holder_id.clone(),
             pod: self.0.pod.clone(),
@@ -310,13 +305,14 @@ impl Engine {
             epoch,
             handed: false,
             next: vec![],
+            with: vec![],
         }
     }
 
     /// The error for a waiter whose key disappeared: the lock was deleted, or its lease ended.
     /// A lease that etcd no longer has ends its session at once, so that the next acquire
     /// starts a new one instead of failing until a keepalive notices.
-    async fn vanished(&self, lock: &LockId, session: &Session) -> LockError {
+    pub(super) async fn vanished(&self, lock: &LockId, session: &Session) -> LockError {
         self.check_session(session).await;
         match self.declared(lock, true).await {
             Err(e) => e,
@@ -325,10 +321,32 @@ impl Engine {
     }
 }
 
+/// A hold must start with most of its lease confirmed: if keepalives have been failing, the
+/// lease may end any moment and the lock move on while the app believes it holds.
+pub(super) fn check_lease(session: &Session) -> Result<(), LockError> {
+    let confirmed = session.expires_at().saturating_duration_since(Instant::now());
+    if session.is_lost() || confirmed < Duration::from_secs(session.ttl.into()) / 2 {
+        return Err(Unavailable::LeaseUnconfirmed(confirmed).into());
+    }
+    Ok(())
+}
+
 /// Whether an acquire by a holder id that already holds may be answered with that hold: only
-/// an acquire in the same mode, with neither side bound to a connection (a connection's hold
-/// is its own, see the contract's "Holder identity").
-fn check_rejoin(req: &AcquireRequest, hold: &Hold) -> Result<(), LockError> {
+/// an acquire in the same mode, of the same locks (a single lock is not a set it holds as
+/// part of), with neither side bound to a connection (a connection's hold is its own, see the
+/// contract's "Holder identity").
+pub(super) fn check_rejoin(req: &AcquireRequest, hold: &Hold) -> Result<(), LockError> {
+    if req.with.is_empty() && !hold.set.is_empty() {
+        let names: Vec<&str> = hold.set.iter().map(|(l, _)| l.name.as_str()).collect();
+        return Err(LockError::HolderInUse {
+            lock: req.lock.clone(),
+            holder: req.holder_id.clone(),
+            why: format!(
+                "; it holds it as part of [{}]: acquire that set, or release it first",
+                names.join(", ")
+            ),
+        });
+    }
     if req.connection_bound || hold.connection_bound {
         let why = if hold.connection_bound {
             "; that hold is bound to another connection (POST .../hold)"
@@ -354,40 +372,13 @@ fn check_rejoin(req: &AcquireRequest, hold: &Hold) -> Result<(), LockError> {
 
 /// Shared holds need a reader-writer lock (`maxHolders` 1): in a semaphore every hold already
 /// shares, up to its slots.
-fn check_mode(req: &AcquireRequest, s: Settings) -> Result<(), LockError> {
-    if req.mode == Mode::Shared && s.max_holders > 1 {
+pub(super) fn check_mode(lock: &LockId, mode: Mode, s: Settings) -> Result<(), LockError> {
+    if mode == Mode::Shared && s.max_holders > 1 {
         return Err(LockError::Invalid(format!(
             "mode shared needs a lock with maxHolders 1 (a reader-writer lock); {} is a semaphore \
              of {}: acquire it without a mode",
-            req.lock, s.max_holders
+            lock, s.max_holders
         )));
     }
     Ok(())
-}
-
-/// An acquire in progress: on drop (finished, failed or cancelled) it clears the `Waiting` slot
-/// and removes a queue key that did not become a hold.
-struct Pending<'a> {
-    engine: &'a Engine,
-    slot: SlotKey,
-    ticket: Option<(Ticket, Arc<Session>)>,
-}
-
-impl<'a> Pending<'a> {
-    fn new(engine: &'a Engine, slot: SlotKey) -> Self {
-        Pending {
-            engine,
-            slot,
-            ticket: None,
-        }
-    }
-}
-
-impl Drop for Pending<'_> {
-    fn drop(&mut self) {
-        self.engine.0.registry.unclaim(&self.slot);
-        if let Some((ticket, session)) = self.ticket.take() {
-            detached::spawn_removal(self.engine.clone(), ticket, session);
-        }
-    }
 }

@@ -12,7 +12,7 @@ use tracing::{info, warn};
 
 use super::Engine;
 use super::error::{LockError, Unavailable};
-use super::queue::{self, Enqueued, Ticket};
+use super::queue::{self, Ticket};
 use super::session::Session;
 use crate::retry;
 
@@ -23,16 +23,17 @@ use crate::retry;
 ///
 /// The enqueue runs in the acquire's own task (no task and channel per request); only an
 /// acquire dropped before its answer hands the enqueue to a task of its own.
-pub async fn enqueue_to_completion(
+pub async fn enqueue_to_completion<T: Send + 'static>(
     engine: &Engine,
     session: &Arc<Session>,
-    enqueue: impl Future<Output = Result<Enqueued, LockError>> + Send + 'static,
-) -> Result<Enqueued, LockError> {
+    enqueue: impl Future<Output = Result<T, LockError>> + Send + 'static,
+    placed: fn(T) -> Vec<Ticket>,
+) -> Result<T, LockError> {
     let (engine, session) = (engine.clone(), session.clone());
-    let abandoned = move |answer| {
+    let abandoned = move |answer: Result<T, LockError>| {
         // A stale key is not this request's: the acquire that gets it removes it, or the sweep.
-        if let Ok(Enqueued::Placed { ticket, .. }) = answer {
-            spawn_removal(engine, ticket, session);
+        for ticket in answer.map(placed).unwrap_or_default() {
+            spawn_removal(engine.clone(), ticket, session.clone());
         }
     };
     match finish_even_if_dropped(enqueue, abandoned).await {

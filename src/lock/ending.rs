@@ -14,8 +14,10 @@ use super::hold::{KEY_DELETED, SESSION_LOST, SHUTDOWN};
 use super::model::EventKind;
 use super::names::LockId;
 use super::queue;
+use super::queue::Ticket;
 use super::released::{self, ADMIN_RELEASED, NOTE_READ};
 use super::session::Session;
+use super::set;
 
 impl Engine {
     /// Releases a hold: deletes its key (guarded by its create revision) and ends it. A key
@@ -36,16 +38,26 @@ impl Engine {
         }
     }
 
-    /// Ends `hold` by release (see [`Engine::release`]).
+    /// Ends `hold` by release (see [`Engine::release`]), with the rest of its set.
     async fn end_released(&self, hold: Arc<Hold>) -> Result<(), LockError> {
         let (lock, holder) = (&hold.lock, hold.holder_id.as_str());
-        hold.ended.cancel(); // the monitor stops before our own deletion reaches it
-        let release = handoff::release(&self.0.etcd, lock, &hold.ticket, hold.chain.as_ref());
-        let removed = match release.await {
+        let Some(members) = self.members(&hold) else {
+            return Err(self.lose(&hold, SET_LOST).await);
+        };
+        for m in &members {
+            m.ended.cancel(); // the monitors stop before our own deletions reach them
+        }
+        let release = match members.len() {
+            1 => handoff::release(&self.0.etcd, lock, &hold.ticket, hold.chain.as_ref()).await,
+            _ => set::remove(&self.0.etcd, &tickets(&members)).await,
+        };
+        let removed = match release {
             Ok(removed) => removed,
             Err(e) => {
                 warn!(lock = %lock, holder, error = %e, "release could not reach etcd; retrying in the background");
-                spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
+                for m in &members {
+                    spawn_removal(self.clone(), m.ticket.clone(), m.session.clone());
+                }
                 true
             }
         };
@@ -61,9 +73,25 @@ impl Engine {
             // holder id did (two requests of one holder): say which, and report nothing again.
             return Err(self.0.registry.ended(&hold));
         }
+        for m in members.iter().filter(|m| !Arc::ptr_eq(m, &hold)) {
+            if self.0.registry.end_released(m) {
+                self.publish(m, EventKind::Released, None);
+            }
+        }
         debug!(lock = %lock, holder, token = hold.token(), "released");
         self.publish(&hold, EventKind::Released, None);
         Ok(())
+    }
+
+    /// The holds of `hold`'s set that this sidecar still holds, `hold` first (just `hold` for
+    /// a single lock); `None` if one of them has ended (lost): then the set is lost.
+    fn members(&self, hold: &Arc<Hold>) -> Option<Vec<Arc<Hold>>> {
+        let mut members = vec![hold.clone()];
+        for (lock, token) in hold.set.iter().filter(|(l, _)| *l != hold.lock) {
+            let slot = (lock.clone(), hold.holder_id.clone());
+            members.push(self.0.registry.held(&slot).filter(|m| m.fencing == *token)?);
+        }
+        Some(members)
     }
 
     /// Restarts a hold's heartbeat window; returns when it will expire. The hold's key is read:
@@ -72,6 +100,9 @@ impl Engine {
     pub async fn heartbeat(&self, lock: &LockId, holder: &str) -> Result<SystemTime, LockError> {
         let hold = self.0.registry.get_held(lock, holder)?;
         let expires = hold.heartbeat();
+        for m in self.members(&hold).unwrap_or_default().iter().skip(1) {
+            m.heartbeat();
+        }
         match queue::is_ours(&self.0.etcd, &hold.ticket).await {
             Ok(_) if hold.session.is_lost() => Err(self.lose(&hold, SESSION_LOST).await),
             Ok(true) => Ok(expires),
@@ -107,9 +138,23 @@ impl Engine {
         }
     }
 
-    /// Ends `hold` as lost (called by its monitor), unless it already ended; returns whether
-    /// it ended it.
+    /// Ends `hold` as lost (called by its monitor), with the rest of its set, unless it
+    /// already ended; returns whether it ended it.
     pub(crate) async fn end_lost(&self, hold: &Arc<Hold>, reason: &str) -> bool {
+        if !self.end_lost_one(hold, reason) {
+            return false;
+        }
+        for (lock, token) in hold.set.iter().filter(|(l, _)| *l != hold.lock) {
+            let slot = (lock.clone(), hold.holder_id.clone());
+            if let Some(m) = self.0.registry.held(&slot).filter(|m| m.fencing == *token) {
+                self.end_lost_one(&m, &format!("{SET_LOST} ({}: {reason})", hold.lock.name));
+            }
+        }
+        true
+    }
+
+    /// Ends `hold` alone as lost, unless it already ended; returns whether it ended it.
+    fn end_lost_one(&self, hold: &Arc<Hold>, reason: &str) -> bool {
         if !self.0.registry.mark_lost(hold, reason) {
             return false;
         }
@@ -142,4 +187,12 @@ impl Engine {
         self.0.events.close();
         info!(ended = holds.len(), "ended every hold");
     }
+}
+
+/// Why a hold of a multi-lock set was lost when another lock of the set was.
+const SET_LOST: &str = "another lock of its set was lost";
+
+/// The keys of `holds`.
+fn tickets(holds: &[Arc<Hold>]) -> Vec<Ticket> {
+    holds.iter().map(|h| h.ticket.clone()).collect()
 }

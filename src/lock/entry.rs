@@ -88,6 +88,11 @@ pub struct Entry {
     /// The keys behind this one that the release knew, handed on with the grant.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub next: Vec<Successor>,
+    /// The other locks this key's request takes as one with this one (a multi-lock acquire,
+    /// see [`multi`](super::multi)); absent: this lock alone. Such a key is never handed a
+    /// grant and hands none on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub with: Vec<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -111,6 +116,12 @@ impl Entry {
         self.acquired_at.is_some()
     }
 
+    /// Whether this is a multi-lock key still waiting for a lock of its set: it holds nothing
+    /// until it records its grant on all of them, whatever its place in this queue.
+    pub fn awaits_set(&self) -> bool {
+        !self.with.is_empty() && !self.is_granted()
+    }
+
     /// The holder this entry is, for its key created at `revision`; `None` if that revision
     /// is beyond what a token can carry (such a key is never granted: its acquire is refused).
     pub fn holder(self, revision: i64) -> Option<HolderInfo> {
@@ -122,6 +133,7 @@ impl Entry {
             pod: self.pod.name,
             cluster: Some(self.pod.cluster).filter(|c| !c.is_empty()),
             mode: self.mode,
+            with: self.with,
         })
     }
 }
@@ -143,6 +155,9 @@ pub struct HolderInfo {
     pub acquired_at: String,
     /// How it shares the lock.
     pub mode: Mode,
+    /// The other locks it holds as one with this one (a multi-lock hold); absent: this alone.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub with: Vec<String>,
 }
 
 /// Formats a time as the API and the status write it: RFC 3339 with milliseconds, in UTC.

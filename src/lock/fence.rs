@@ -98,7 +98,7 @@ impl Engine {
 fn complete_head(entries: Vec<(HolderInfo, bool)>, more: bool, max_holders: u32) -> Option<Vec<HolderInfo>> {
     let by_rule = protocol::held_count(entries.iter().map(|(e, _)| e.mode), max_holders);
     let recorded = entries.iter().take_while(|(_, granted)| *granted).count();
-    let held = by_rule.max(recorded);
+    let held = queue::admitted(&entries, by_rule.max(recorded));
     if more && held == entries.len() {
         return None;
     }
@@ -124,6 +124,7 @@ mod tests {
                     fencing_token: token,
                     acquired_at: String::new(),
                     mode,
+                    with: vec![],
                 };
                 (holder, granted)
             })

@@ -46,9 +46,10 @@ use super::settings::Declared;
 pub const CHAIN: u32 = 8;
 
 impl Successor {
-    /// A key read behind a holder, if a grant may be handed to it: an exclusive entry.
+    /// A key read behind a holder, if a grant may be handed to it: an exclusive entry of a
+    /// single lock (a multi-lock key holds only once admitted on all its locks).
     fn of(kv: &KeyValue) -> Option<Self> {
-        let entry = Entry::decode(kv.value()).filter(|e| e.mode == Mode::Exclusive)?;
+        let entry = Entry::decode(kv.value()).filter(|e| e.mode == Mode::Exclusive && e.with.is_empty())?;
         Some(Successor {
             key: kv.key_str().ok()?.to_string(),
             revision: kv.create_revision(),
@@ -192,6 +193,7 @@ mod tests {
             epoch: 0,
             handed: false,
             next: vec![],
+            with: vec![],
         }
     }
 

@@ -40,6 +40,9 @@ pub struct Hold {
     pub connection_bound: bool,
     /// What its release may hand the lock on with (see [`handoff`](super::handoff)).
     pub chain: Option<Chain>,
+    /// A multi-lock hold's whole set, this lock among them, each with its token (see
+    /// [`multi`](super::multi)); empty for a single lock. Released, heartbeated and lost as one.
+    pub set: Vec<(LockId, Token)>,
     /// When the heartbeat window ends; each heartbeat moves it.
     pub(super) deadline: watch::Sender<Instant>,
     /// Cancelled when the hold ends, by release or loss.
@@ -69,6 +72,7 @@ impl Hold {
             mode: Mode::Exclusive,
             connection_bound: false,
             chain: None,
+            set: vec![],
             deadline,
             ended: CancellationToken::new(),
         }

@@ -25,13 +25,16 @@ mod hold;
 mod keys;
 mod members;
 mod model;
+mod multi;
 mod names;
+mod pending;
 mod position;
 pub mod protocol;
 mod queue;
 mod registry;
 mod released;
 mod session;
+mod set;
 mod settings;
 mod shared;
 mod store;
@@ -45,7 +48,7 @@ pub use entry::{Entry, HolderInfo, Mode, PodRef, rfc3339};
 pub use error::{LockError, Unavailable};
 pub use etcd::Stats;
 pub use fence::FenceCheck;
-pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo};
+pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo, LockToken};
 pub use names::{
     InvalidName, LockId, check_container, check_dns_subdomain, check_holder_id, cluster_name,
     unique_holder_id,

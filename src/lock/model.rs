@@ -27,6 +27,9 @@ pub struct AcquireRequest {
     /// The hold will be bound to the asking connection (`POST .../hold`): it may not take over
     /// a hold of the same holder id, nor be taken over.
     pub connection_bound: bool,
+    /// Further locks of the namespace to take as one with `lock` (a multi-lock acquire, see
+    /// [`multi`](super::multi)); empty: `lock` alone.
+    pub with: Vec<LockId>,
 }
 
 /// A granted hold, as the API reports it.
@@ -54,6 +57,20 @@ pub struct Grant {
     /// part of the API).
     #[serde(skip)]
     pub handed_on: bool,
+    /// A multi-lock hold: every lock it holds, each with its fencing token (all of them the
+    /// same but where the locks' token epochs differ); empty for a single lock.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub locks: Vec<LockToken>,
+}
+
+/// One lock of a multi-lock hold and its fencing token.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockToken {
+    /// The lock's name.
+    pub lock: String,
+    /// The hold's fencing token on that lock.
+    pub fencing_token: i64,
 }
 
 impl Grant {
@@ -68,6 +85,12 @@ impl Grant {
             acquired_at: rfc3339(hold.acquired_at),
             mode: hold.mode,
             handed_on: false,
+            locks: (hold.set.iter())
+                .map(|(lock, token)| LockToken {
+                    lock: lock.name.clone(),
+                    fencing_token: token.get(),
+                })
+                .collect(),
         }
     }
 }

@@ -112,6 +112,16 @@ fn enqueue_txn(
         .or_else([TxnOp::get(config.as_str(), None)])
 }
 
+impl Enqueued {
+    /// The key this enqueue placed, if it did (for [`detached`](super::detached) to remove).
+    pub fn placed(self) -> Vec<Ticket> {
+        match self {
+            Enqueued::Placed { ticket, .. } => vec![ticket],
+            _ => vec![],
+        }
+    }
+}
+
 /// What the enqueue transaction's answer says.
 fn enqueued(
     resp: TxnResponse,
@@ -221,10 +231,20 @@ pub struct QueueState {
 pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32) -> QueueState {
     let entries = decode(kvs);
     let held = protocol::held_count(entries.iter().map(|(e, _)| e.mode), max_holders);
+    let held = admitted(&entries, held);
     QueueState {
         waiters: kvs.len().saturating_sub(held),
         holders: entries.into_iter().take(held).map(|(e, _)| e).collect(),
     }
+}
+
+/// How many of the leading `held` entries hold: those ahead of the first multi-lock key that
+/// has not recorded its grant. That key is not admitted on every lock of its set yet, so it
+/// holds nothing here, and the rule keeps every key behind it waiting too.
+pub(super) fn admitted(entries: &[(HolderInfo, bool)], held: usize) -> usize {
+    (entries.iter().take(held))
+        .take_while(|(h, granted)| *granted || h.with.is_empty())
+        .count()
 }
 
 /// The entries of a queue range as holders are shown, in its order, each with whether it

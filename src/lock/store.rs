@@ -158,6 +158,9 @@ impl Store {
             .collect();
         let modes = entries.iter().filter_map(|e| e.entry.as_ref()).map(|e| e.mode);
         let held = super::protocol::held_count(modes, declared.settings.max_holders);
+        let held = (entries.iter().take(held))
+            .take_while(|e| !e.entry.as_ref().is_some_and(|e| e.awaits_set()))
+            .count();
         Ok(entries.into_iter().take(held).collect())
     }
 

@@ -12,7 +12,7 @@ use tracing::{Instrument, info_span};
 
 use super::AppState;
 use super::error::ApiError;
-use super::request::{AcquireOptions, HolderOptions, lock_id, options};
+use super::request::{AcquireOptions, HolderOptions, lock_id, options, with_locks};
 use crate::lock::rfc3339;
 use crate::lock::{AcquireRequest, Grant, unique_holder_id};
 use crate::metrics::set_counter;
@@ -106,6 +106,7 @@ async fn try_acquire(
         heartbeat_timeout_seconds: heartbeat,
         container: opts.container,
         mode: opts.mode.unwrap_or_default(),
+        with: with_locks(&st.namespace, opts.with)?,
         lock,
     };
     let span = info_span!("acquire", lock = %req.lock, holder = %req.holder_id);

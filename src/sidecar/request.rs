@@ -34,6 +34,24 @@ pub struct AcquireOptions {
     pub keep_alive_seconds: Option<u32>,
     /// `exclusive` (default) or `shared` (a reader-writer lock).
     pub mode: Option<Mode>,
+    /// Further locks to take as one with the path's (a multi-lock acquire): a JSON list of
+    /// names in the body, or a comma-separated list in the query string.
+    #[serde(default, deserialize_with = "names")]
+    pub with: Option<Vec<String>>,
+}
+
+/// A list of lock names: a JSON list, or a string of names separated by commas.
+fn names<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Vec<String>>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Names {
+        List(Vec<String>),
+        Commas(String),
+    }
+    Ok(Some(match Names::deserialize(d)? {
+        Names::List(list) => list,
+        Names::Commas(s) => s.split(',').map(|n| n.trim().to_string()).collect(),
+    }))
 }
 
 /// Options of release and heartbeat.
@@ -60,6 +78,7 @@ impl Merge for AcquireOptions {
             container: body.container.or(self.container),
             keep_alive_seconds: body.keep_alive_seconds.or(self.keep_alive_seconds),
             mode: body.mode.or(self.mode),
+            with: body.with.or(self.with),
         }
     }
 }
@@ -114,6 +133,16 @@ pub fn options<T: DeserializeOwned + Default + Merge>(
 /// The lock of a request path, checked.
 pub fn lock_id(namespace: &str, name: &str) -> Result<LockId, ApiError> {
     Ok(LockId::new(namespace, name)?)
+}
+
+/// The locks `with` names (none when absent), checked as names; the engine checks the set.
+pub fn with_locks(namespace: &str, with: Option<Vec<String>>) -> Result<Vec<LockId>, ApiError> {
+    (with.unwrap_or_default().iter())
+        .map(|name| {
+            LockId::new(namespace, name)
+                .map_err(|e| ApiError::invalid(format!("with: {name:?} is not a lock name: {e}")))
+        })
+        .collect()
 }
 
 impl AcquireOptions {

@@ -29,6 +29,7 @@ mod leader;
 mod liveness;
 mod lock_cmd;
 mod modes;
+mod multi;
 mod openapi;
 mod operator;
 mod pod_liveness;
