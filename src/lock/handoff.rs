@@ -46,10 +46,9 @@ use super::settings::Declared;
 pub const CHAIN: u32 = 8;
 
 impl Successor {
-    /// A key read behind a holder, if a grant may be handed to it: an exclusive entry of a
-    /// single lock (a multi-lock key holds only once admitted on all its locks).
+    /// A key read behind a holder, if a grant may be handed to it ([`may_be_handed`]).
     fn of(kv: &KeyValue) -> Option<Self> {
-        let entry = Entry::decode(kv.value()).filter(|e| e.mode == Mode::Exclusive && e.with.is_empty())?;
+        let entry = Entry::decode(kv.value()).filter(may_be_handed)?;
         Some(Successor {
             key: kv.key_str().ok()?.to_string(),
             revision: kv.create_revision(),
@@ -60,6 +59,12 @@ impl Successor {
             },
         })
     }
+}
+
+/// Whether a grant may be handed to a key with `entry`: an exclusive entry of a single lock (a
+/// multi-lock key holds only once admitted on every lock of its set, see `multi`).
+fn may_be_handed(entry: &Entry) -> bool {
+    entry.mode == Mode::Exclusive && entry.with.is_empty()
 }
 
 /// What a holder may hand its lock on with: the settings its grant was decided under and the
@@ -223,6 +228,19 @@ mod tests {
         assert!(Chain::of(&declared(1), Mode::Shared, behind()).is_none());
         let slot = Chain::of(&declared(2), Mode::Exclusive, behind());
         assert!(slot.is_some(), "a semaphore's holder hands its slot on");
+    }
+
+    /// A multi-lock key holds only once admitted on every lock of its set: a release must
+    /// never hand it a grant (a chain read stops at it, as at a shared key).
+    #[test]
+    fn a_multi_lock_key_is_never_handed_a_grant() {
+        assert!(may_be_handed(&entry(Mode::Exclusive)));
+        assert!(!may_be_handed(&entry(Mode::Shared)));
+        let set = Entry {
+            with: vec!["other".into()],
+            ..entry(Mode::Exclusive)
+        };
+        assert!(!may_be_handed(&set));
     }
 
     #[test]

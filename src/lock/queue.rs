@@ -304,3 +304,36 @@ pub fn queue_order() -> GetOptions {
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(token: i64, with: &[&str]) -> HolderInfo {
+        HolderInfo {
+            holder_id: format!("h{token}"),
+            pod: "p".into(),
+            cluster: None,
+            fencing_token: token,
+            acquired_at: String::new(),
+            mode: Mode::Exclusive,
+            with: with.iter().map(|w| w.to_string()).collect(),
+        }
+    }
+
+    /// A semaphore of 3 whose second key is a set still waiting for another lock: only the
+    /// first key holds; the set's key holds once it recorded its grant.
+    #[test]
+    fn a_set_key_holds_nothing_until_it_records_its_grant() {
+        let queue = |set_granted| {
+            vec![
+                (holder(1, &[]), true),
+                (holder(2, &["b"]), set_granted),
+                (holder(3, &[]), false),
+            ]
+        };
+        assert_eq!(admitted(&queue(false), 3), 1);
+        assert_eq!(admitted(&queue(true), 3), 3);
+        assert_eq!(admitted(&queue(true), 2), 2, "never beyond the rule's count");
+    }
+}

@@ -227,3 +227,41 @@ async fn two_runs_as_pid_1_with_one_hostname_are_two_holders() {
     );
     assert!(first.wait().await.unwrap().success());
 }
+
+/// `podlock lock A B -- CMD` holds both locks while CMD runs, and tells CMD both names.
+#[tokio::test]
+async fn several_names_are_held_as_one_while_the_command_runs() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["a"]);
+    declare(&etcd.endpoint, &["b"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let script = "echo \"$PODLOCK_LOCK $PODLOCK_FENCING_TOKEN\"; sleep 1";
+    let run = lock_cmd(&s, &["a", "b", "--", "sh", "-c", script])
+        .spawn()
+        .unwrap();
+    let held = crate::common::wait_until(Duration::from_secs(5), || async {
+        s.get("/v1/locks/b").await.1["held"] == true
+    });
+    held.await.expect("b held while the command runs");
+    let (status, body) = s
+        .post(
+            "a",
+            "acquire",
+            serde_json::json!({"holderId": "x", "waitSeconds": 0}),
+        )
+        .await;
+    assert_eq!(status, 409, "a was free while the command ran: {body}");
+    let out = run.wait_with_output().await.unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let (names, token) = stdout.trim().split_once(' ').unwrap();
+    assert_eq!(names, "a,b");
+    assert!(token.parse::<i64>().unwrap() > 0, "{stdout}");
+    for lock in ["a", "b"] {
+        assert_eq!(
+            s.get(&format!("/v1/locks/{lock}")).await.1["held"],
+            false,
+            "{lock} outlived the run"
+        );
+    }
+}

@@ -108,6 +108,8 @@ async fn the_server_answers_as_the_openapi_file_says() {
     let mut etcd = EtcdServer::start().await;
     declare(&etcd.endpoint, &["doc"]);
     declare(&etcd.endpoint, &["streamed"]);
+    declare(&etcd.endpoint, &["pair"]);
+    declare(&etcd.endpoint, &["pair-2"]);
     declare(&etcd.endpoint, &["beat", "--heartbeat-timeout-seconds", "1"]);
     let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
     let events = reqwest::get(format!("{}/v1/locks/doc/events", s.addr))
@@ -152,6 +154,13 @@ async fn the_server_answers_as_the_openapi_file_says() {
             "/v1/locks/doc/acquire".into(),
             big,
         ),
+        (
+            "post",
+            "/v1/locks/{name}/acquire",
+            "/v1/locks/pair/acquire".into(),
+            json!({"holderId": "m", "with": ["pair-2"], "waitSeconds": 0}),
+        ),
+        ("get", "/v1/locks/{name}", "/v1/locks/pair-2".into(), Value::Null),
         ("get", "/v1/locks/{name}", "/v1/locks/doc".into(), Value::Null),
         ("get", "/v1/locks/{name}", "/v1/locks/nope".into(), Value::Null),
         ("get", "/v1/locks", "/v1/locks".into(), Value::Null),

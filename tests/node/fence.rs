@@ -25,7 +25,7 @@ fn holder(node: &Node) -> (String, i64) {
 }
 
 /// A running worker pod other than `holder`.
-fn another_pod(node: &Node, holder: &str) -> String {
+pub fn another_pod(node: &Node, holder: &str) -> String {
     let (_, out, _) = node.kubectl(&[
         "get",
         "pods",
@@ -60,8 +60,8 @@ fn podlock_fence(node: &Node, pod: &str, token: i64) -> (bool, String) {
 }
 
 /// The holder's token is current from every pod of the namespace; an older one is not, and its
-/// answer names the holder's token.
-pub fn any_pod_checks_the_holders_token(node: &Node) {
+/// answer names the holder's token. Returns the holder's pod.
+pub fn any_pod_checks_the_holders_token(node: &Node) -> String {
     settled(node);
     let (pod, token) = holder(node);
     let waiter = another_pod(node, &pod);
@@ -84,4 +84,5 @@ pub fn any_pod_checks_the_holders_token(node: &Node) {
         "fence check on the node: {pod}'s token {token} current from {pod} and {waiter}; {} not",
         token - 1
     );
+    pod
 }

@@ -12,6 +12,7 @@ mod holder_service;
 mod interrupt;
 mod isolation;
 mod lifecycle;
+mod multi;
 mod network_policy;
 mod upgrade;
 mod workload;
@@ -139,7 +140,8 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     isolation::a_namespace_cannot_touch_anothers_keys_nor_anyone_etcd_without_credentials(&node);
     network_policy::etcd_admits_only_this_releases_sidecars_and_the_operator(&node);
     holder_service::the_service_follows_the_holder(&node, &client).await;
-    fence::any_pod_checks_the_holders_token(&node);
+    let holder = fence::any_pod_checks_the_holders_token(&node);
+    multi::a_pod_takes_two_locks_as_one(&node, &holder);
     workload::pod_deletion_hands_the_lock_on(&node, &client).await;
     workload::app_crash_ends_the_hold(&node).await;
     lifecycle::helm_upgrade_reaches_new_pods(&node);

@@ -55,6 +55,9 @@ pub struct LockClient {
     pub sidecar: usize,
     /// The mode it asks for.
     pub mode: &'static str,
+    /// The further locks it takes as one with `lock` (a multi-lock acquire); every operation
+    /// is recorded on each lock of the set.
+    pub with: &'static [&'static str],
 }
 
 impl LockClient {
@@ -76,9 +79,21 @@ impl LockClient {
         format!("{}/{}", self.pod, self.holder_id())
     }
 
-    /// Records one of its operations.
+    /// The locks it takes: `lock`, and those it takes with it.
+    pub fn locks(&self) -> impl Iterator<Item = &'static str> + use<> {
+        std::iter::once(self.lock).chain(self.with.iter().copied())
+    }
+
+    /// Records one of its operations, on every lock it takes.
     pub fn record(&self, kind: OpKind, api: &'static str, call: f64, outcome: Outcome, token: i64) {
-        self.history.push(self.op(kind, api, call, outcome, token));
+        self.push_each(self.op(kind, api, call, outcome, token));
+    }
+
+    /// Records `op` on every lock it takes.
+    fn push_each(&self, op: Op) {
+        for lock in self.locks() {
+            self.history.push(Op { lock, ..op.clone() });
+        }
     }
 
     /// One of its operations, answered now unless its outcome is unknown.
@@ -102,7 +117,7 @@ impl LockClient {
     /// Records a grant of `token` in `mode`, asked for through `api` at `call`.
     pub fn record_grant(&self, api: &'static str, call: f64, token: i64, mode: &'static str) {
         let op = self.op(OpKind::Acquire, api, call, Outcome::Ok, token);
-        self.history.push(Op {
+        self.push_each(Op {
             granted: Some(mode),
             ..op
         });
@@ -111,15 +126,17 @@ impl LockClient {
     /// Records that it was told at `told` that the hold of `grant` ended (`promised`: by an
     /// events stream of its sidecar, which promises that within 1 s).
     pub fn told(&self, grant: &Grant, confirmed: f64, told: f64, promised: bool) {
-        self.history.told(Notice {
-            lock: self.lock,
-            client: self.client(),
-            row: self.row,
-            token: grant.token,
-            confirmed: confirmed.max(grant.call),
-            told,
-            promised_by: promised.then_some(self.sidecar),
-        });
+        for lock in self.locks() {
+            self.history.told(Notice {
+                lock,
+                client: self.client(),
+                row: self.row,
+                token: grant.token,
+                confirmed: confirmed.max(grant.call),
+                told,
+                promised_by: promised.then_some(self.sidecar),
+            });
+        }
     }
 
     /// The base URL of its lock on the sidecar at `addr`.
@@ -141,6 +158,9 @@ impl LockClient {
         if self.mode == "shared" {
             options["mode"] = json!("shared");
         }
+        if !self.with.is_empty() {
+            options["with"] = json!(self.with);
+        }
         let answer = self
             .http
             .post(self.url(addr, "acquire"))
@@ -153,6 +173,7 @@ impl LockClient {
         let grant = grant.filter(|_| status == Some(200)).and_then(|g| {
             let acquired = epoch_seconds(g["acquiredAt"].as_str()?)?;
             let mode = granted_mode(&g, self.mode);
+            self.check_set(&g);
             Some(Grant {
                 token: g["fencingToken"].as_i64()?,
                 acquired,
@@ -166,6 +187,23 @@ impl LockClient {
             (outcome, None) => self.record(OpKind::Acquire, "acquire", call, outcome, 0),
         }
         grant
+    }
+
+    /// Checks that a grant of a set names every lock of it, each with the grant's token: the
+    /// run never moves a lock's token epoch, so one revision is one token on every lock (the
+    /// history records it on each).
+    fn check_set(&self, grant: &Value) {
+        let named: Vec<(&str, i64)> = (grant["locks"].as_array().into_iter().flatten())
+            .filter_map(|l| Some((l["lock"].as_str()?, l["fencingToken"].as_i64()?)))
+            .collect();
+        let token = grant["fencingToken"].as_i64().unwrap_or_default();
+        let want: Vec<(&str, i64)> = self.locks().map(|l| (l, token)).collect();
+        let want = if self.with.is_empty() { vec![] } else { want };
+        assert_eq!(
+            named, want,
+            "a grant of {:?} names its locks otherwise: {grant}",
+            want
+        );
     }
 
     /// Releases (or heartbeats, for `call` "heartbeat") the hold; the answer's status, if one came.

@@ -116,7 +116,7 @@ const SIDECARS: usize = 6;
 /// window, one of them through `/hold`. On the reader-writer lock: two readers on one sidecar
 /// naming the same holder id (one holder, as the contract says), a reader and a writer through
 /// `/hold` on another without one (two holders), and a writer through `podlock lock`.
-const WORKERS: [Spec; 11] = [
+const WORKERS: [Spec; 13] = [
     Spec::acquire(COUNTER, 0),
     Spec::acquire(COUNTER, 1),
     Spec::acquire(COUNTER, 2),
@@ -128,6 +128,8 @@ const WORKERS: [Spec; 11] = [
     Spec::with(RW, 4, Api::Hold, "shared", None),
     Spec::with(RW, 4, Api::Hold, "exclusive", None),
     Spec::with(RW, 5, Api::LockCmd, "exclusive", None),
+    Spec::set(POOL, &[COUNTER], 1),
+    Spec::set(RW, &[POOL], 5),
 ];
 
 /// Seconds since the Unix epoch, on one monotonic clock shared by the workers and the fault
@@ -156,7 +158,7 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     let history = Arc::new(History::new(&[(COUNTER, 1), (POOL, POOL_SLOTS), (RW, 1)]));
     let workers: Vec<_> = (rig.slots.iter().zip(WORKERS).enumerate())
         .map(|(i, (s, spec))| {
-            let store = (s.lock == COUNTER).then(|| store.url.clone());
+            let store = spec.takes(COUNTER).then(|| store.url.clone());
             let run = worker::run((i, spec), s.clone(), store, history.clone(), stop.clone());
             tokio::spawn(run)
         })

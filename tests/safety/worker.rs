@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::apis;
 use super::client::{Grant, LockClient};
 use super::history::{History, OpKind, Outcome};
-use super::{TTL, now};
+use super::{COUNTER, TTL, now};
 use crate::common::wait_until;
 
 /// How long a paused worker stalls between its grant and its write: past the TTL, and past the
@@ -239,6 +239,8 @@ pub struct Spec {
     pub mode: &'static str,
     /// The holder id it names.
     pub holder: Option<&'static str>,
+    /// The further locks it takes as one with `lock` (through `POST .../acquire` only).
+    pub with: &'static [&'static str],
 }
 
 impl Spec {
@@ -261,7 +263,22 @@ impl Spec {
             api,
             mode,
             holder,
+            with: &[],
         }
+    }
+
+    /// A worker that acquires `lock` and every lock of `with` as one, exclusively, on `sidecar`
+    /// under its pod's name.
+    pub const fn set(lock: &'static str, with: &'static [&'static str], sidecar: usize) -> Self {
+        Spec {
+            with,
+            ..Spec::acquire(lock, sidecar)
+        }
+    }
+
+    /// Whether it takes `lock` (alone or in its set).
+    pub fn takes(&self, lock: &str) -> bool {
+        self.lock == lock || self.with.contains(&lock)
     }
 }
 
@@ -287,6 +304,7 @@ pub async fn run(
         row: i,
         sidecar: spec.sidecar,
         mode: spec.mode,
+        with: spec.with,
     };
     match spec.api {
         Api::Acquire => acquire_loop(Worker { slot, store, c }, stop).await,
@@ -321,15 +339,17 @@ async fn acquire_loop(w: Worker, stop: CancellationToken) {
         let lost = || notices.lock().unwrap().lost(g.token);
         let (write, confirmed) = w.work(&addr, &g, &lost).await;
         let (ended, lost) = w.finish(&addr, &g, confirmed, &lost).await;
-        w.slot.holds.lock().unwrap().push(HoldRecord {
-            lock: w.slot.lock,
+        // One record per lock of its set; the counter's write on the counter's record alone.
+        let mut holds = w.slot.holds.lock().unwrap();
+        holds.extend(w.c.locks().map(|lock| HoldRecord {
+            lock,
             worker: w.c.row,
             token: g.token,
             acquired: g.acquired,
             granted,
             ended,
             lost,
-            write,
-        });
+            write: write.filter(|_| lock == COUNTER),
+        }));
     }
 }
