@@ -47,6 +47,8 @@ const MAX_PLACEMENTS: usize = 5;
 struct Placed {
     tickets: Vec<Ticket>,
     session: Arc<Session>,
+    /// Each lock's token epoch when the keys were enqueued: their tokens' epochs.
+    epochs: Vec<u32>,
 }
 
 /// Why a set's wait ended without every turn.
@@ -178,6 +180,7 @@ impl Engine {
                     })
                     .collect(),
                 session,
+                epochs: declared.iter().map(|d| d.settings.epoch).collect(),
             };
             for (slot, t) in pending.slots.iter().zip(&placed.tickets) {
                 self.0.registry.placing(slot, &t.key);
@@ -196,8 +199,9 @@ impl Engine {
             match detached::enqueue_to_completion(self, &placed.session, enqueue, EnqueuedSet::placed).await {
                 Ok(EnqueuedSet::Placed(tickets)) => {
                     pending.keys = Some((tickets.clone(), placed.session.clone()));
-                    self.tokens(locks, declared, &tickets)?;
-                    return Ok(Placed { tickets, ..placed });
+                    let placed = Placed { tickets, ..placed };
+                    tokens(locks, &placed)?; // a revision no token carries: refused
+                    return Ok(placed);
                 }
                 Ok(EnqueuedSet::SettingsChanged(changed)) => {
                     for (i, kv) in changed {
@@ -246,24 +250,6 @@ impl Engine {
         Ok(try_join_all(turns).await?.into_iter().max().unwrap_or_default())
     }
 
-    /// The fencing tokens of the set's keys, one per lock (each its lock's epoch); refused if
-    /// their revision is beyond what a token carries.
-    fn tokens(
-        &self,
-        locks: &[LockId],
-        declared: &[Declared],
-        tickets: &[Ticket],
-    ) -> Result<Vec<Token>, LockError> {
-        (locks.iter().zip(declared).zip(tickets))
-            .map(|((lock, d), t)| {
-                Token::new(d.settings.epoch, t.revision).map_err(|source| LockError::Token {
-                    lock: lock.clone(),
-                    source,
-                })
-            })
-            .collect()
-    }
-
     /// The entries of the set's keys, each naming the other locks (`acquired`: with the grant
     /// recorded).
     fn set_entries(
@@ -281,12 +267,12 @@ impl Engine {
                 .map(|l| l.name.clone())
                 .collect()
         };
-        (locks.iter().zip(declared))
-            .map(|(lock, d)| Entry {
+        (locks.iter().zip(declared).zip(&placed.epochs))
+            .map(|((lock, d), &epoch)| Entry {
                 with: others(lock),
                 acquired_at: acquired.map(rfc3339),
                 heartbeat_timeout_seconds: heartbeat(req, declared),
-                ..self.entry(req, placed.session.ttl, d.settings, d.settings.epoch)
+                ..self.entry(req, placed.session.ttl, d.settings, epoch)
             })
             .collect()
     }
@@ -302,7 +288,7 @@ impl Engine {
         (at, acquired_at): (i64, SystemTime),
     ) -> Result<Grant, LockError> {
         super::acquire::check_lease(&placed.session)?;
-        let tokens = self.tokens(locks, declared, &placed.tickets)?;
+        let tokens = tokens(locks, &placed)?;
         let set: Vec<(LockId, Token)> = locks.iter().cloned().zip(tokens.iter().copied()).collect();
         let window = Duration::from_secs(heartbeat(&req, declared).into());
         let entries = self.set_entries(&req, locks, declared, &placed, Some(acquired_at));
@@ -343,6 +329,19 @@ impl EnqueuedSet {
             _ => vec![],
         }
     }
+}
+
+/// The fencing tokens of the set's keys, one per lock (each of its lock's epoch at the
+/// enqueue); refused if their revision is beyond what a token carries.
+fn tokens(locks: &[LockId], placed: &Placed) -> Result<Vec<Token>, LockError> {
+    (locks.iter().zip(&placed.epochs).zip(&placed.tickets))
+        .map(|((lock, &epoch), t)| {
+            Token::new(epoch, t.revision).map_err(|source| LockError::Token {
+                lock: lock.clone(),
+                source,
+            })
+        })
+        .collect()
 }
 
 /// The set's members: each lock with its settings and its key.
@@ -395,44 +394,5 @@ fn check_set(req: &AcquireRequest) -> Result<Vec<LockId>, LockError> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn request(lock: &str, with: &[&str]) -> AcquireRequest {
-        let id = |name: &str| LockId::new("ns", name).unwrap();
-        AcquireRequest {
-            lock: id(lock),
-            holder_id: "h".into(),
-            wait: Duration::ZERO,
-            ttl_seconds: None,
-            heartbeat_timeout_seconds: None,
-            container: None,
-            mode: Default::default(),
-            connection_bound: false,
-            with: with.iter().map(|n| id(n)).collect(),
-        }
-    }
-
-    #[test]
-    fn a_set_is_distinct_locks_of_one_namespace_at_most_eight() {
-        let names = |r: &AcquireRequest| {
-            check_set(r)
-                .unwrap()
-                .iter()
-                .map(|l| l.name.clone())
-                .collect::<Vec<_>>()
-        };
-        assert_eq!(
-            names(&request("a", &["c", "b"])),
-            ["a", "c", "b"],
-            "the request's order"
-        );
-        assert!(check_set(&request("a", &["b", "a"])).is_err());
-        assert!(check_set(&request("a", &["b", "b"])).is_err());
-        assert!(check_set(&request("a", &["1", "2", "3", "4", "5", "6", "7"])).is_ok());
-        assert!(check_set(&request("a", &["1", "2", "3", "4", "5", "6", "7", "8"])).is_err());
-        let mut other = request("a", &["b"]);
-        other.with[0].namespace = "elsewhere".into();
-        assert!(check_set(&other).is_err());
-    }
-}
+#[path = "multi_tests.rs"]
+mod tests;

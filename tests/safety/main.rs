@@ -6,7 +6,9 @@
 //! take a reader-writer lock (`maxHolders` 1) on the sidecars of the semaphore: two readers
 //! naming the same holder id on one sidecar (one holder, as the contract says), a reader and a
 //! writer through `/hold` without holder id on another (two holders), and a writer through
-//! `podlock lock rw -- sh -c ...`, the real binary. All are correct clients: each follows its
+//! `podlock lock rw -- sh -c ...`, the real binary. Two more take locks as one (multi-lock
+//! acquires): the semaphore with the mutex (incrementing the counter), and the reader-writer lock
+//! with the semaphore; each records its operations on every lock of its set. All are correct clients: each follows its
 //! sidecar's events stream (or its hold's) and stops counting a hold as its own once told it
 //! is lost. A fault loop injects, one at a time and each only once the mutex has made progress
 //! again: kill -9 of the holder's sidecar
@@ -115,7 +117,9 @@ const SIDECARS: usize = 6;
 /// and three for the semaphore's two slots, so that a waiter always queues behind a full
 /// window, one of them through `/hold`. On the reader-writer lock: two readers on one sidecar
 /// naming the same holder id (one holder, as the contract says), a reader and a writer through
-/// `/hold` on another without one (two holders), and a writer through `podlock lock`.
+/// `/hold` on another without one (two holders), and a writer through `podlock lock`. Then two
+/// sets: the semaphore with the mutex (on a mutex worker's sidecar, so that the mutex's faults
+/// hit it too) and the reader-writer lock with the semaphore.
 const WORKERS: [Spec; 13] = [
     Spec::acquire(COUNTER, 0),
     Spec::acquire(COUNTER, 1),
