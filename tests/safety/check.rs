@@ -162,6 +162,7 @@ mod tests {
         HoldRecord {
             lock: COUNTER,
             worker: token as usize % 3,
+            sidecar: token as usize % 3,
             token,
             acquired: granted,
             granted,

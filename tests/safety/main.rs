@@ -132,8 +132,8 @@ const WORKERS: [Spec; 13] = [
     Spec::with(RW, 4, Api::Hold, "shared", None),
     Spec::with(RW, 4, Api::Hold, "exclusive", None),
     Spec::with(RW, 5, Api::LockCmd, "exclusive", None),
-    Spec::set(POOL, &[COUNTER], 1),
-    Spec::set(RW, &[POOL], 5),
+    Spec::set(POOL, &[COUNTER], 1, "pool-counter"),
+    Spec::set(RW, &[POOL], 5, "rw-pool"),
 ];
 
 /// Seconds since the Unix epoch, on one monotonic clock shared by the workers and the fault
@@ -213,6 +213,9 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     eprintln!("  {}", replay.summary(log.events.len(), grants));
     eprintln!("  {}", orphans.summary());
     eprintln!("{}", report::slow_recoveries(&a, &ops, start));
+    let sets = report::sets(&rig.slots);
+    let said: Vec<String> = sets.iter().map(|(set, n)| format!("{n} holds of {set}")).collect();
+    eprintln!("  multi-lock: {}", said.join(", "));
     let count = |kind| faults.iter().filter(|f| f.kind == kind).count();
     let (deleted, asked) = (count(Kind::PodDeleted), count(Kind::ForceRelease));
     let (mut ended, mut released, mut foreign, mut logs) = (0, 0, vec![], String::new());
@@ -277,6 +280,10 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     assert!(
         replay.handed_slots > 0,
         "no semaphore's release handed its slot on: the run missed it"
+    );
+    assert!(
+        sets.iter().all(|(_, n)| *n > 0),
+        "a multi-lock worker was never granted its set: the run missed multi-lock {sets:?}"
     );
     assert_verdict(&a, &state, start);
     let orphaned = orphans.violations();

@@ -76,7 +76,7 @@ pub struct LockStats {
 /// tells no one, so its notices count from when it ran again, if that is after `from`.
 fn resumed(h: &HoldRecord, faults: &[Fault], from: f64) -> f64 {
     (faults.iter())
-        .filter(|f| matches!(f.kind, Kind::Pause | Kind::ReleasePause) && f.target == h.worker)
+        .filter(|f| matches!(f.kind, Kind::Pause | Kind::ReleasePause) && f.target == h.sidecar)
         .filter(|f| f.at < h.ended && f.until > h.granted)
         .map(|f| f.until)
         .fold(from, f64::max)

@@ -173,3 +173,15 @@ pub fn slow_recoveries(a: &Analysis, ops: &[Op], start: f64) -> String {
     }
     out
 }
+
+/// How many holds each multi-lock worker had, by its set (`pool+counter`), from its slot.
+pub fn sets(slots: &[std::sync::Arc<super::worker::Slot>]) -> Vec<(String, usize)> {
+    (WORKERS.iter().zip(slots))
+        .filter(|(w, _)| !w.with.is_empty())
+        .map(|(w, s)| {
+            let holds = s.holds.lock().unwrap();
+            let n = holds.iter().filter(|h| h.lock == w.lock).count();
+            (format!("{}+{}", w.lock, w.with.join("+")), n)
+        })
+        .collect()
+}

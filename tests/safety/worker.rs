@@ -30,8 +30,11 @@ pub const HEARTBEAT: Duration = Duration::from_secs(1);
 pub struct HoldRecord {
     /// The lock.
     pub lock: &'static str,
-    /// The worker (and sidecar) index.
+    /// The worker index.
     pub worker: usize,
+    /// Its sidecar's index (a mutex worker's is its own index; the fault loop's pauses name
+    /// sidecars by it).
+    pub sidecar: usize,
     /// The fencing token.
     pub token: i64,
     /// When its sidecar made the grant (the grant's `acquiredAt`, to the millisecond): after
@@ -268,11 +271,16 @@ impl Spec {
     }
 
     /// A worker that acquires `lock` and every lock of `with` as one, exclusively, on `sidecar`
-    /// under its pod's name.
-    pub const fn set(lock: &'static str, with: &'static [&'static str], sidecar: usize) -> Self {
+    /// as `holder` (not its pod's name, which a single-lock worker of the sidecar may use).
+    pub const fn set(
+        lock: &'static str,
+        with: &'static [&'static str],
+        sidecar: usize,
+        holder: &'static str,
+    ) -> Self {
         Spec {
             with,
-            ..Spec::acquire(lock, sidecar)
+            ..Spec::with(lock, sidecar, Api::Acquire, "exclusive", Some(holder))
         }
     }
 
@@ -344,6 +352,7 @@ async fn acquire_loop(w: Worker, stop: CancellationToken) {
         holds.extend(w.c.locks().map(|lock| HoldRecord {
             lock,
             worker: w.c.row,
+            sidecar: w.c.sidecar,
             token: g.token,
             acquired: g.acquired,
             granted,
