@@ -148,7 +148,7 @@ fn leave(holding: &Mutex<HashMap<&'static str, usize>>, locks: &[&'static str]) 
 }
 
 #[tokio::test]
-async fn a_set_that_times_out_leaves_no_key_in_any_queue() {
+async fn a_set_that_times_out_or_disconnects_leaves_no_key_in_any_queue() {
     let (_etcd, s) = sidecar(&[("x", "1"), ("y", "1")]).await;
     s.must_acquire("y", json!({"holderId": "a"})).await;
     let (status, body) = s

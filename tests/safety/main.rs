@@ -214,7 +214,10 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     eprintln!("  {}", orphans.summary());
     eprintln!("{}", report::slow_recoveries(&a, &ops, start));
     let sets = report::sets(&rig.slots);
-    let said: Vec<String> = sets.iter().map(|(set, n)| format!("{n} holds of {set}")).collect();
+    let said: Vec<String> = sets
+        .iter()
+        .map(|(set, n)| format!("{n} holds of {set}"))
+        .collect();
     eprintln!("  multi-lock: {}", said.join(", "));
     let count = |kind| faults.iter().filter(|f| f.kind == kind).count();
     let (deleted, asked) = (count(Kind::PodDeleted), count(Kind::ForceRelease));
