@@ -3,7 +3,7 @@
 //! together. Each is one transaction, so a set's keys enter, are granted and leave the queues
 //! at one revision, as the protocol model's multi-lock client does.
 
-use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse};
 
 use super::entry::Entry;
 use super::error::LockError;
@@ -136,16 +136,34 @@ pub async fn record(
         .succeeded())
 }
 
-/// Deletes every ticket's key that still has its create revision, in one transaction; returns
-/// whether all of them were still there (false: one was already gone).
+/// How many keys [`end_together`] ends in one transaction: well inside etcd's default
+/// `--max-txn-ops` of 128.
+const KEYS_PER_TXN: usize = 100;
+
+/// Deletes every ticket's key that still has its create revision, in one transaction (up to
+/// [`KEYS_PER_TXN`] keys; more in several, the queue's back first); returns, for each ticket in
+/// order, whether this deleted its key. Ended one by one, front first, each ended holder of a
+/// queue would admit the next of them for a moment, and its sidecar could answer a grant
+/// already gone (a withdrawal, a dead pod's holds and waits); a multi-lock set's keys leave
+/// their queues at one revision, as they entered them.
+pub async fn end_together(etcd: &Etcd, tickets: &[Ticket]) -> Result<Vec<bool>, LockError> {
+    let mut order: Vec<usize> = (0..tickets.len()).collect();
+    order.sort_by_key(|&i| tickets[i].revision);
+    let mut ended = vec![false; tickets.len()];
+    for batch in order.rchunks(KEYS_PER_TXN) {
+        let removals = batch.iter().map(|&i| TxnOp::txn(queue::removal(&tickets[i])));
+        let resp = etcd
+            .txn(Txn::new().and_then(removals.collect::<Vec<_>>()))
+            .await?;
+        for (&i, op) in batch.iter().zip(resp.op_responses()) {
+            ended[i] = matches!(op, TxnOpResponse::Txn(removed) if removed.succeeded());
+        }
+    }
+    Ok(ended)
+}
+
+/// Deletes the tickets' keys together ([`end_together`]); returns whether all of them were
+/// still there (false: one was already gone).
 pub async fn remove(etcd: &Etcd, tickets: &[Ticket]) -> Result<bool, LockError> {
-    let removals = tickets.iter().map(|t| TxnOp::txn(queue::removal(t)));
-    let resp = etcd
-        .txn(Txn::new().and_then(removals.collect::<Vec<_>>()))
-        .await?;
-    let all = (resp.op_responses().into_iter()).all(|op| match op {
-        etcd_client::TxnOpResponse::Txn(removed) => removed.succeeded(),
-        _ => false,
-    });
-    Ok(all)
+    Ok(end_together(etcd, tickets).await?.into_iter().all(|ended| ended))
 }

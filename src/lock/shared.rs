@@ -13,13 +13,13 @@
 //!   and queue) goes only when no other cluster declares it or has a key in it; otherwise its
 //!   settings stay, unowned if they were the withdrawing cluster's, for another to adopt.
 
-use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, TxnOp};
 
 use super::changes::QueueEntry;
 use super::error::LockError;
 use super::etcd::{self, Etcd};
 use super::names::LockId;
-use super::queue;
+use super::set;
 use super::settings::{Declared, encode, publisher};
 
 /// Whether the operator of `cluster` may write settings whose publisher is `publisher`.
@@ -75,7 +75,12 @@ pub async fn withdraw(etcd: &Etcd, lock: &LockId, cluster: &str) -> Result<Optio
             }
             continue;
         }
-        let ended = end_together(etcd, &own).await?;
+        let tickets: Vec<_> = own.iter().map(|e| e.ticket()).collect();
+        let ended = set::end_together(etcd, &tickets)
+            .await?
+            .into_iter()
+            .filter(|e| *e)
+            .count() as i64;
         let mine = format!("{}{cluster}", lock.declared_prefix());
         let mut ops = vec![TxnOp::delete(mine, None)];
         if let Some(declared) = read.declared.filter(|_| publisher.as_deref() == Some(cluster)) {
@@ -94,27 +99,6 @@ pub async fn withdraw(etcd: &Etcd, lock: &LockId, cluster: &str) -> Result<Optio
         }));
     }
     Ok(None)
-}
-
-/// How many keys [`end_together`] ends in one transaction: well inside etcd's default
-/// `--max-txn-ops` of 128.
-const KEYS_PER_TXN: usize = 100;
-
-/// Ends `keys` (each only if still the same key), in one transaction per [`KEYS_PER_TXN`], the
-/// queue's back first: ended one by one, front first, each ended holder would admit the next
-/// of them for a moment, and its sidecar could answer a grant already gone. Returns how many
-/// it ended.
-async fn end_together(etcd: &Etcd, keys: &[&QueueEntry]) -> Result<i64, LockError> {
-    let mut keys = keys.to_vec();
-    keys.sort_by_key(|e| e.revision);
-    let mut ended = 0;
-    for batch in keys.rchunks(KEYS_PER_TXN) {
-        let ops = batch.iter().map(|e| TxnOp::txn(queue::removal(&e.ticket())));
-        let resp = etcd.txn(Txn::new().and_then(ops.collect::<Vec<_>>())).await?;
-        let done = |r: &TxnOpResponse| matches!(r, TxnOpResponse::Txn(t) if t.succeeded());
-        ended += resp.op_responses().iter().filter(|r| done(r)).count() as i64;
-    }
-    Ok(ended)
 }
 
 /// Removes the lock's settings, queue and declarations if its settings are `unchanged` and no

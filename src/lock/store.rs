@@ -16,6 +16,7 @@ use super::keys;
 use super::names::LockId;
 use super::queue::{self, QueueState, Ticket};
 use super::released;
+use super::set;
 use super::settings::{self, Settings};
 use super::shared::{self, Withdrawn};
 
@@ -202,15 +203,20 @@ impl Store {
         Ok(Changes(stream))
     }
 
-    /// Deletes the entry at `key` if it still has create revision `revision`; returns whether
-    /// it did (a newer entry under the same key is never touched).
-    pub async fn end_entry(&self, key: &str, revision: i64, lease: i64) -> Result<bool, LockError> {
-        let ticket = Ticket {
-            key: key.into(),
-            revision,
-            lease,
-        };
-        queue::remove(&self.0, &ticket).await
+    /// Deletes each entry, given as (key, create revision, lease), if its key still has that
+    /// create revision (a newer entry under the same key is never touched), all in one
+    /// transaction, the queues' back first (see `set::end_together`): a pod's holds and waits
+    /// end together, so that none of its waiters is admitted for a moment by the end of its
+    /// own holder ahead. Returns, for each entry, whether it deleted it.
+    pub async fn end_entries(&self, entries: &[(&str, i64, i64)]) -> Result<Vec<bool>, LockError> {
+        let tickets: Vec<Ticket> = (entries.iter())
+            .map(|&(key, revision, lease)| Ticket {
+                key: key.into(),
+                revision,
+                lease,
+            })
+            .collect();
+        set::end_together(&self.0, &tickets).await
     }
 
     /// Revokes `lease` only if every key on it lies under `namespace`'s queues: exactly what

@@ -201,18 +201,22 @@ impl Judge {
     /// Ends `entries` of pod `ns/name` by deleting their keys (guarded by create revision);
     /// when the whole pod is gone, also revokes their leases where that is sound.
     async fn end(&self, ns: &str, name: &str, entries: Vec<PodEntry>, reason: Reason) {
-        let mut ended = 0u64;
-        for e in &entries {
-            match self.locks.end_entry(&e.key, e.revision, e.lease).await {
-                Ok(true) => {
-                    ended += 1;
-                    info!(lock = %e.lock, holder = e.holder_id, pod = name, namespace = ns, reason = reason.label(), "ended hold of a dead pod");
-                }
-                Ok(false) => {}
-                Err(err) => {
-                    warn!(lock = %e.lock, holder = e.holder_id, key = e.key, error = %err, "could not end hold")
-                }
+        // Together: ended one by one, the pod's own waiter behind its own holder would be
+        // admitted for a moment, and a sidecar still running could answer that grant.
+        let keys: Vec<(&str, i64, i64)> = (entries.iter())
+            .map(|e| (e.key.as_str(), e.revision, e.lease))
+            .collect();
+        let done = match self.locks.end_entries(&keys).await {
+            Ok(done) => done,
+            Err(err) => {
+                warn!(pod = name, namespace = ns, keys = keys.len(), error = %err, "could not end the pod's holds");
+                vec![false; keys.len()]
             }
+        };
+        let mut ended = 0u64;
+        for e in entries.iter().zip(done).filter_map(|(e, done)| done.then_some(e)) {
+            ended += 1;
+            info!(lock = %e.lock, holder = e.holder_id, pod = name, namespace = ns, reason = reason.label(), "ended hold of a dead pod");
         }
         if ended > 0 {
             self.metrics

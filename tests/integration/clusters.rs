@@ -264,6 +264,36 @@ async fn a_withdrawal_ends_its_clusters_holder_and_waiters_together() {
     assert_eq!(ended[0].1, ended[1].1, "not ended in one revision: {ended:?}");
 }
 
+/// A deleted pod that holds a lock under one holder id and waits for it under another: its
+/// operator ends both at one revision. Ended one by one, front first, the holder's end would
+/// admit the pod's own waiter for a moment, and its sidecar (still running: the kubelet is
+/// gone, say) could answer that grant, already gone.
+#[tokio::test]
+async fn a_dead_pods_holds_and_waits_end_together() {
+    let ns = "clusters-dead-pod";
+    let (east, _west, etcd) = clusters(ns).await;
+    let pod = east.pod(ns, "app-both", &etcd).await;
+    pod.must_acquire("job", json!({"holderId": "first"})).await;
+    let waits = {
+        let pod = pod.clone();
+        tokio::spawn(async move { pod.post("job", "acquire", json!({"holderId": "second"})).await })
+    };
+    east.shows("job", "a waiter", |s| s.waiters == 1).await;
+    let before = with_crd().etcd.revision().await;
+    east.pods
+        .delete("app-both", &DeleteParams::default())
+        .await
+        .unwrap();
+    let (status, answer) = waits.await.unwrap();
+    assert_ne!(
+        status, 200,
+        "the dead pod's waiter was granted by its own holder's end: {answer}"
+    );
+    let ended = deletions(&format!("/podlock/v1/queue/{ns}/job/"), before).await;
+    assert_eq!(ended.len(), 2, "{ended:?}");
+    assert_eq!(ended[0].1, ended[1].1, "not ended in one revision: {ended:?}");
+}
+
 /// The deletions under `prefix` after revision `from` that a second of watching shows: (key,
 /// revision).
 async fn deletions(prefix: &str, from: i64) -> Vec<(String, i64)> {
