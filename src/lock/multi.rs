@@ -160,40 +160,14 @@ impl Engine {
         pending: &mut Pending<'_>,
     ) -> Result<Placed, LockError> {
         for _ in 0..MAX_PLACEMENTS {
-            for (lock, d) in locks.iter().zip(declared.iter()) {
-                super::acquire::check_mode(lock, req.mode, d.settings)?;
-            }
-            let ttl = req.ttl_seconds.unwrap_or_else(|| {
-                declared
-                    .iter()
-                    .map(|d| d.settings.ttl_seconds)
-                    .min()
-                    .unwrap_or_default()
-            });
-            let session = self.0.sessions.get(TTL.check(ttl)?).await?;
-            let placed = Placed {
-                tickets: (locks.iter())
-                    .map(|l| Ticket {
-                        key: l.entry_key(session.id, &req.holder_id),
-                        revision: 0,
-                        lease: session.id,
-                    })
-                    .collect(),
-                session,
-                epochs: declared.iter().map(|d| d.settings.epoch).collect(),
-            };
+            let placed = self.draft(req, locks, declared).await?;
             for (slot, t) in pending.slots.iter().zip(&placed.tickets) {
                 self.0.registry.placing(slot, &t.key);
             }
             let entries = self.set_entries(req, locks, declared, &placed, None);
             let enqueue = {
-                let (etcd, locks, declared, keys) = (
-                    self.0.etcd.clone(),
-                    locks.to_vec(),
-                    declared.to_vec(),
-                    placed.tickets.clone(),
-                );
-                let lease = placed.session.id;
+                let (etcd, locks, declared) = (self.0.etcd.clone(), locks.to_vec(), declared.to_vec());
+                let (keys, lease) = (placed.tickets.clone(), placed.session.id);
                 async move { set::enqueue(&etcd, &members(&locks, &declared, &keys), &entries, lease).await }
             };
             match detached::enqueue_to_completion(self, &placed.session, enqueue, EnqueuedSet::placed).await {
@@ -221,6 +195,33 @@ impl Engine {
             attempts: MAX_PLACEMENTS,
         }
         .into())
+    }
+
+    /// The set's keys as they are to be put (revision 0 until they are), under the locks'
+    /// settings `declared`, on a live session of the request's TTL (else the shortest of the
+    /// locks').
+    async fn draft(
+        &self,
+        req: &AcquireRequest,
+        locks: &[LockId],
+        declared: &[Declared],
+    ) -> Result<Placed, LockError> {
+        for (lock, d) in locks.iter().zip(declared) {
+            super::acquire::check_mode(lock, req.mode, d.settings)?;
+        }
+        let shortest = declared.iter().map(|d| d.settings.ttl_seconds).min();
+        let ttl = req.ttl_seconds.or(shortest).unwrap_or_default();
+        let session = self.0.sessions.get(TTL.check(ttl)?).await?;
+        let ticket = |l: &LockId| Ticket {
+            key: l.entry_key(session.id, &req.holder_id),
+            revision: 0,
+            lease: session.id,
+        };
+        Ok(Placed {
+            tickets: locks.iter().map(ticket).collect(),
+            epochs: declared.iter().map(|d| d.settings.epoch).collect(),
+            session,
+        })
     }
 
     /// Waits for the set's turn on every lock at once; returns the latest revision a turn was
