@@ -20,6 +20,7 @@ import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
 import java.nio.charset.StandardCharsets;
+import java.time.Duration;
 import java.util.concurrent.CompletableFuture;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
@@ -28,6 +29,13 @@ public class PodlockClient {
     static final HttpClient HTTP = HttpClient.newBuilder().version(HttpClient.Version.HTTP_1_1).build();
     /** How often the sidecar sends a keep-alive line; three missed mean it hangs. */
     static final long KEEP_ALIVE_SECONDS = 1;
+    /**
+     * How long the hold may wait in the queue: the sidecar answers once it is granted, so the
+     * answer may take that long, and ANSWER_WITHIN more (no answer by then means the sidecar
+     * hangs). A shorter limit would give up, and lose the place in the queue, while still waiting.
+     */
+    static final long WAIT_SECONDS = 30;
+    static final Duration ANSWER_WITHIN = Duration.ofSeconds(2);
 
     static String env(String name, String def) {
         String v = System.getenv(name);
@@ -51,10 +59,12 @@ public class PodlockClient {
             String container = System.getenv("PODLOCK_CONTAINER");
             // Set by the injector: the hold then ends when this container restarts, and not
             // when another container of the pod does.
-            String options = "{\"waitSeconds\": 30, \"keepAliveSeconds\": " + KEEP_ALIVE_SECONDS
+            String options = "{\"waitSeconds\": " + WAIT_SECONDS + ", \"keepAliveSeconds\": " + KEEP_ALIVE_SECONDS
                     + (container == null ? "" : ", \"container\": \"" + container + "\"") + "}";
             HttpRequest request = HttpRequest.newBuilder(URI.create(addr + "/v1/locks/" + lock + "/hold"))
                     .header("content-type", "application/json")
+                    // The time to the answer's headers; the stream after them has its own limit.
+                    .timeout(Duration.ofSeconds(WAIT_SECONDS).plus(ANSWER_WITHIN))
                     .POST(HttpRequest.BodyPublishers.ofString(options))
                     .build();
             HttpResponse<InputStream> resp = HTTP.send(request, HttpResponse.BodyHandlers.ofInputStream());

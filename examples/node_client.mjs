@@ -17,23 +17,37 @@ const lock = process.env.LOCK || "report";
 const store = process.env.STORE_URL || "http://127.0.0.1:8000";
 const items = Number(process.env.WORK_ITEMS || 10);
 const KEEP_ALIVE_MS = 1000; // how often the sidecar sends a keep-alive line; 3 missed: it hangs
+// How long the hold may wait in the queue: the sidecar answers once it is granted, so the answer
+// may take that long, and ANSWER_WITHIN_MS more (no answer by then means the sidecar hangs). A
+// shorter limit would give up, and lose the place in the queue, while still waiting.
+const WAIT_SECONDS = 30;
+const ANSWER_WITHIN_MS = 2000;
 
 // Takes the lock: its fencing token, a promise of why the hold ended, and release(), which
 // closes the connection and so releases the hold.
 async function hold(name) {
-  const options = { waitSeconds: 30, keepAliveSeconds: KEEP_ALIVE_MS / 1000 };
+  const options = { waitSeconds: WAIT_SECONDS, keepAliveSeconds: KEEP_ALIVE_MS / 1000 };
   if (process.env.PODLOCK_CONTAINER) {
     // Set by the injector: the hold then ends when this container restarts, and not when
     // another container of the pod does.
     options.container = process.env.PODLOCK_CONTAINER;
   }
   const connection = new AbortController();
-  const resp = await fetch(`${addr}/v1/locks/${name}/hold`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(options),
-    signal: connection.signal,
-  });
+  const unanswered = setTimeout(
+    () => connection.abort(new Error(`no answer within ${WAIT_SECONDS} s + ${ANSWER_WITHIN_MS} ms`)),
+    WAIT_SECONDS * 1000 + ANSWER_WITHIN_MS,
+  );
+  let resp;
+  try {
+    resp = await fetch(`${addr}/v1/locks/${name}/hold`, {
+      method: "POST",
+      headers: { "content-type": "application/json" },
+      body: JSON.stringify(options),
+      signal: connection.signal,
+    });
+  } finally {
+    clearTimeout(unanswered); // answered: the stream's silence limit takes over
+  }
   if (!resp.ok) {
     const e = await resp.json();
     throw new Error(`${e.error}: ${e.message}`);

@@ -36,11 +36,11 @@ class LockError(Exception):
         self.code = code
 
 
-def call(path, body):
+def call(path, body, timeout=ANSWER_WITHIN):
     req = urllib.request.Request(ADDR + path, data=json.dumps(body).encode(), method="POST",
                                  headers={"content-type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=ANSWER_WITHIN) as resp:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.load(resp)
     except urllib.error.HTTPError as e:
         err = json.load(e)
@@ -71,7 +71,10 @@ class PodLock:
         # Follow the events before acquiring, so that a loss right after the grant is seen.
         events = urllib.request.urlopen(f"{ADDR}/v1/locks/{self.name}/events", timeout=EVENTS_SILENT)
         try:
-            grant = call(f"/v1/locks/{self.name}/acquire", self.options)
+            # The sidecar answers when the lock is granted, up to waitSeconds later: a shorter
+            # timeout would give up (and so lose the place in the queue) while still waiting.
+            wait = self.options["waitSeconds"] + ANSWER_WITHIN
+            grant = call(f"/v1/locks/{self.name}/acquire", self.options, timeout=wait)
         except BaseException:
             events.close()
             raise

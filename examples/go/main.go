@@ -28,6 +28,23 @@ import (
 // keepAlive is how often the sidecar sends a keep-alive line; three missed mean it hangs.
 const keepAlive = time.Second
 
+// waitSeconds is how long the hold may wait in the queue: the sidecar answers once it is
+// granted, so the answer may take that long, and answerWithin more (no answer by then means
+// the sidecar hangs). A shorter limit would give up, and lose the place in the queue, while
+// still waiting.
+const (
+	waitSeconds  = 30
+	answerWithin = 2 * time.Second
+)
+
+// client waits for the hold's answer as long as the hold may wait, and no longer; the stream
+// that follows has its own limit (keepAlive).
+var client = func() *http.Client {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.ResponseHeaderTimeout = waitSeconds*time.Second + answerWithin
+	return &http.Client{Transport: t}
+}()
+
 func env(name, def string) string {
 	if v := os.Getenv(name); v != "" {
 		return v
@@ -38,14 +55,14 @@ func env(name, def string) string {
 // hold takes the lock: its fencing token, a channel that says why the hold ended, and the
 // connection, whose Close releases the hold.
 func hold(addr, lock string) (int64, <-chan string, io.Closer, error) {
-	options := map[string]any{"waitSeconds": 30, "keepAliveSeconds": keepAlive.Seconds()}
+	options := map[string]any{"waitSeconds": waitSeconds, "keepAliveSeconds": keepAlive.Seconds()}
 	if c := os.Getenv("PODLOCK_CONTAINER"); c != "" {
 		// Set by the injector: the hold then ends when this container restarts, and not when
 		// another container of the pod does.
 		options["container"] = c
 	}
 	body, _ := json.Marshal(options)
-	resp, err := http.Post(addr+"/v1/locks/"+lock+"/hold", "application/json", bytes.NewReader(body))
+	resp, err := client.Post(addr+"/v1/locks/"+lock+"/hold", "application/json", bytes.NewReader(body))
 	if err != nil {
 		return 0, nil, nil, err
 	}

@@ -4,6 +4,7 @@
 //! 75. The loss is made for real: the hold's etcd key deleted, its lease revoked, the lock
 //! deleted, or the sidecar stopped (SIGTERM), killed (SIGKILL) or frozen (SIGSTOP).
 
+use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -169,6 +170,63 @@ async fn every_example_takes_the_lock_writes_fenced_and_releases_or_says_why_not
     assert!(tokens.windows(2).all(|w| w[0] < w[1]), "tokens rise: {tokens:?}");
     let state = store.state().await;
     assert_eq!(state["accepted"], 13, "{state}");
+    assert_eq!(state["rejected"], 0, "{state}");
+}
+
+/// How long the holder keeps the lock once an example waits for it: longer than any fixed
+/// request timeout an example had (the Python one gave up after 2 s, dropping its place).
+const HELD: Duration = Duration::from_secs(4);
+
+/// Each example, started while another holder keeps the lock for `HELD`, waits in the queue
+/// all that time (its waitSeconds is 30), then gets the lock, writes with its token and
+/// releases.
+#[tokio::test]
+async fn every_example_waits_in_the_queue_while_the_lock_is_held_for_seconds() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["report"]);
+    let s = Sidecar::start(&etcd.endpoint, "example-pod", &[]).await;
+    let store = FencedStore::start().await;
+    for example in [PYTHON, GO, NODE, JAVA] {
+        let what = example.program;
+        let held = json!({"holderId": "holder"});
+        let holder_token = s.must_acquire("report", held.clone()).await;
+        let mut child = example.spawn(&s, &store, &[("WORK_ITEMS", "3")]);
+        let waiting = wait_until(Duration::from_secs(30), || async {
+            s.get("/v1/locks/report").await.1["waiters"] == 1
+        });
+        (waiting.await).unwrap_or_else(|e| panic!("{what} never waited: {e}"));
+        let waits_from = now();
+        tokio::time::sleep(HELD).await;
+        if let Some(status) = child.try_wait().unwrap() {
+            let out = child.wait_with_output().unwrap();
+            panic!("{what} gave up waiting ({status}): {}", text(&out));
+        }
+        let lock = s.get("/v1/locks/report").await.1;
+        assert_eq!(lock["waiters"], 1, "{what} still waits in the queue: {lock}");
+        let released_at = now();
+        assert_eq!(s.post("report", "release", held).await.0, 200);
+        let out = exit_within(child, Duration::from_secs(30), what).await;
+        assert_eq!(out.status.code(), Some(0), "{what}: {}", text(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        let token: i64 = (stdout.lines())
+            .find_map(|l| l.strip_prefix("acquired report with fencing token "))
+            .and_then(|t| t.parse().ok())
+            .unwrap_or_else(|| panic!("{what}: no token in {stdout}"));
+        assert!(token > holder_token, "{what}: token {token} after {holder_token}");
+        let writes = store.accepted_from(example.writer);
+        assert_eq!(writes.len(), 3, "{what}: {writes:?}");
+        let first = writes[0] - released_at;
+        assert!(
+            first > 0.0,
+            "{what} wrote {first:.3} s before the holder released"
+        );
+        eprintln!(
+            "{what}: waited {:.3} s in the queue; first write {first:.3} s after the release",
+            released_at - waits_from
+        );
+    }
+    let state = store.state().await;
+    assert_eq!(state["accepted"], 12, "{state}");
     assert_eq!(state["rejected"], 0, "{state}");
 }
 
