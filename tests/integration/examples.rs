@@ -5,6 +5,7 @@
 //! deleted, or the sidecar stopped (SIGTERM), killed (SIGKILL) or frozen (SIGSTOP).
 
 use serde_json::json;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -98,6 +99,39 @@ fn go_example() -> &'static Path {
     binary
 }
 
+/// `examples/curl.sh` run by `sh` (dash on Debian) with nothing on its PATH but curl, sed and
+/// uname, against `sidecar` and the store at `store`.
+fn curl_sh(sidecar: &Sidecar, store: &str) -> Command {
+    static PATH: OnceLock<tempfile::TempDir> = OnceLock::new();
+    let path = PATH.get_or_init(|| {
+        let dir = tempfile::Builder::new()
+            .prefix("podlock-curl-path-")
+            .tempdir()
+            .unwrap();
+        for tool in ["curl", "sed", "uname"] {
+            let found = Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .output()
+                .unwrap();
+            assert!(found.status.success(), "{tool} is installed");
+            let at = String::from_utf8(found.stdout).unwrap();
+            std::os::unix::fs::symlink(at.trim(), dir.path().join(tool)).unwrap();
+        }
+        dir
+    });
+    let mut cmd = Command::new("/bin/sh");
+    cmd.arg("curl.sh")
+        .current_dir(EXAMPLES)
+        .env_clear()
+        .env("PATH", path.path())
+        .env("PODLOCK_ADDR", &sidecar.addr)
+        .env("STORE_URL", store)
+        .env("PODLOCK_CONTAINER", "app")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cmd
+}
+
 /// Waits up to `limit` for `child` to exit; its output, or a panic naming `what` (it is killed).
 async fn exit_within(mut child: Child, limit: Duration, what: &str) -> Output {
     let start = Instant::now();
@@ -129,13 +163,7 @@ async fn every_example_takes_the_lock_writes_fenced_and_releases_or_says_why_not
     declare(&etcd.endpoint, &["report"]);
     let s = Sidecar::start(&etcd.endpoint, "example-pod", &[]).await;
     let store = FencedStore::start().await;
-    let curl = Command::new("bash")
-        .arg("curl.sh")
-        .current_dir(EXAMPLES)
-        .env("PODLOCK_ADDR", &s.addr)
-        .env("STORE_URL", &store.url)
-        .output()
-        .unwrap();
+    let curl = curl_sh(&s, &store.url).output().unwrap();
     assert!(curl.status.success(), "curl.sh: {}", text(&curl));
     let mut tokens = vec![];
     for example in [PYTHON, GO, NODE, JAVA] {
@@ -228,6 +256,91 @@ async fn every_example_waits_in_the_queue_while_the_lock_is_held_for_seconds() {
     let state = store.state().await;
     assert_eq!(state["accepted"], 12, "{state}");
     assert_eq!(state["rejected"], 0, "{state}");
+}
+
+/// `curl.sh` needs no bash nor python3 (it runs by dash with only curl, sed and uname), names a
+/// holder of its own on each run (two runs at once wait in turn, each with its own token), and
+/// releases the lock whenever it exits: after a failed write, and on SIGTERM mid-write.
+#[tokio::test]
+async fn curl_sh_holds_as_a_holder_of_its_own_and_releases_on_any_exit() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["report"]);
+    let s = Sidecar::start(&etcd.endpoint, "example-pod", &[]).await;
+    let store = FencedStore::start().await;
+    let free = || async { s.get("/v1/locks/report").await.1["held"] == false };
+
+    // Two runs queued behind a holder: each waits, then holds and writes in turn.
+    let held = json!({"holderId": "holder"});
+    s.must_acquire("report", held.clone()).await;
+    let runs: Vec<Child> = (0..2)
+        .map(|_| spawn_dying_with_parent(&mut curl_sh(&s, &store.url)))
+        .collect();
+    let waiting = wait_until(Duration::from_secs(10), || async {
+        s.get("/v1/locks/report").await.1["waiters"] == 2
+    });
+    waiting.await.expect("both runs wait in the queue");
+    tokio::time::sleep(HELD).await;
+    assert_eq!(s.post("report", "release", held).await.0, 200);
+    let mut holders = vec![];
+    for run in runs {
+        let out = exit_within(run, Duration::from_secs(30), "curl.sh").await;
+        assert_eq!(out.status.code(), Some(0), "curl.sh: {}", text(&out));
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(stdout.ends_with("released\n"), "curl.sh: {stdout}");
+        let line = (stdout.lines())
+            .find_map(|l| l.strip_prefix("acquired report with fencing token "))
+            .unwrap_or_else(|| panic!("curl.sh: no grant in {stdout}"));
+        let (token, holder) = line.split_once(" as ").unwrap();
+        holders.push((token.parse::<i64>().unwrap(), holder.to_string()));
+    }
+    eprintln!("two curl.sh runs at once held as {holders:?}");
+    assert_ne!(holders[0].0, holders[1].0, "each run its own token");
+    assert_ne!(holders[0].1, holders[1].1, "each run its own holder id");
+    assert_eq!(store.accepted_from("curl-example").len(), 2);
+    wait_until(Duration::from_secs(2), free)
+        .await
+        .expect("lock free after both");
+
+    // A write that fails (no store there): exit 1, and the lock released on the way out.
+    let gone = format!("http://127.0.0.1:{}", crate::common::free_port());
+    let out = curl_sh(&s, &gone).output().unwrap();
+    assert_eq!(out.status.code(), Some(1), "curl.sh: {}", text(&out));
+    assert!(text(&out).contains("the write failed"), "{}", text(&out));
+    let lock = s.get("/v1/locks/report").await.1;
+    assert_eq!(
+        lock["held"], false,
+        "curl.sh left the lock held after a failed write: {lock}"
+    );
+
+    // SIGTERM to the run (its process group, as a terminal's or a pod's stop does) while its
+    // write hangs on a store that never answers: exit 143, and the lock released.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let run = spawn_dying_with_parent(curl_sh(&s, &silent_url).process_group(0));
+    silent.set_nonblocking(true).unwrap();
+    let start = Instant::now();
+    let _write = loop {
+        if let Ok((write, _)) = silent.accept() {
+            break write; // kept open, unanswered
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "curl.sh never wrote");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(s.get("/v1/locks/report").await.1["held"], true);
+    // SAFETY: kill(2) on the process group the run leads.
+    unsafe { libc::kill(-(run.id() as i32), libc::SIGTERM) };
+    let out = exit_within(run, Duration::from_secs(10), "curl.sh").await;
+    assert_eq!(out.status.code(), Some(143), "curl.sh: {}", text(&out));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).ends_with("released\n"),
+        "{}",
+        text(&out)
+    );
+    let lock = s.get("/v1/locks/report").await.1;
+    assert_eq!(
+        lock["held"], false,
+        "curl.sh left the lock held after SIGTERM: {lock}"
+    );
 }
 
 /// How an example loses its lock.
