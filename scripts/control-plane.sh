@@ -62,6 +62,7 @@ if $node; then
     -keyout "$c/kubelet-client.key" -out "$c/kubelet-client.csr" 2>/dev/null
   openssl x509 -req -in "$c/kubelet-client.csr" -CA "$c/kubelet-ca.crt" -CAkey "$c/kubelet-ca.key" \
     -CAcreateserial -days 2 -out "$c/kubelet-client.crt" 2>/dev/null
+  # shellcheck disable=SC2054 # the comma is in one flag's value (address types), not a separator
   node_flags=(--kubelet-client-certificate="$c/kubelet-client.crt" --kubelet-client-key="$c/kubelet-client.key"
     --kubelet-preferred-address-types=InternalIP,Hostname)
   kcm_flags=(--root-ca-file="$c/apiserver.crt")

@@ -98,9 +98,11 @@ for _ in $(seq 4); do show; sleep 0.5; done
 echo
 step "summary"
 awk '{print $2}' "$work/grants" | sort | uniq -c | awk '{printf "  %s: %s grants\n", $2, $1}'
-awk 'NR>1 && $3 <= prev {bad=1} {prev=$3} END {exit bad}' "$work/grants" \
-  && echo "  fencing tokens rose strictly over $(wc -l <"$work/grants") grants" \
-  || { echo "  ERROR: fencing tokens did not rise strictly"; exit 1; }
+if awk 'NR>1 && $3 <= prev {bad=1} {prev=$3} END {exit bad}' "$work/grants"; then
+  echo "  fencing tokens rose strictly over $(wc -l <"$work/grants") grants"
+else
+  echo "  ERROR: fencing tokens did not rise strictly"; exit 1
+fi
 curl -s "$STORE/" | sed 's/^/  fenced counter: /'; echo
 printf '  deleted the holder pod %s: %s got the lock %.0f ms later (lock TTL 15 s)\n' \
   "$holder" "$(cut -d' ' -f2 <<<"$line")" "$moved"

@@ -33,6 +33,7 @@ cleanup() {
   if [ -d "$work/cp/node" ] && ! out=$(bash scripts/node.sh down "$work/cp" 2>&1); then
     echo "$out" >&2
   fi
+  # shellcheck disable=SC2046 # one pid a word: split on purpose
   kill $(jobs -p) 2>/dev/null || true
   wait 2>/dev/null || true
   rm -rf "$work"
@@ -41,6 +42,7 @@ trap cleanup EXIT
 trap 'step "interrupted: tearing down"; exit 130' INT
 trap 'step "terminated: tearing down"; exit 143' TERM
 bash scripts/images.sh "$work/images" target/release/podlock 2>/dev/null
+# shellcheck source=/dev/null # written just above by images.sh
 . "$work/images/images.env"
 
 step "starting etcd, kube-apiserver and kube-controller-manager, then the node (containerd, kubelet, kube-proxy, CoreDNS)"
@@ -56,7 +58,10 @@ until [ -f "$work/cp/node/ready" ]; do
   kill -0 "$node_pid" 2>/dev/null || { cat "$work/node.log" >&2; exit 1; }
   sleep 0.5
 done
-set -a; . "$work/cp/env"; set +a
+set -a
+# shellcheck source=/dev/null # written by control-plane.sh
+. "$work/cp/env"
+set +a
 k() { kubectl --kubeconfig "$KUBECONFIG" "$@"; }
 k get nodes -o wide | sed 's/^/  /'
 
@@ -72,6 +77,7 @@ FENCED_STORE_HOST=10.244.0.1 python3 examples/fenced_store.py 8088 "$work/writes
 step "creating DistributedLock demo/report and a Deployment of 3 curl workers (no sidecar yet)"
 k create namespace demo >/dev/null
 # A worker: acquire -> write to the counter with the token -> work 1 s -> release.
+# shellcheck disable=SC2016 # the worker's script: it expands its variables in the pod
 worker='trap "exit 0" TERM
 while true; do
   if [ -z "$PODLOCK_ADDR" ]; then sleep 1 & wait $!; continue; fi
@@ -134,9 +140,11 @@ for _ in $(seq 4); do show; sleep 0.5; done
 echo
 step "summary"
 awk '{print $3}' "$work/writes" | sort | uniq -c | awk '{printf "  %s: %s grants\n", $2, $1}'
-awk 'NR>1 && $2 <= prev {bad=1} {prev=$2} END {exit bad}' "$work/writes" \
-  && echo "  fencing tokens rose strictly over $(wc -l <"$work/writes") grants" \
-  || { echo "  ERROR: fencing tokens did not rise strictly"; exit 1; }
+if awk 'NR>1 && $2 <= prev {bad=1} {prev=$2} END {exit bad}' "$work/writes"; then
+  echo "  fencing tokens rose strictly over $(wc -l <"$work/writes") grants"
+else
+  echo "  ERROR: fencing tokens did not rise strictly"; exit 1
+fi
 curl -s http://10.244.0.1:8088/ | sed 's/^/  fenced counter: /'; echo
 printf '  deleted the holder pod %s: %s got the lock %.0f ms later (from the kubectl call; hold 1 s, lock TTL 15 s)\n' \
   "$holder" "$(cut -d' ' -f3 <<<"$line")" "$moved"

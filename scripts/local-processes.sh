@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced (from the repository's root) by the scripts that run podlock as local processes on a
 # local control plane without a node: demo-processes.sh and dashboard.sh. Needs `step` and
 # PODLOCK (the binary). Defines:
@@ -12,6 +13,7 @@
 work=$(mktemp -d)
 pids=()
 cleanup() {
+  # shellcheck disable=SC2046 # one pid a word: split on purpose
   kill $(jobs -p) "${pids[@]}" 2>/dev/null || true
   wait 2>/dev/null || true
   rm -rf "$work"
@@ -24,7 +26,10 @@ start_control_plane() {
   step "starting etcd, kube-apiserver and kube-controller-manager"
   bash scripts/control-plane.sh "$work/cp" &
   until [ -f "$work/cp/ready" ]; do sleep 0.2; done
-  set -a; . "$work/cp/env"; set +a
+  set -a
+  # shellcheck source=/dev/null # written by control-plane.sh
+  . "$work/cp/env"
+  set +a
 }
 
 start_operator() {
@@ -43,9 +48,11 @@ run_pod() {
   uid=$(k get pod "$pod" -n "$ns" -o jsonpath='{.metadata.uid}')
   k patch pod "$pod" -n "$ns" --subresource=status --type=merge -p "{\"status\":{\"phase\":\"Running\",\"containerStatuses\":[{\"name\":\"app\",\"image\":\"x\",\"imageID\":\"\",\"ready\":true,\"restartCount\":0,\"state\":{\"running\":{\"startedAt\":\"$started\"}}}]}}" >/dev/null
   port=$(free_port)
+  # shellcheck disable=SC2034,SC2004 # an associative array, declared and read by the sourcing script
   addr[$pod]=http://127.0.0.1:$port
   "$PODLOCK" sidecar --etcd-endpoints "$ETCD_ENDPOINT" --listen "127.0.0.1:$port" \
     --namespace "$ns" --pod-name "$pod" --pod-uid "$uid" >"$work/$pod.log" 2>&1 &
+  # shellcheck disable=SC2034,SC2004 # the same
   sidecar[$pod]=$!
   pids+=($!)
   disown $!

@@ -45,6 +45,7 @@ kill_pod_processes() {
   for _ in $(seq 50); do
     pids=$(find /sys/fs/cgroup/*/kubepods -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u)
     [ -z "$pids" ] && return 0
+    # shellcheck disable=SC2086 # one pid a word: split on purpose
     kill -9 $pids 2>/dev/null || true
     sleep 0.1
   done
@@ -54,19 +55,21 @@ kill_pod_processes() {
 stop_processes() {
   local pids
   # kubelet first (it would restart containers), then the containers, then the rest.
-  [ -f "$state/kubelet.pid" ] && kill "$(cat "$state/kubelet.pid")" 2>/dev/null || true
+  if [ -f "$state/kubelet.pid" ]; then kill "$(cat "$state/kubelet.pid")" 2>/dev/null || true; fi
   if [ -S "$state/containerd.sock" ]; then
     local ctr=(ctr --address "$state/containerd.sock" -n k8s.io)
     for t in $(timeout 10 "${ctr[@]}" tasks ls -q 2>/dev/null || true); do "${ctr[@]}" tasks kill -s SIGKILL "$t" 2>/dev/null || true; done
   fi
   pids=$(node_pids)
-  [ -n "$pids" ] && kill $pids 2>/dev/null || true
+  # shellcheck disable=SC2086 # one pid a word: split on purpose
+  if [ -n "$pids" ]; then kill $pids 2>/dev/null || true; fi
   for _ in $(seq 50); do
     pids=$(for p in $(node_pids); do [ ! -d "/proc/$p" ] || echo "$p"; done)
     [ -z "$pids" ] && break
     sleep 0.1
   done
-  [ -n "$pids" ] && kill -9 $pids 2>/dev/null || true
+  # shellcheck disable=SC2086 # one pid a word: split on purpose
+  if [ -n "$pids" ]; then kill -9 $pids 2>/dev/null || true; fi
   kill_pod_processes
   rm -f "$state"/*.pid
 }
@@ -112,7 +115,7 @@ down() {
     rm -f "$state/sysctl.conf"
   fi
   for h in /sys/fs/cgroup/*/; do
-    [ -d "$h/kubepods" ] && find "$h/kubepods" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+    if [ -d "$h/kubepods" ]; then find "$h/kubepods" -depth -type d -exec rmdir {} \; 2>/dev/null || true; fi
   done
   local left
   left=$(node_pids; ip link show "$BRIDGE" 2>/dev/null | head -1; ls -d /sys/fs/cgroup/*/kubepods 2>/dev/null
@@ -319,7 +322,10 @@ up() {
     command -v "$b" >/dev/null || { echo "node: no $b: run scripts/setup.sh --node" >&2; exit 1; }
   done
   [ -f "$dir/env" ] || { echo "node: no $dir/env: start scripts/control-plane.sh $dir --node first" >&2; exit 1; }
-  set -a; . "$dir/env"; set +a
+  set -a
+  # shellcheck source=/dev/null # written by control-plane.sh
+  . "$dir/env"
+  set +a
   [ -f "$dir/certs/kubelet-ca.crt" ] || { echo "node: the control plane in $dir was not started with --node" >&2; exit 1; }
   NODE_NAME=$(hostname | tr '[:upper:]' '[:lower:]')
   if [ -e "$state" ]; then down; fi # what a killed earlier run left

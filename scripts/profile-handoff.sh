@@ -13,7 +13,11 @@ step() { printf '\033[1m[profile]\033[0m %s\n' "$*" >&2; }
 bash scripts/setup.sh >/dev/null
 step "building the benchmark (release)"
 cargo bench --bench handoff --no-run 2>&1 | tail -1 >&2
-bench=$(ls -t target/release/deps/handoff-* | grep -v '\.d$' | head -1)
+bench=
+for f in target/release/deps/handoff-*; do # the newest, but for the .d files
+  case $f in *.d) continue ;; esac
+  if [ -z "$bench" ] || [ "$f" -nt "$bench" ]; then bench=$f; fi
+done
 out=target/profile
 mkdir -p "$out"
 step "podlock, $n contenders, ${secs} s, under perf record -a -g (99 Hz)"

@@ -10,6 +10,7 @@
 #                     fenced store) and the Python client example
 #   javac, node       Debian's openjdk-17-jdk-headless and nodejs, which run the Java and Node
 #                     client examples in their test (`java File.java` needs the JDK's compiler)
+#   ShellCheck        Debian's shellcheck, with which scripts/test.sh lints every shell script
 #   etcd, etcdctl     built from the Go module go.etcd.io/etcd (server/v3, etcdctl/v3)
 #   etcdutl           the same module's etcdutl/v3 (the backup and restore tests' snapshots)
 #   Porcupine         the Go module github.com/anishathalye/porcupine, downloaded for the safety
@@ -29,8 +30,8 @@
 #                     shell) and binutils (strip)
 #
 #   --demo-only (with --kubernetes or --node): only what the demos run, without the tools of the
-#                     tests and benchmarks (redis-server, perf, hadolint, Porcupine, etcdutl,
-#                     promtool, checkov, prometheus)
+#                     tests and benchmarks (redis-server, perf, hadolint, shellcheck, Porcupine,
+#                     etcdutl, promtool, checkov, prometheus)
 #   --list:           names what this run would provide, one per line, and installs nothing
 #
 # Slow builds are cached outside the repo in $PODLOCK_CACHE (default ~/.cache/podlock) and
@@ -102,6 +103,7 @@ wanted iptables && apt_install iptables iptables "the safety checker's partition
 wanted perf test && apt_install perf linux-perf "scripts/profile-handoff.sh"
 wanted javac test && apt_install javac openjdk-17-jdk-headless "the Java client example's test"
 wanted node test && apt_install node nodejs "the Node client example's test"
+wanted shellcheck test && apt_install shellcheck shellcheck "the shell scripts' linter in scripts/test.sh"
 
 if ! wanted hadolint test; then
   :
@@ -126,7 +128,7 @@ build_go_cmd() {
   work=$(mktemp -d)
   (
     cd "$work"
-    go mod init podlock-build-$name >/dev/null 2>&1
+    go mod init "podlock-build-$name" >/dev/null 2>&1
     go get "$pkg@$version" >&2
     go build -o "$BIN/$name" "$pkg" >&2
   )
@@ -168,7 +170,7 @@ build_kube_cmds() {
     go mod init podlock-build-kubernetes >/dev/null 2>&1
     step "resolving k8s.io/kubernetes $KUBE_VERSION (staging modules at $staging)"
     gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
-    for m in $(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod"); do
+    sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod" | while read -r m; do
       go mod edit -replace="$m=$m@$staging"
     done
     go mod edit -require="k8s.io/kubernetes@$KUBE_VERSION"

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Runs every test of podlock: installs what is missing (scripts/setup.sh --node: etcd,
 # kube-apiserver, kube-controller-manager, helm, protoc, and for a real node kubelet,
-# kube-scheduler, kube-proxy, CoreDNS, containerd, runc, CNI plugins), then format check, clippy,
-# unit tests, the integration tests on a real etcd and a real Kubernetes API server, and
-# tests/node: the chart installed on a real single-node cluster of this machine (needs root).
+# kube-scheduler, kube-proxy, CoreDNS, containerd, runc, CNI plugins), then format check, a
+# ShellCheck lint of every shell script, clippy, unit tests, the integration tests on a real etcd
+# and a real Kubernetes API server, and tests/node: the chart installed on a real single-node
+# cluster of this machine (needs root).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,6 +13,18 @@ step() { printf '\033[1m[test]\033[0m %s\n' "$*" >&2; }
 bash scripts/setup.sh --node >/dev/null
 step "cargo fmt --check"
 cargo fmt --all -- --check
+# Every shell script the repository tracks: *.sh, and any file whose first line runs a shell.
+shell_scripts() {
+  git ls-files | while read -r f; do
+    case $f in
+      *.sh) echo "$f" ;;
+      *) if [ -f "$f" ] && head -n 1 "$f" | grep -qE '^#!.*[/ ](ba|da)?sh( |$)'; then echo "$f"; fi ;;
+    esac
+  done
+}
+mapfile -t scripts < <(shell_scripts)
+step "shellcheck ${scripts[*]}"
+shellcheck "${scripts[@]}"
 step "cargo clippy --workspace --all-targets -- -D warnings"
 cargo clippy --workspace --all-targets -- -D warnings   # the workspace: the protocol model (tests/model) too
 step "gofmt, go vet and go test of tests/linearizability (the safety run's checker)"
