@@ -2,15 +2,27 @@
 # Regenerates the generated files; tests/integration/chart.rs fails when they drift:
 #   crds/distributedlock.yaml, charts/podlock/crds/   from `podlock crd`
 #   manifests/podlock.yaml, manifests/rbac.yaml       from `helm template` of the chart
+# manifests/podlock.yaml is rendered for the oldest Kubernetes the chart admits (its
+# kubeVersion), so that it applies on every admitted cluster (without the Secret policy, a
+# ValidatingAdmissionPolicy, which 1.29 does not serve), and without the `helm test` objects (a
+# Pod that runs once, and its NetworkPolicy), which only `helm test` runs. manifests/rbac.yaml,
+# the operator's RBAC alone, is rendered for a current Kubernetes, with the Secret policy: on
+# 1.30+, applying it after podlock.yaml adds the policy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$(bash scripts/setup.sh --kubernetes)
-KUBE_VERSION=1.34.0 # what tests/integration/chart.rs renders for (the chart needs 1.29+)
+# kubeVersion: ">=1.29.0-0" -> 1.29.0
+FLOOR_VERSION=$(sed -n 's/^kubeVersion: *"*>= *\([0-9][0-9.]*\).*/\1/p' charts/podlock/Chart.yaml)
+[ -n "$FLOOR_VERSION" ] || { echo "gen-manifests: no kubeVersion in charts/podlock/Chart.yaml" >&2; exit 1; }
 cargo run --quiet -- crd >crds/distributedlock.yaml
 cp crds/distributedlock.yaml charts/podlock/crds/distributedlock.yaml
+KUBE_VERSION=1.34.0 # what tests/integration/chart.rs renders for
+render() {
+  "$BIN/helm" template podlock charts/podlock --namespace podlock --skip-tests "$@"
+}
 {
   printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: podlock\n---\n'
-  "$BIN/helm" template podlock charts/podlock --kube-version "$KUBE_VERSION" --namespace podlock --include-crds
+  render --kube-version "$FLOOR_VERSION" --include-crds
 } >manifests/podlock.yaml
-"$BIN/helm" template podlock charts/podlock --kube-version "$KUBE_VERSION" --namespace podlock --show-only templates/rbac.yaml >manifests/rbac.yaml
-echo "regenerated crds/, charts/podlock/crds/ and manifests/" >&2
+render --kube-version "$KUBE_VERSION" --show-only templates/rbac.yaml >manifests/rbac.yaml
+echo "regenerated crds/, charts/podlock/crds/ and manifests/ (podlock.yaml for Kubernetes $FLOOR_VERSION+)" >&2
