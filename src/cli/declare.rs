@@ -90,7 +90,7 @@ async fn publish(
 ) -> anyhow::Result<(Settings, Option<i64>)> {
     for _ in 0..ATTEMPTS {
         let state = store.lock_state(lock, spec.max_holders).await?;
-        let kept = state.settings.map_or(0, |s| s.epoch);
+        let kept = state.epoch().unwrap_or(0);
         let epoch = match min {
             Some(min) if min.exceeds(kept, state.revision) => next_epoch(min.epoch())?,
             _ => kept,

@@ -198,10 +198,14 @@ impl Engine {
         deadline: Instant,
     ) -> Result<(i64, Vec<Successor>), LockError> {
         let start = placed.standing.clone();
-        let deadline = match (start.as_ref().map(|s| &s.position), req.wait.is_zero()) {
+        let deadline = match (
+            start.as_ref().map(|s| (&s.position, s.recording)),
+            req.wait.is_zero(),
+        ) {
             // Try-once with a free slot, behind a holder whose grant is still being recorded
-            // (granted a moment ago): that is bookkeeping, not a held lock.
-            (Some(Position::BehindUngranted(_)), true) => Instant::now() + RECORDING_GRACE,
+            // (granted a moment ago): that is bookkeeping, not a held lock. (Behind a
+            // multi-lock key waiting for its other locks, it is a wait like any other.)
+            (Some((Position::BehindUngranted(_), true)), true) => Instant::now() + RECORDING_GRACE,
             // Try-once, and the enqueue said it waits: no need to read again.
             (Some(_), true) => return Err(self.give_up(&req.lock, req.wait, pending).await),
             _ => deadline,

@@ -12,8 +12,9 @@ use tracing::{info, warn};
 
 use super::Engine;
 use super::error::{LockError, Unavailable};
-use super::queue::{self, Ticket};
+use super::queue::Ticket;
 use super::session::Session;
+use super::set;
 use crate::retry;
 
 /// Runs `enqueue` to its end, even if the acquire awaiting it is dropped (its client went
@@ -32,9 +33,7 @@ pub async fn enqueue_to_completion<T: Send + 'static>(
     let (engine, session) = (engine.clone(), session.clone());
     let abandoned = move |answer: Result<T, LockError>| {
         // A stale key is not this request's: the acquire that gets it removes it, or the sweep.
-        for ticket in answer.map(placed).unwrap_or_default() {
-            spawn_removal(engine.clone(), ticket, session.clone());
-        }
+        spawn_removal(engine, answer.map(placed).unwrap_or_default(), session);
     };
     match finish_even_if_dropped(enqueue, abandoned).await {
         Ok(answer) => answer,
@@ -83,18 +82,23 @@ where
     }
 }
 
-/// Deletes a ticket's key, retrying while etcd is unreachable, until it is gone or its lease
-/// is (then etcd deletes it). Used for abandoned waits and holds that end without release.
-pub fn spawn_removal(engine: Engine, ticket: Ticket, session: Arc<Session>) {
+/// Deletes the tickets' keys (each only while it has its create revision) in one transaction
+/// ([`set::end_together`]: a multi-lock set's keys leave their queues at one revision, as they
+/// entered them), retrying while etcd is unreachable, until they are gone or their lease is
+/// (then etcd deletes them). Used for abandoned waits and holds that end without release.
+pub fn spawn_removal(engine: Engine, tickets: Vec<Ticket>, session: Arc<Session>) {
+    let Some(key) = tickets.first().map(|t| t.key.clone()) else {
+        return;
+    };
     tokio::spawn(async move {
-        let remove = || queue::remove(engine.etcd(), &ticket);
+        let remove = || set::end_together(engine.etcd(), &tickets);
         let removed = remove
             .retry(retry::etcd())
             .when(|_| !session.is_lost())
-            .notify(|e, _| warn!(key = ticket.key, error = %e, "could not remove queue key; retrying"))
+            .notify(|e, _| warn!(key, error = %e, "could not remove queue keys; retrying"))
             .await;
         if let Err(e) = removed {
-            info!(key = ticket.key, error = %e, "session lost; etcd removes the key with the lease");
+            info!(key, error = %e, "session lost; etcd removes the keys with the lease");
         }
     });
 }

@@ -55,9 +55,7 @@ impl Engine {
             Ok(removed) => removed,
             Err(e) => {
                 warn!(lock = %lock, holder, error = %e, "release could not reach etcd; retrying in the background");
-                for m in &members {
-                    spawn_removal(self.clone(), m.ticket.clone(), m.session.clone());
-                }
+                spawn_removal(self.clone(), tickets(&members), hold.session.clone());
                 true
             }
         };
@@ -161,7 +159,7 @@ impl Engine {
         hold.ended.cancel();
         warn!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), reason, "hold lost");
         self.publish(hold, EventKind::Lost, Some(reason.into()));
-        spawn_removal(self.clone(), hold.ticket.clone(), hold.session.clone());
+        spawn_removal(self.clone(), vec![hold.ticket.clone()], hold.session.clone());
         true
     }
 

@@ -184,6 +184,16 @@ pub enum Unavailable {
         attempts: usize,
     },
 
+    /// A lock's settings changed under every attempt to remove or withdraw it (another
+    /// operator replica, or `podlock declare`, writing them meanwhile).
+    #[error("the settings of {lock} changed under each of {attempts} attempts to remove it; retry")]
+    Changing {
+        /// The lock.
+        lock: LockId,
+        /// How many attempts were made.
+        attempts: usize,
+    },
+
     /// Enqueueing a request panicked (a bug, logged) before etcd answered.
     #[error("enqueueing this request failed on a bug (see the sidecar's log); retry")]
     EnqueuePanicked,

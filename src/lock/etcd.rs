@@ -99,28 +99,42 @@ impl Etcd {
         &self,
         request: impl Fn(Client) -> F,
     ) -> Result<T, LockError> {
+        self.retrying_until(request, |_| true).await
+    }
+
+    /// [`Etcd::retrying`], an answer that is not `settled` waiting for the other copies (see
+    /// [`hedged`]).
+    async fn retrying_until<T, F: Future<Output = Result<T, etcd_client::Error>>>(
+        &self,
+        request: impl Fn(Client) -> F,
+        settled: impl Fn(&T) -> bool,
+    ) -> Result<T, LockError> {
         let previous = Mutex::new(None);
-        hedged(&self.stats, || {
-            let mut previous = previous.lock().unwrap();
-            if let Some(member) = *previous {
-                self.members
-                    .suspect(member, "a request failed or went unanswered");
-            }
-            let (member, client) = self.members.pick(&self.client);
-            *previous = Some(member);
-            let answer = request(client.clone());
-            async move {
-                let answer = answer.await;
-                if let Err(e) = &answer
-                    && EtcdFailure::of(e) == EtcdFailure::AuthOutdated
-                {
-                    // Sent again (see `hedged`) with the new token; a failed renewal shows
-                    // in the next attempt's answer.
-                    let _ = client.refresh_token().await;
+        hedged(
+            &self.stats,
+            || {
+                let mut previous = previous.lock().unwrap();
+                if let Some(member) = *previous {
+                    self.members
+                        .suspect(member, "a request failed or went unanswered");
                 }
-                answer
-            }
-        })
+                let (member, client) = self.members.pick(&self.client);
+                *previous = Some(member);
+                let answer = request(client.clone());
+                async move {
+                    let answer = answer.await;
+                    if let Err(e) = &answer
+                        && EtcdFailure::of(e) == EtcdFailure::AuthOutdated
+                    {
+                        // Sent again (see `hedged`) with the new token; a failed renewal shows
+                        // in the next attempt's answer.
+                        let _ = client.refresh_token().await;
+                    }
+                    answer
+                }
+            },
+            settled,
+        )
         .await
     }
 
@@ -130,6 +144,25 @@ impl Etcd {
             let (mut kv, txn) = (client.kv_client(), txn.clone());
             async move { kv.txn(txn).await }
         })
+        .await
+    }
+
+    /// Runs a transaction whose answer may be changed by an earlier copy of itself: a guarded
+    /// delete finds its key gone if a copy sent before it deleted it. An answer that is not
+    /// `settled` (the guard failed) waits for the copies still out, so that a release is never
+    /// answered "already gone" for a key its own first copy deleted (see [`hedged`]).
+    pub async fn txn_settled(
+        &self,
+        txn: Txn,
+        settled: fn(&TxnResponse) -> bool,
+    ) -> Result<TxnResponse, LockError> {
+        self.retrying_until(
+            |client| {
+                let (mut kv, txn) = (client.kv_client(), txn.clone());
+                async move { kv.txn(txn).await }
+            },
+            settled,
+        )
         .await
     }
 
@@ -184,18 +217,24 @@ impl Etcd {
 
 /// Runs `request`: sends it again after a transient error (after [`RETRY_PAUSE`]), or when no
 /// attempt answered within [`HEDGE`]; the first answer wins. Fails after [`BUDGET`]. Counts
-/// each attempt in
-/// `stats.requests`, and each after the first in `stats.resent` too.
+/// each attempt in `stats.requests`, and each after the first in `stats.resent` too.
+///
+/// An answer that `settled` calls unsettled (a guarded delete that found its key gone) may be
+/// the work of an earlier copy of the same request, still unanswered: then no copy is sent
+/// any more, and the copies still out are waited for (within the budget); one of them that
+/// settles wins, else the unsettled answer stands.
 async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
     stats: &Stats,
     request: impl Fn() -> F,
+    settled: impl Fn(&T) -> bool,
 ) -> Result<T, LockError> {
     let deadline = Instant::now() + BUDGET;
     let mut attempts: VecDeque<Pin<Box<F>>> = VecDeque::new();
     let (mut send_at, mut first) = (Instant::now(), true);
     let mut error = LockError::from(Unavailable::Timeout(BUDGET));
+    let mut unsettled = None;
     while Instant::now() < deadline {
-        if Instant::now() >= send_at {
+        if unsettled.is_none() && Instant::now() >= send_at {
             if attempts.len() == MAX_ATTEMPTS {
                 attempts.pop_front(); // the oldest is likeliest stuck on a dead member
             }
@@ -217,9 +256,20 @@ async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
                 });
             ready.map_or(Poll::Pending, Poll::Ready)
         });
-        match timeout_at(send_at.min(deadline), answer).await {
-            Ok((_, Ok(resp))) => return Ok(resp),
-            Ok((_, Err(e))) if !EtcdFailure::of(&e).worth_resending() => return Err(e.into()),
+        let wait = if unsettled.is_some() {
+            deadline
+        } else {
+            send_at.min(deadline)
+        };
+        match timeout_at(wait, answer).await {
+            Ok((_, Ok(resp))) if settled(&resp) => return Ok(resp),
+            Ok((i, Ok(resp))) => {
+                attempts.remove(i);
+                unsettled = Some(resp);
+            }
+            Ok((_, Err(e))) if unsettled.is_none() && !EtcdFailure::of(&e).worth_resending() => {
+                return Err(e.into());
+            }
             Ok((i, Err(e))) => {
                 attempts.remove(i);
                 error = e.into();
@@ -227,8 +277,11 @@ async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
             }
             Err(_) => {} // time to send again, or to give up
         }
+        if unsettled.is_some() && attempts.is_empty() {
+            break;
+        }
     }
-    Err(error)
+    unsettled.ok_or(error)
 }
 
 /// The answers of a transaction's get operations, in their order (its other operations
@@ -252,13 +305,14 @@ mod tests {
     async fn run(answers: Vec<fn() -> Answer>) -> (Result<i32, LockError>, u64, Duration) {
         let stats = Stats::default();
         let start = Instant::now();
-        let result = hedged(&stats, || {
+        let request = || {
             let n = stats.requests.load(Ordering::Relaxed) as usize - 1;
             answers
                 .get(n)
                 .map_or_else(|| Box::pin(pending()) as Answer, |a| a())
-        })
-        .await;
+        };
+        // 7 is a settled answer, 0 an unsettled one (a guard that failed).
+        let result = hedged(&stats, request, |&n| n != 0).await;
         let sent = stats.requests.load(Ordering::Relaxed);
         assert_eq!(
             stats.resent.load(Ordering::Relaxed),
@@ -289,6 +343,33 @@ mod tests {
     async fn an_unanswered_request_is_sent_again_after_the_hedge() {
         let (result, sent, took) = run(vec![silent, ok]).await;
         assert_eq!((result.unwrap(), sent, took), (7, 2, HEDGE));
+    }
+
+    fn late_ok() -> Answer {
+        Box::pin(async {
+            tokio::time::sleep(HEDGE * 3).await;
+            Ok(7)
+        })
+    }
+    fn unsettled() -> Answer {
+        Box::pin(async { Ok(0) })
+    }
+
+    /// Finding 3 of the edges review: a release's first copy deleted the key but its answer
+    /// was held back past the hedge; the copy sent again found the key gone and answered
+    /// first, and the release was reported lost (410).
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_that_may_be_an_earlier_copys_work_waits_for_that_copy() {
+        let (result, sent, took) = run(vec![late_ok, unsettled]).await;
+        assert_eq!((result.unwrap(), sent, took), (7, 2, HEDGE * 3));
+        let (result, sent, took) = run(vec![silent, unsettled]).await;
+        assert_eq!(
+            (result.unwrap(), sent, took),
+            (0, 2, BUDGET),
+            "no copy settles: it stands"
+        );
+        let (result, sent, _) = run(vec![unsettled]).await;
+        assert_eq!((result.unwrap(), sent), (0, 1), "nothing else out: at once");
     }
 
     #[tokio::test(start_paused = true)]

@@ -7,14 +7,13 @@
 //! as it does a range). It is true *as of that read's revision*: the hold may end a moment
 //! later.
 //!
-//! A hold is current while its key is in place and it holds: by the queue's rule
-//! ([`protocol::held_count`]) under the settings read in the same transaction, as the operator
-//! and `GET /v1/locks/{name}` judge holders, or because its entry records its grant. The second
-//! keeps a hold current after `maxHolders` was lowered under it: a lowering binds new grants
-//! only, and the hold goes on until it ends. Grants follow the queue order, so either way the
-//! holders are the queue's first keys.
+//! A hold is current while its key is in place and it holds by the one rule of who holds
+//! ([`protocol::holders`]) under the settings read in the same transaction, as status,
+//! `GET /v1/locks/{name}` and a force release judge holders: its grant is on record, or the
+//! queue's rule lets it in now. A hold granted before `maxHolders` was lowered stays current
+//! until it ends; a waiter is never current.
 //!
-//! [`protocol::held_count`]: super::protocol::held_count
+//! [`protocol::holders`]: super::protocol::holders
 
 use serde::Serialize;
 
@@ -22,7 +21,7 @@ use super::Engine;
 use super::entry::HolderInfo;
 use super::error::LockError;
 use super::names::LockId;
-use super::protocol;
+use super::protocol::Queued;
 use super::queue::{self, LockRead};
 use super::settings::MAX_HOLDERS;
 
@@ -91,18 +90,20 @@ impl Engine {
     }
 }
 
-/// The holders among the first entries of a queue (each with whether it records its grant),
-/// `more` if keys lie beyond them; `None` when every entry read holds and more follow (then the
-/// holders may go on past the read: read the whole queue). Holders that end inside the read
-/// end there in the whole queue too: neither the rule nor the grants look past them.
-fn complete_head(entries: Vec<(HolderInfo, bool)>, more: bool, max_holders: u32) -> Option<Vec<HolderInfo>> {
-    let by_rule = protocol::held_count(entries.iter().map(|(e, _)| e.mode), max_holders);
-    let recorded = entries.iter().take_while(|(_, granted)| *granted).count();
-    let held = queue::admitted(&entries, by_rule.max(recorded));
+/// The holders among the first keys of a queue, by the one rule of who holds, `more` if keys
+/// lie beyond them; `None` when every key read holds and more follow (then the holders may go
+/// on past the read: read the whole queue). Holders that end inside the read end there in the
+/// whole queue too: the rule judges a key by the keys ahead of it alone.
+fn complete_head(
+    entries: Vec<(Option<HolderInfo>, Queued)>,
+    more: bool,
+    max_holders: u32,
+) -> Option<Vec<HolderInfo>> {
+    let held = queue::held(&entries, max_holders);
     if more && held == entries.len() {
         return None;
     }
-    Some(entries.into_iter().take(held).map(|(e, _)| e).collect())
+    Some(entries.into_iter().take(held).filter_map(|(h, _)| h).collect())
 }
 
 #[cfg(test)]
@@ -114,7 +115,7 @@ mod tests {
     const S: Mode = Mode::Shared;
 
     /// Entries of these modes and grant records, their tokens 1, 2, ... in queue order.
-    fn entries(spec: &[(Mode, bool)]) -> Vec<(HolderInfo, bool)> {
+    fn entries(spec: &[(Mode, bool)]) -> Vec<(Option<HolderInfo>, Queued)> {
         (spec.iter().zip(1..))
             .map(|(&(mode, granted), token)| {
                 let holder = HolderInfo {
@@ -126,7 +127,13 @@ mod tests {
                     mode,
                     with: vec![],
                 };
-                (holder, granted)
+                let queued = Queued {
+                    mode,
+                    recorded: granted,
+                    handed: false,
+                    set: false,
+                };
+                (Some(holder), queued)
             })
             .collect()
     }

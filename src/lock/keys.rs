@@ -7,6 +7,7 @@
 //! /podlock/v1/config/{namespace}/.released/{lock}/{lease:016x}/{holder}
 //!                                                           why the operator ended that hold
 //! /podlock/v1/declared/{namespace}/{lock}/{cluster}          a named cluster declares the lock
+//! /podlock/v1/retired/{namespace}/{lock}                    the token epoch of a removed lock
 //! ```
 //!
 //! Settings and queues live under separate prefixes so that a role can be granted read-only
@@ -31,6 +32,12 @@ impl LockId {
     /// The prefix of the clusters' declarations of this lock (see `shared`).
     pub(super) fn declared_prefix(&self) -> String {
         format!("{ROOT}/declared/{}/{}/", self.namespace, self.name)
+    }
+
+    /// The key that keeps the token epoch of this lock while it is removed (see
+    /// `settings::retire`): outside the settings prefix, so no namespace's role reads it.
+    pub(super) fn retired_key(&self) -> String {
+        format!("{ROOT}/retired/{}/{}", self.namespace, self.name)
     }
 
     /// The queue key of one holder id under one lease.

@@ -41,9 +41,7 @@ impl<'a> Pending<'a> {
         };
         if let Err(e) = set::remove(self.engine.etcd(), &tickets).await {
             warn!(key = tickets[0].key, error = %e, "could not leave the queue; retrying in the background");
-            for ticket in tickets {
-                detached::spawn_removal(self.engine.clone(), ticket, session.clone());
-            }
+            detached::spawn_removal(self.engine.clone(), tickets, session);
         }
     }
 }
@@ -54,9 +52,7 @@ impl Drop for Pending<'_> {
             self.engine.0.registry.unclaim(slot);
         }
         if let Some((tickets, session)) = self.keys.take() {
-            for ticket in tickets {
-                detached::spawn_removal(self.engine.clone(), ticket, session.clone());
-            }
+            detached::spawn_removal(self.engine.clone(), tickets, session);
         }
     }
 }

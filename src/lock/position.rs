@@ -51,6 +51,10 @@ pub struct Standing {
     /// The keys right behind it, if it holds a mutex and they were read: its chain to hand
     /// the lock on to ([`handoff`](super::handoff)).
     pub chain: Vec<Successor>,
+    /// Behind a key that has not recorded its grant ([`Position::BehindUngranted`]): whether
+    /// that key holds and is recording its grant (a write on its way), rather than a
+    /// multi-lock key waiting for its other locks (which may take any time).
+    pub recording: bool,
 }
 
 impl Standing {
@@ -106,6 +110,18 @@ pub fn keys_needed(max_holders: u32, mode: Mode) -> (u32, bool) {
 pub fn of_keys(ahead: &[KeyValue], more: bool, max_holders: u32, mode: Mode) -> Position {
     let ahead: Vec<Ahead> = ahead.iter().map(Ahead::of).collect();
     decide(&ahead, more, max_holders, mode)
+}
+
+/// Whether the key `pos` waits behind, if it is [`Position::BehindUngranted`], is a grant
+/// being recorded: found among `ahead` (read with values) and not a multi-lock key.
+pub fn recording(ahead: &[KeyValue], pos: &Position) -> bool {
+    let Position::BehindUngranted(key) = pos else {
+        return false;
+    };
+    let entry = ahead.iter().find(|kv| kv.key() == key.as_slice());
+    entry
+        .and_then(|kv| Entry::decode(kv.value()))
+        .is_some_and(|e| e.with.is_empty())
 }
 
 /// The queue's rule, for any `max_holders`: a shared key holds once every key ahead of it is
@@ -244,6 +260,7 @@ mod tests {
             revision: 7,
             queued,
             chain: vec![],
+            recording: false,
         };
         let back = Position::Waiter(key("b"));
         assert!(standing(back.clone(), NEAR_QUEUE).turn_is_near());

@@ -35,19 +35,64 @@ pub fn position(ahead: &[Ahead], more: bool, max_holders: u32, mode: Mode) -> Po
     super::position::decide(ahead, more, max_holders, mode)
 }
 
-/// How many of a queue's leading keys hold, given their modes in queue order: the leading run
-/// of shared keys when the first one is shared, else the leading run of exclusive keys, at most
-/// `max_holders` of them (the rule [`position`] decides by, seen from the whole queue). The
-/// operator reads holders by it (status, and who a force release ends), and so does the
-/// model's administrator.
-pub fn held_count(modes: impl Iterator<Item = Mode>, max_holders: u32) -> usize {
-    let mut modes = modes.peekable();
-    let Some(&first) = modes.peek() else { return 0 };
-    let limit = match first {
-        Mode::Shared => usize::MAX,
-        Mode::Exclusive => max_holders as usize,
+/// A queue key as the views of who holds see it: its mode and what its entry records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Queued {
+    /// Its mode.
+    pub mode: Mode,
+    /// Its entry records its grant (`acquiredAt`): a grant for the keys behind it too.
+    pub recorded: bool,
+    /// A release handed it its grant (direct handoff): it holds, but the keys behind it wait
+    /// until its owner records the grant.
+    pub handed: bool,
+    /// A multi-lock key: it holds nothing until it records its grant on every lock of its set.
+    pub set: bool,
+}
+
+impl Queued {
+    /// A key whose value is not an entry: it blocks like a granted exclusive key.
+    pub const FOREIGN: Queued = Queued {
+        mode: Mode::Exclusive,
+        recorded: true,
+        handed: false,
+        set: false,
     };
-    modes.take(limit).take_while(|m| *m == first).count()
+}
+
+/// How many of a queue's leading keys hold, the whole queue given in order: the one rule of
+/// who holds. Status, `GET /v1/locks/{name}`, the holder Service, the fence check, a force
+/// release and the holder gauge all count holders by it, and so does the protocol model,
+/// which checks that the keys it names are exactly those of the clients that hold (or are let
+/// in by their next read). A key holds if its grant is on record (`acquiredAt`, or handed on
+/// by a release), so a hold granted before `maxHolders` was lowered goes on until it ends; or
+/// if [`position`] lets it in now under `max_holders` (the grant its owner is about to learn),
+/// unless it is a multi-lock key, which holds only once admitted on all its locks. Grants wait
+/// for every key ahead to record its own, so the holders are always the queue's first keys.
+pub fn holders(queue: &[Queued], max_holders: u32) -> usize {
+    (0..queue.len())
+        .take_while(|&i| holds(queue, i, max_holders))
+        .count()
+}
+
+/// Whether the `i`-th key of `queue` holds (see [`holders`]).
+fn holds(queue: &[Queued], i: usize, max_holders: u32) -> bool {
+    let key = queue[i];
+    if key.recorded || key.handed {
+        return true;
+    }
+    if key.set {
+        return false;
+    }
+    let (needed, _) = keys_needed(max_holders, key.mode);
+    let ahead: Vec<Ahead> = (queue[..i].iter().rev().take(needed as usize).zip(0u32..))
+        .map(|(k, n)| Ahead {
+            key: n.to_be_bytes().to_vec(),
+            granted: k.recorded,
+            mode: k.mode,
+        })
+        .collect();
+    let more = i > needed as usize;
+    position(&ahead, more, max_holders, key.mode) == Position::Holder
 }
 
 /// What a watched key must do to wake a waiter.
@@ -79,19 +124,71 @@ pub fn wakes(pos: &Position, max_holders: u32) -> Vec<(Vec<u8>, Change)> {
 mod tests {
     use super::*;
 
+    use Mode::{Exclusive as X, Shared as S};
+
+    /// Keys of these modes, each recorded or not.
+    fn queue(spec: &[(Mode, bool)]) -> Vec<Queued> {
+        (spec.iter())
+            .map(|&(mode, recorded)| Queued {
+                mode,
+                recorded,
+                handed: false,
+                set: false,
+            })
+            .collect()
+    }
+
+    fn held(spec: &[(Mode, bool)], max: u32) -> usize {
+        holders(&queue(spec), max)
+    }
+
     #[test]
-    fn holders_are_the_leading_run_of_one_mode_within_the_limit() {
-        use Mode::{Exclusive as X, Shared as S};
-        let held = |modes: &[Mode], max| held_count(modes.iter().copied(), max);
+    fn holders_are_the_leading_keys_the_rule_admits_or_that_record_their_grant() {
         assert_eq!(held(&[], 1), 0);
-        assert_eq!(held(&[X, X, X], 1), 1);
-        assert_eq!(held(&[X, X, X], 2), 2);
-        assert_eq!(held(&[X, S, X], 3), 1, "a reader never holds beside a writer");
+        assert_eq!(held(&[(X, false), (X, false)], 1), 1, "a mutex granted at once");
+        assert_eq!(held(&[(X, true), (X, true), (X, false)], 2), 2);
         assert_eq!(
-            held(&[S, S, X, S], 1),
+            held(&[(X, true), (S, false), (X, false)], 3),
+            1,
+            "a reader never holds beside a writer"
+        );
+        assert_eq!(
+            held(&[(S, true), (S, false), (X, false), (S, false)], 1),
             2,
             "readers ahead of a writer hold, whatever the limit"
         );
-        assert_eq!(held(&[X], 0), 0);
+        assert_eq!(held(&[(X, false)], 0), 0);
+    }
+
+    /// Finding 7 of the edges review: the fence check counted keys by position, so the third
+    /// key of a semaphore of 3 was current while the second had not recorded its grant: a
+    /// waiter, which the rule lets in only after that record.
+    #[test]
+    fn a_key_behind_an_unrecorded_grant_is_a_waiter() {
+        assert_eq!(held(&[(X, true), (X, false), (X, false)], 3), 2);
+    }
+
+    /// Finding 5: status, `GET` and a force release counted holders under a lowered
+    /// `maxHolders` only, while the holds granted before go on until they end.
+    #[test]
+    fn holds_granted_before_a_lowering_still_hold() {
+        assert_eq!(held(&[(X, true), (X, true), (X, false)], 1), 2);
+        assert_eq!(held(&[(X, true), (X, true), (X, true)], 1), 3);
+    }
+
+    #[test]
+    fn a_handed_key_holds_and_a_waiting_set_key_holds_nothing() {
+        let mut q = queue(&[(X, false), (X, false)]);
+        q[0].handed = true;
+        assert_eq!(holders(&q, 1), 1);
+        let mut q = queue(&[(X, true), (X, false), (X, false)]);
+        q[1].set = true;
+        assert_eq!(
+            holders(&q, 3),
+            1,
+            "a set key not yet admitted everywhere, and the key behind it"
+        );
+        q[1].recorded = true;
+        assert_eq!(holders(&q, 3), 3);
     }
 }

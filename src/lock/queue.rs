@@ -24,7 +24,7 @@ use super::error::LockError;
 use super::etcd::{self, Etcd};
 use super::names::LockId;
 use super::position::{self, Standing};
-use super::protocol;
+use super::protocol::{self, Queued};
 use super::settings::Declared;
 
 /// A contender's key in a queue.
@@ -153,8 +153,10 @@ fn enqueued(
         lease,
     };
     if put {
+        let at_place = position::of_keys(ahead, get.more(), max_holders, mode);
         let standing = Standing {
-            position: position::of_keys(ahead, get.more(), max_holders, mode),
+            recording: position::recording(ahead, &at_place),
+            position: at_place,
             revision: at,
             queued: get.count(),
             chain: vec![], // nobody is behind a key just put
@@ -189,9 +191,12 @@ pub async fn is_ours(etcd: &Etcd, ticket: &Ticket) -> Result<bool, LockError> {
 }
 
 /// Deletes `ticket`'s key if it is still the same key (same create revision), so that a late
-/// or retried release never deletes a newer hold. Returns whether it deleted.
+/// or retried release never deletes a newer hold. Returns whether it deleted (a copy of this
+/// request sent again that finds the key gone waits for the earlier copy: see
+/// [`Etcd::txn_settled`]).
 pub async fn remove(etcd: &Etcd, ticket: &Ticket) -> Result<bool, LockError> {
-    if_still_ours(etcd, ticket, [TxnOp::delete(ticket.key.as_str(), None)]).await
+    let txn = still_ours(ticket, [TxnOp::delete(ticket.key.as_str(), None)]);
+    Ok(etcd.txn_settled(txn, TxnResponse::succeeded).await?.succeeded())
 }
 
 /// Deletes `ticket`'s key like [`remove`] and, in the same transaction, puts `note` (why it
@@ -226,36 +231,44 @@ pub struct QueueState {
     pub waiters: usize,
 }
 
-/// Splits a queue range (sorted by create revision) into holders and waiters by
-/// [`protocol::held_count`].
+/// Splits a queue range (sorted by create revision) into holders and waiters by the one rule
+/// of who holds ([`protocol::holders`]).
 pub fn split_queue(kvs: &[etcd_client::KeyValue], max_holders: u32) -> QueueState {
     let entries = decode(kvs);
-    let held = protocol::held_count(entries.iter().map(|(e, _)| e.mode), max_holders);
-    let held = admitted(&entries, held);
+    let held = held(&entries, max_holders);
     QueueState {
         waiters: kvs.len().saturating_sub(held),
-        holders: entries.into_iter().take(held).map(|(e, _)| e).collect(),
+        holders: entries.into_iter().take(held).filter_map(|(h, _)| h).collect(),
     }
 }
 
-/// How many of the leading `held` entries hold: those ahead of the first multi-lock key that
-/// has not recorded its grant. That key is not admitted on every lock of its set yet, so it
-/// holds nothing here, and the rule keeps every key behind it waiting too.
-pub(super) fn admitted(entries: &[(HolderInfo, bool)], held: usize) -> usize {
-    (entries.iter().take(held))
-        .take_while(|(h, granted)| *granted || h.with.is_empty())
-        .count()
+/// How many of `entries`' leading keys hold, by [`protocol::holders`].
+pub(super) fn held<T>(entries: &[(T, Queued)], max_holders: u32) -> usize {
+    let queue: Vec<Queued> = entries.iter().map(|(_, q)| *q).collect();
+    protocol::holders(&queue, max_holders)
 }
 
-/// The entries of a queue range as holders are shown, in its order, each with whether it
-/// records its grant (`acquiredAt` written, or handed the lock); keys that are not entries (or
-/// whose revision no token carries) left out, as [`split_queue`] leaves them.
-pub(super) fn decode(kvs: &[etcd_client::KeyValue]) -> Vec<(HolderInfo, bool)> {
+/// What the rule of who holds reads of an entry (`None`: the key's value is not an entry).
+pub(super) fn queued(entry: Option<&Entry>) -> Queued {
+    match entry {
+        Some(e) => Queued {
+            mode: e.mode,
+            recorded: e.is_granted(),
+            handed: e.handed,
+            set: !e.with.is_empty(),
+        },
+        None => Queued::FOREIGN,
+    }
+}
+
+/// The keys of a queue range in its order, each as holders are shown (`None`: not an entry,
+/// or a revision no token carries) and as the rule of who holds reads it.
+pub(super) fn decode(kvs: &[etcd_client::KeyValue]) -> Vec<(Option<HolderInfo>, Queued)> {
     (kvs.iter())
-        .filter_map(|kv| {
-            let entry = Entry::decode(kv.value())?;
-            let granted = entry.is_granted() || entry.handed;
-            Some((entry.holder(kv.create_revision())?, granted))
+        .map(|kv| {
+            let entry = Entry::decode(kv.value());
+            let q = queued(entry.as_ref());
+            (entry.and_then(|e| e.holder(kv.create_revision())), q)
         })
         .collect()
 }
@@ -303,37 +316,4 @@ pub fn queue_order() -> GetOptions {
     GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn holder(token: i64, with: &[&str]) -> HolderInfo {
-        HolderInfo {
-            holder_id: format!("h{token}"),
-            pod: "p".into(),
-            cluster: None,
-            fencing_token: token,
-            acquired_at: String::new(),
-            mode: Mode::Exclusive,
-            with: with.iter().map(|w| w.to_string()).collect(),
-        }
-    }
-
-    /// A semaphore of 3 whose second key is a set still waiting for another lock: only the
-    /// first key holds; the set's key holds once it recorded its grant.
-    #[test]
-    fn a_set_key_holds_nothing_until_it_records_its_grant() {
-        let queue = |set_granted| {
-            vec![
-                (holder(1, &[]), true),
-                (holder(2, &["b"]), set_granted),
-                (holder(3, &[]), false),
-            ]
-        };
-        assert_eq!(admitted(&queue(false), 3), 1);
-        assert_eq!(admitted(&queue(true), 3), 3);
-        assert_eq!(admitted(&queue(true), 2), 2, "never beyond the rule's count");
-    }
 }

@@ -5,7 +5,7 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, KeyValue, Txn, TxnOp, TxnOp
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
-use super::error::LockError;
+use super::error::{LockError, Unavailable};
 use super::etcd::Etcd;
 use super::names::LockId;
 use super::token::{MAX_EPOCH, TokenError};
@@ -198,10 +198,11 @@ pub async fn read(etcd: &Etcd, lock: &LockId) -> Result<Option<Declared>, LockEr
 }
 
 /// Writes a lock's settings, published by `cluster` (see [`shared`](super::shared)), if the
-/// config key still has mod revision `over` (0: absent);
-/// `renew` also removes its queue in the same transaction (a new epoch: no key enqueued under
-/// the old one may be granted under it). Returns the number of queue keys removed, or `None`
-/// if the settings changed since `over` was read.
+/// config key still has mod revision `over` (0: absent), and drops the epoch a removal kept
+/// ([`retire`]): the settings carry it from now on. `renew` also removes its queue in the same
+/// transaction (a new epoch: no key enqueued under the old one may be granted under it).
+/// Returns the number of queue keys removed, or `None` if the settings changed since `over`
+/// was read.
 pub async fn publish(
     etcd: &Etcd,
     lock: &LockId,
@@ -213,14 +214,42 @@ pub async fn publish(
     settings.validate()?;
     let value = encode(settings, cluster);
     let config = lock.config_key();
-    let mut ops = vec![TxnOp::put(config.as_str(), value, None)];
+    let mut ops = vec![
+        TxnOp::put(config.as_str(), value, None),
+        TxnOp::delete(lock.retired_key(), None),
+    ];
     if renew {
         let all = DeleteOptions::new().with_prefix();
         ops.push(TxnOp::delete(lock.queue_prefix(), Some(all)));
     }
     let unchanged = Compare::mod_revision(config.as_str(), CompareOp::Equal, over);
     let resp = etcd.txn(Txn::new().when([unchanged]).and_then(ops)).await?;
-    Ok(resp.succeeded().then(|| deleted(resp)))
+    Ok(resp.succeeded().then(|| if renew { deleted(resp) } else { 0 }))
+}
+
+/// The operation that keeps a removed lock's token `epoch`, so that the lock declared again
+/// under its name publishes under it, not under epoch 0: its tokens then continue above every
+/// one it handed out before, even if that was under an epoch moved on after an etcd wipe (a
+/// DistributedLock deleted and created again takes its status, and the epochs recorded there,
+/// with it). Nothing is kept for epoch 0: the same etcd's revisions keep rising.
+pub fn retire(lock: &LockId, epoch: u32) -> Option<TxnOp> {
+    (epoch > 0).then(|| TxnOp::put(lock.retired_key(), epoch.to_string(), None))
+}
+
+/// The token epoch a removal kept for `lock` ([`retire`]), if any.
+pub async fn retired(etcd: &Etcd, lock: &LockId) -> Result<Option<u32>, LockError> {
+    let resp = etcd.get(lock.retired_key(), None).await?;
+    let Some(kv) = resp.kvs().first() else {
+        return Ok(None);
+    };
+    let text = String::from_utf8_lossy(kv.value());
+    text.parse().map(Some).map_err(|_| {
+        LockError::Corrupt(format!(
+            "the token epoch kept at {} is not a number ({text:?}); delete that key, and \
+             declare the lock with `podlock declare --min-token` above its last token",
+            lock.retired_key()
+        ))
+    })
 }
 
 /// How many keys the last operation of a transaction deleted (0 if it deleted none).
@@ -231,16 +260,31 @@ fn deleted(resp: TxnResponse) -> i64 {
     }
 }
 
-/// Removes a lock: its settings and every queue key, in one transaction. Holders see `lost`.
-/// Returns how many queue keys were deleted.
+/// How many times a removal is tried while the settings change under it.
+const ATTEMPTS: usize = 8;
+
+/// Removes a lock: its settings and every queue key, in one transaction guarded by the
+/// settings read, keeping its token epoch ([`retire`]). Holders see `lost`. Returns how many
+/// queue keys were deleted.
 pub async fn undeclare(etcd: &Etcd, lock: &LockId) -> Result<i64, LockError> {
-    let resp = etcd
-        .txn(Txn::new().and_then([
-            TxnOp::delete(lock.config_key(), None),
-            TxnOp::delete(lock.queue_prefix(), Some(DeleteOptions::new().with_prefix())),
-        ]))
-        .await?;
-    Ok(deleted(resp))
+    let config = lock.config_key();
+    for _ in 0..ATTEMPTS {
+        let found = read(etcd, lock).await?;
+        let (epoch, revision) = found.map_or((0, 0), |d| (d.settings.epoch, d.revision));
+        let mut ops = vec![TxnOp::delete(config.as_str(), None)];
+        ops.extend(retire(lock, epoch));
+        ops.push(TxnOp::delete(
+            lock.queue_prefix(),
+            Some(DeleteOptions::new().with_prefix()),
+        ));
+        let unchanged = Compare::mod_revision(config.as_str(), CompareOp::Equal, revision);
+        let resp = etcd.txn(Txn::new().when([unchanged]).and_then(ops)).await?;
+        if resp.succeeded() {
+            return Ok(deleted(resp));
+        }
+    }
+    let (lock, attempts) = (lock.clone(), ATTEMPTS);
+    Err(Unavailable::Changing { lock, attempts }.into())
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use super::error::LockError;
 use super::etcd::{self, Etcd};
 use super::names::LockId;
 use super::set;
-use super::settings::{Declared, encode, publisher};
+use super::settings::{Declared, encode, publisher, retire};
 
 /// Whether the operator of `cluster` may write settings whose publisher is `publisher`.
 pub fn may_publish(publisher: &str, cluster: &str) -> bool {
@@ -56,8 +56,12 @@ const ATTEMPTS: usize = 8;
 
 /// Withdraws `cluster` from `lock` (see the module's rules). Each step is guarded, so that a
 /// key enqueued or a declaration made meanwhile is never removed unseen: a changed lock is read
-/// again. `None`: it kept changing, [`ATTEMPTS`] times.
+/// again. Once its own part is withdrawn it reads the lock once more: if the other clusters
+/// withdrew meanwhile (two at once, each seeing the other's declaration), the last one out
+/// removes the lock. `None`: it kept changing, [`ATTEMPTS`] times.
 pub async fn withdraw(etcd: &Etcd, lock: &LockId, cluster: &str) -> Result<Option<Withdrawn>, LockError> {
+    let mut ended = 0;
+    let mut left: Option<Vec<String>> = None;
     for _ in 0..ATTEMPTS {
         let read = Read::of(etcd, lock).await?;
         let (own, others) = read.split(cluster);
@@ -65,8 +69,9 @@ pub async fn withdraw(etcd: &Etcd, lock: &LockId, cluster: &str) -> Result<Optio
         let unchanged = Compare::mod_revision(lock.config_key(), CompareOp::Equal, settings_rev);
         let publisher = read.declared.as_ref().map(|d| publisher(&d.value));
         if others.is_empty() && publisher.as_deref().is_none_or(|p| may_publish(p, cluster)) {
-            if remove_lock(etcd, lock, unchanged, read.revision).await? {
-                let ended = own.len() as i64;
+            let epoch = read.declared.as_ref().map_or(0, |d| d.settings.epoch);
+            if remove_lock(etcd, lock, (unchanged, epoch), read.revision).await? {
+                let ended = ended + own.len() as i64;
                 return Ok(Some(Withdrawn {
                     ended,
                     removed: true,
@@ -75,52 +80,67 @@ pub async fn withdraw(etcd: &Etcd, lock: &LockId, cluster: &str) -> Result<Optio
             }
             continue;
         }
-        let tickets: Vec<_> = own.iter().map(|e| e.ticket()).collect();
-        let ended = set::end_together(etcd, &tickets)
-            .await?
-            .into_iter()
-            .filter(|e| *e)
-            .count() as i64;
-        let mine = format!("{}{cluster}", lock.declared_prefix());
-        let mut ops = vec![TxnOp::delete(mine, None)];
-        if let Some(declared) = read.declared.filter(|_| publisher.as_deref() == Some(cluster)) {
-            ops.push(TxnOp::put(
-                lock.config_key(),
-                encode(&declared.settings, ""),
-                None,
-            ));
+        if own.is_empty() && left.as_ref() == Some(&others) {
+            return Ok(Some(Withdrawn {
+                ended,
+                removed: false,
+                others,
+            }));
         }
-        // Changed meanwhile: someone else published them, and they stay theirs.
-        etcd.txn(Txn::new().when([unchanged]).and_then(ops)).await?;
-        return Ok(Some(Withdrawn {
-            ended,
-            removed: false,
-            others,
-        }));
+        ended += end_own(etcd, &own).await?;
+        if etcd
+            .txn(leave(lock, cluster, &read, publisher.as_deref(), unchanged))
+            .await?
+            .succeeded()
+        {
+            left = Some(others);
+        }
     }
     Ok(None)
 }
 
-/// Removes the lock's settings, queue and declarations if its settings are `unchanged` and no
-/// key was enqueued, nor declaration made, after `revision` (when they were read); returns
-/// whether it did.
+/// Ends `own` keys together; returns how many it ended.
+async fn end_own(etcd: &Etcd, own: &[&QueueEntry]) -> Result<i64, LockError> {
+    let tickets: Vec<_> = own.iter().map(|e| e.ticket()).collect();
+    let ended = set::end_together(etcd, &tickets).await?;
+    Ok(ended.into_iter().filter(|e| *e).count() as i64)
+}
+
+/// The transaction that takes `cluster`'s declaration off `lock` and, if `cluster` published
+/// its settings, leaves them unowned for another to adopt; guarded by the settings being
+/// `unchanged` (else someone else published them, and they stay theirs).
+fn leave(lock: &LockId, cluster: &str, read: &Read, publisher: Option<&str>, unchanged: Compare) -> Txn {
+    let mine = format!("{}{cluster}", lock.declared_prefix());
+    let mut ops = vec![TxnOp::delete(mine, None)];
+    if let Some(declared) = read.declared.as_ref().filter(|_| publisher == Some(cluster)) {
+        let unowned = encode(&declared.settings, "");
+        ops.push(TxnOp::put(lock.config_key(), unowned, None));
+    }
+    Txn::new().when([unchanged]).and_then(ops)
+}
+
+/// Removes the lock's settings, queue and declarations, keeping its token `epoch` (see
+/// [`retire`]), if its settings are `unchanged` and no key was enqueued, nor declaration
+/// made, after `revision` (when they were read); returns whether it did.
 async fn remove_lock(
     etcd: &Etcd,
     lock: &LockId,
-    unchanged: Compare,
+    (unchanged, epoch): (Compare, u32),
     revision: i64,
 ) -> Result<bool, LockError> {
     let (queue, declared) = (lock.queue_prefix(), lock.declared_prefix());
     let none_newer =
         |prefix: &str| Compare::create_revision(prefix, CompareOp::Less, revision + 1).with_prefix();
     let all = || Some(DeleteOptions::new().with_prefix());
+    let mut ops = vec![
+        TxnOp::delete(lock.config_key(), None),
+        TxnOp::delete(queue.as_str(), all()),
+        TxnOp::delete(declared.as_str(), all()),
+    ];
+    ops.extend(retire(lock, epoch));
     let txn = Txn::new()
         .when([unchanged, none_newer(&queue), none_newer(&declared)])
-        .and_then([
-            TxnOp::delete(lock.config_key(), None),
-            TxnOp::delete(queue.as_str(), all()),
-            TxnOp::delete(declared.as_str(), all()),
-        ]);
+        .and_then(ops);
     Ok(etcd.txn(txn).await?.succeeded())
 }
 

@@ -14,6 +14,7 @@ use super::error::LockError;
 use super::etcd::Etcd;
 use super::keys;
 use super::names::LockId;
+use super::protocol::Queued;
 use super::queue::{self, QueueState, Ticket};
 use super::released;
 use super::set;
@@ -37,6 +38,16 @@ pub struct LockState {
     pub queue: QueueState,
     /// etcd's revision when it was read.
     pub revision: i64,
+    /// While it has no settings: the token epoch kept when it was removed, if it was removed
+    /// under an epoch above 0 (see `settings::retire`).
+    pub retired: Option<u32>,
+}
+
+impl LockState {
+    /// The token epoch etcd has for the lock: its settings', or the one kept at its removal.
+    pub fn epoch(&self) -> Option<u32> {
+        self.settings.map(|s| s.epoch).or(self.retired)
+    }
 }
 
 /// What [`Store::revoke_lease_in`] did.
@@ -132,37 +143,45 @@ impl Store {
         settings::undeclare(&self.0, lock).await
     }
 
-    /// A lock's settings and its queue (its first `max_holders` entries as holders, and how
-    /// many wait), read in one transaction with etcd's revision: the operator reads them on
-    /// every reconciliation.
+    /// A lock's settings and its queue (its holders by the one rule of who holds, under the
+    /// settings etcd has, else under `max_holders`; and how many wait), read in one
+    /// transaction with etcd's revision: the operator reads them on every reconciliation.
     pub async fn lock_state(&self, lock: &LockId, max_holders: u32) -> Result<LockState, LockError> {
         let read = queue::read_lock(&self.0, lock, None).await?;
+        let max_holders = read
+            .declared
+            .as_ref()
+            .map_or(max_holders, |d| d.settings.max_holders);
+        let retired = match read.declared {
+            Some(_) => None,
+            None => settings::retired(&self.0, lock).await?,
+        };
         Ok(LockState {
             settings: read.declared.as_ref().map(|d| d.settings),
             publisher: (read.declared.as_ref()).map_or(String::new(), |d| settings::publisher(&d.value)),
             settings_revision: read.declared.map_or(0, |d| d.revision),
             queue: queue::split_queue(&read.queue, max_holders),
             revision: read.revision,
+            retired,
         })
     }
 
-    /// The entries that hold `lock` now, in queue order, by the queue's rule under its
-    /// settings as etcd has them (none when it is not declared); one read.
+    /// The entries that hold `lock` now, in queue order, by the one rule of who holds under
+    /// its settings as etcd has them (none when it is not declared); one read.
     pub async fn holding(&self, lock: &LockId) -> Result<Vec<QueueEntry>, LockError> {
         let read = queue::read_lock(&self.0, lock, None).await?;
         let Some(declared) = read.declared else {
             return Ok(vec![]);
         };
-        let entries: Vec<QueueEntry> = (read.queue.iter())
+        let entries: Vec<(Option<QueueEntry>, Queued)> = (read.queue.iter())
             .filter_map(QueueEntry::of)
-            .filter(|e| e.entry.is_some())
+            .map(|e| {
+                let q = queue::queued(e.entry.as_ref());
+                (e.entry.is_some().then_some(e), q)
+            })
             .collect();
-        let modes = entries.iter().filter_map(|e| e.entry.as_ref()).map(|e| e.mode);
-        let held = super::protocol::held_count(modes, declared.settings.max_holders);
-        let held = (entries.iter().take(held))
-            .take_while(|e| !e.entry.as_ref().is_some_and(|e| e.awaits_set()))
-            .count();
-        Ok(entries.into_iter().take(held).collect())
+        let held = queue::held(&entries, declared.settings.max_holders);
+        Ok(entries.into_iter().take(held).filter_map(|(e, _)| e).collect())
     }
 
     /// Ends the hold `held` at an administrator's request, if its key still has its create

@@ -318,6 +318,7 @@ async fn standing(
             } else {
                 vec![]
             },
+            recording: position::recording(ahead.kvs(), &position),
             position,
             revision: rev,
             queued: ahead.count(),

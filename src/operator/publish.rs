@@ -40,7 +40,7 @@ pub async fn settings(
         if state.settings.is_some() && !may_publish(&state.publisher, &ctx.cluster) {
             return Ok(state);
         }
-        let found = state.settings.map(|s| s.epoch);
+        let found = state.epoch();
         let want = |choice: Choice| Settings {
             epoch: choice.epoch,
             ..spec

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::common::kube::{ControlPlane, Operator, other_cluster, running_pod, with_crd};
-use crate::common::{Sidecar, wait_until};
+use crate::common::{EtcdAt, Sidecar, wait_until};
 use crate::force_release::event;
 use crate::operator::lock_yaml;
 use podlock::crd::{DistributedLock, DistributedLockStatus};
@@ -294,13 +294,19 @@ async fn a_dead_pods_holds_and_waits_end_together() {
     assert_eq!(ended[0].1, ended[1].1, "not ended in one revision: {ended:?}");
 }
 
-/// The deletions under `prefix` after revision `from` that a second of watching shows: (key,
-/// revision).
+/// The deletions under `prefix` of the lock etcd after revision `from` that a second of
+/// watching shows: (key, revision).
 async fn deletions(prefix: &str, from: i64) -> Vec<(String, i64)> {
+    deletions_in(&with_crd().etcd, prefix, from).await
+}
+
+/// The deletions under `prefix` of `etcd` after revision `from` that a second of watching
+/// shows: (key, revision).
+pub(crate) async fn deletions_in(etcd: &EtcdAt, prefix: &str, from: i64) -> Vec<(String, i64)> {
     let opts = etcd_client::WatchOptions::new()
         .with_prefix()
         .with_start_revision(from + 1);
-    let mut client = with_crd().etcd.client().await;
+    let mut client = etcd.client().await;
     let mut stream = client.watch(prefix, Some(opts)).await.unwrap();
     let mut found = vec![];
     let second = tokio::time::sleep(Duration::from_secs(1));

@@ -106,6 +106,33 @@ async fn after_the_lock_etcd_is_wiped_tokens_continue_above_every_earlier_one() 
     told_and_fenced(plane, &ns, &op, &store, "etcd does not have the lock's settings").await;
 }
 
+/// Finding 1 of the edges review, as a user met it: after a wipe moved the lock to epoch 1,
+/// its DistributedLock deleted and created again published epoch 0 (the finalizer's
+/// withdrawal took the settings, the new object had no status), and the next token was a bare
+/// revision, which the fenced store refused. Fails on the old withdrawal with `token 16 ...`.
+#[tokio::test]
+async fn a_lock_deleted_and_created_again_after_a_wipe_keeps_its_tokens_rising() {
+    let (plane, ns, mut etcd, _op) = with_operator("etcd-wiped-recreated").await;
+    let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &["--namespace", &ns]).await;
+    let store = FencedStore::start().await;
+    grants(&s, &store, 2).await;
+    etcd.wipe().await;
+    let after = first_grant_after(&s, &store).await;
+    assert!(
+        plane
+            .kubectl(&["delete", "dlock", LOCK, "-n", &ns, "--wait=true"])
+            .0
+    );
+    declare_until_free(plane, &api, &ns, LOCK, "{}").await;
+    let again = first_grant_after(&s, &store).await;
+    eprintln!("etcd wiped: first token after {after}; the lock deleted and created again: {again}");
+    assert!(
+        again > after,
+        "token {again} after the re-create, not above {after}"
+    );
+}
+
 /// An Event on the lock said why it moved to epoch 1 (`cause`), and the fenced store accepted
 /// every one of the test's 6 writes, rejecting none.
 async fn told_and_fenced(plane: &ControlPlane, ns: &str, op: &Operator, store: &FencedStore, cause: &str) {
@@ -235,6 +262,14 @@ async fn without_kubernetes_declare_min_token_carries_tokens_over_a_wipe() {
     assert!(
         next > after,
         "token {next} after a second declare, not above {after}"
+    );
+    // Deleted and declared again, too (finding 1 of the edges review: it fell to epoch 0).
+    declare(&etcd.endpoint, &[LOCK, "--delete"]);
+    declare(&etcd.endpoint, &[LOCK]);
+    let last = first_grant_after(&s, &store).await;
+    assert!(
+        last > next,
+        "token {last} after --delete and declare, not above {next}"
     );
 }
 

@@ -16,6 +16,7 @@ mod connection;
 mod dashboards;
 mod docs;
 mod drain;
+mod edges;
 mod etcd_rebuild;
 mod etcd_tls;
 mod examples;

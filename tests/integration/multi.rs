@@ -276,3 +276,47 @@ async fn a_set_held_by_a_connection_ends_with_it() {
     .await;
     freed.expect("the set outlived its connection");
 }
+
+/// Finding 8 of the edges review: a try-once acquire of a semaphore behind a set's key, which
+/// waits for another lock of its set, waited the whole 1 s grace meant for a holder recording
+/// its grant. Fails on the old grace with `refused after 1.0s`.
+#[tokio::test]
+async fn a_try_once_behind_a_waiting_set_is_refused_at_once() {
+    let (_etcd, s) = sidecar(&[("pool", "2"), ("gate", "1")]).await;
+    s.must_acquire("gate", json!({"holderId": "g"})).await;
+    let set = {
+        let s = s.clone();
+        let body = json!({"holderId": "set", "with": ["gate"], "waitSeconds": 10});
+        tokio::spawn(async move { s.post("pool", "acquire", body).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(queue(&s, "pool").await, (vec![], 1), "the set waits for gate");
+    let started = std::time::Instant::now();
+    let (status, body) = (s.post("pool", "acquire", json!({"holderId": "late", "waitSeconds": 0}))).await;
+    let took = started.elapsed();
+    assert_eq!(status, 409, "{body}");
+    assert!(took < Duration::from_millis(700), "refused after {took:?}");
+    assert_eq!(release(&s, "gate", "g").await.0, 200);
+    assert_eq!(set.await.unwrap().0, 200);
+}
+
+/// Finding 9 of the edges review: a set whose client disconnected while it waited left its
+/// queues one key per request, not in one transaction as its enqueue put them. Fails on the old
+/// removal with `not ended in one revision`.
+#[tokio::test]
+async fn a_set_whose_client_disconnects_leaves_every_queue_at_one_revision() {
+    let (etcd, s) = sidecar(&[("x", "1"), ("y", "1")]).await;
+    s.must_acquire("y", json!({"holderId": "a"})).await;
+    let set = {
+        let s = s.clone();
+        let body = json!({"holderId": "b", "with": ["y"], "waitSeconds": 30});
+        tokio::spawn(async move { s.post("x", "acquire", body).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(queue(&s, "x").await, (vec![], 1), "the set waits for y");
+    let before = etcd.revision().await;
+    set.abort(); // the client goes away: its connection closes
+    let ended = crate::clusters::deletions_in(&etcd, "/podlock/v1/queue/default/", before).await;
+    assert_eq!(ended.len(), 2, "{ended:?}");
+    assert_eq!(ended[0].1, ended[1].1, "not ended in one revision: {ended:?}");
+}

@@ -1,7 +1,7 @@
 //! A key's position, decided by the engine's own function (`podlock::lock::protocol`) on what
 //! an etcd read of the model's store returns, and what a grant must respect.
 
-use podlock::lock::protocol::{self, Ahead, Change, Mode, Position};
+use podlock::lock::protocol::{self, Ahead, Change, Mode, Position, Queued};
 
 use crate::model::Protocol;
 use crate::spec::Bug;
@@ -215,4 +215,42 @@ pub fn live_holders<'a>(model: &'a Protocol, state: &'a State, lock: u8) -> impl
         };
         holds && model.spec.clients[c as usize].locks().any(|l| l == lock)
     })
+}
+
+/// The keys of `lock` that hold, in queue order, as every view of the holders names them
+/// (status, `GET`, the holder Service, the fence check, a force release): by the engine's one
+/// rule of who holds, `protocol::holders` (or, with [`Bug::ViewsByPosition`], by the rule the
+/// views used before it).
+pub fn named<'a>(model: &Protocol, state: &'a State, lock: u8) -> Vec<&'a Key> {
+    let l = &state.locks[lock as usize];
+    let queue: Vec<Queued> = (l.queue.iter())
+        .map(|k| Queued {
+            mode: mode(k.shared),
+            recorded: matches!(k.record, Record::Own | Record::Behalf),
+            handed: k.record == Record::Handed,
+            set: model.spec.clients[k.owner as usize].also.is_some(),
+        })
+        .collect();
+    let held = match model.spec.bug {
+        Some(Bug::ViewsByPosition) => by_position(&queue, l.max),
+        _ => protocol::holders(&queue, l.max.into()),
+    };
+    l.queue.iter().take(held).collect()
+}
+
+/// The injected bug [`Bug::ViewsByPosition`]: holders counted by position, the leading run of
+/// one mode within `max` (shared keys without a limit), up to the first multi-lock key that
+/// has not recorded its grant: what status, `GET` and a force release did before the one rule.
+fn by_position(queue: &[Queued], max: u8) -> usize {
+    let Some(first) = queue.first().map(|q| q.mode) else {
+        return 0;
+    };
+    let limit = if first == Mode::Shared {
+        usize::MAX
+    } else {
+        max.into()
+    };
+    (queue.iter().take(limit))
+        .take_while(|q| q.mode == first && (q.recorded || !q.set))
+        .count()
 }

@@ -4,7 +4,7 @@
 
 use stateright::Property;
 
-use crate::decide::{admissible, live_holders};
+use crate::decide::{admissible, decide, live_holders, named};
 use crate::model::Protocol;
 use crate::state::{Broken, Phase, Record, State};
 
@@ -22,6 +22,15 @@ pub const WINDOW: &str = "restore window: tokens rise before the operator reconc
 pub const REGRANTED: &str = "a grant after etcd's rebuild";
 /// Safety: a client that believes it holds has its key in place, or can learn it is gone.
 pub const BELIEF: &str = "belief: a holder's key is in place, or it learns it is gone";
+
+/// Safety: the holders every view names (status, `GET`, the holder Service, the fence check,
+/// a force release: one rule, [`named`]) are exactly the clients that hold: each key named is
+/// a holder's, a waiter's its next read lets in (or a release handed the grant), or a key its
+/// sidecar is removing; and every holder whose key is in place is named, but for the moment
+/// between a grant decided and its record when a lowered `maxHolders` left it outside the
+/// rule's window (a fence check then refuses it: never the wrong way round), and a holder
+/// about to learn it lost (a key of its multi-lock set is gone).
+pub const VIEWS: &str = "views: the holders every view names are the clients that hold";
 
 /// Reached: a release wrote the grant of the key behind it (direct handoff).
 const HANDED: &str = "a grant handed on by a release";
@@ -42,6 +51,9 @@ pub fn properties() -> Vec<Property<Protocol>> {
         }),
         Property::always(MODES, |m, s: &State| {
             (0..s.locks.len() as u8).all(|l| modes_apart(m, s, l))
+        }),
+        Property::always(VIEWS, |m, s: &State| {
+            (0..s.locks.len() as u8).all(|l| views_true(m, s, l))
         }),
         Property::always(BELIEF, |m, s: &State| {
             (0..s.clients.len() as u8).all(|c| believes_truly(m, s, c))
@@ -158,6 +170,36 @@ fn modes_apart(m: &Protocol, s: &State, lock: u8) -> bool {
         .map(|c| m.spec.clients[c as usize].shared)
         .collect();
     !(shared.contains(&true) && shared.contains(&false))
+}
+
+fn views_true(m: &Protocol, s: &State, lock: u8) -> bool {
+    let l = &s.locks[lock as usize];
+    if l.modrev == 0 {
+        return true; // undeclared: every view answers no holders
+    }
+    let named = named(m, s, lock);
+    let sound = named.iter().all(|k| {
+        let owner = &s.clients[k.owner as usize];
+        let lets_in = || k.record == Record::Handed || decide(m, s, (lock, k.create), l.max).is_ok();
+        match owner.phase {
+            Phase::Holding { ticket, .. } if ticket == k.create => true,
+            Phase::Waiting(ref w) if w.ticket == k.create => lets_in(),
+            Phase::Reading { ticket } if ticket == k.create => lets_in(),
+            Phase::Requeue { old } if old == k.create => true,
+            _ => owner.removals.contains(&k.create),
+        }
+    });
+    // A holder a key of whose hold is gone (a multi-lock set's other key) is about to learn
+    // it lost: it may go unnamed.
+    let complete = live_holders(m, s, lock).all(|c| {
+        let Phase::Holding { ticket, recorded, .. } = s.clients[c as usize].phase else {
+            return true;
+        };
+        let key = s.key(lock, ticket).expect("a live holder's key");
+        let window = !recorded && key.record == Record::No;
+        named.iter().any(|k| k.create == ticket) || window || outlived(m, s, c)
+    });
+    sound && complete
 }
 
 fn believes_truly(m: &Protocol, s: &State, c: u8) -> bool {

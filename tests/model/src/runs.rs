@@ -1,6 +1,6 @@
 //! The configurations checked, and what each must come to.
 
-use crate::props::{ADMITTED, BELIEF, FENCING, LIMIT, MODES, WINDOW};
+use crate::props::{ADMITTED, BELIEF, FENCING, LIMIT, MODES, VIEWS, WINDOW};
 use crate::spec::{Bug, ClientSpec as C, EpochRule, Handoff, OnBehalf, Rebuild, Spec};
 
 /// What a run must come to.
@@ -282,6 +282,19 @@ fn bugs() -> Vec<Run> {
             about: "a waiter watches its predecessor in a semaphore for deletion only",
             expect: Expect::Finds(ADMITTED),
         },
+        Run {
+            spec: bug(
+                "bug: views by position",
+                Bug::ViewsByPosition,
+                2,
+                vec![1],
+                three(),
+            ),
+            about: "status, GET and a force release count holders by position (the rule before \
+                    the one rule of who holds): a hold granted before maxHolders 2 was lowered \
+                    to 1 goes unnamed",
+            expect: Expect::Finds(VIEWS),
+        },
     ]
 }
 
@@ -314,8 +327,11 @@ fn rebuilds() -> Vec<Run> {
         },
         Run {
             spec: rebuilt("etcd restored with --bump-revision", bumped, rule, true, None),
-            about: "etcd restored from an earlier snapshot, its revisions bumped past every earlier one",
-            expect: HOLDS,
+            about: "etcd restored from an earlier snapshot, its revisions bumped past every earlier \
+                    one: the keys of holds released after the snapshot come back, and every view \
+                    names such a key as a holder until the orphan sweep removes it (finding 2 of \
+                    the edges review, not fixed yet: nothing tells the operator of the restore)",
+            expect: Expect::Fails(&[VIEWS]),
         },
         Run {
             spec: rebuilt(
@@ -327,8 +343,9 @@ fn rebuilds() -> Vec<Run> {
             ),
             about: "etcd restored from an earlier snapshot without a bump: the operator, its status \
                     current, sees the revision went back and bumps the epoch; grants before it \
-                    reconciles can go below earlier tokens",
-            expect: Expect::Fails(&[WINDOW]),
+                    reconciles can go below earlier tokens, and the views name released holds \
+                    brought back until then",
+            expect: Expect::Fails(&[WINDOW, VIEWS]),
         },
         Run {
             spec: rebuilt(
@@ -340,7 +357,7 @@ fn rebuilds() -> Vec<Run> {
             ),
             about: "the same, with the operator's status behind etcd: grants made after the snapshot \
                     that never reached the status go undetected",
-            expect: Expect::Fails(&[FENCING, WINDOW]),
+            expect: Expect::Fails(&[FENCING, WINDOW, VIEWS]),
         },
         Run {
             spec: rebuilt("bug: no epoch", wipe, EpochRule::Off, true, None),

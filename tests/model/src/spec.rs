@@ -117,6 +117,10 @@ pub enum Bug {
     /// A multi-lock waiter records its grant (`acquiredAt`) in each lock as soon as it is
     /// admitted there, before it is admitted on every lock.
     MultiRecordsEarly,
+    /// The views of who holds count holders by position (the leading run of one mode within
+    /// `maxHolders`), as status, `GET` and a force release did before the one rule: a hold
+    /// granted before a lowering is missing, and a key behind an unrecorded grant is named.
+    ViewsByPosition,
     /// An operator judges every entry, whatever its cluster: a pod of another cluster, which
     /// its API server does not know, looks deleted to it.
     ForeignPods,

@@ -4,18 +4,9 @@
 //! the runs that rebuild it, etcd wiped or restored and the operator publishing the locks again
 //! (see [`crate::rebuild`]).
 
-use podlock::lock::protocol::{self, Mode};
-
+use crate::decide::named;
 use crate::model::{Action, Protocol};
-use crate::state::{Key, Lock, Phase, State};
-
-/// The keys of `lock` that hold, as the operator reads them (`Store::holding`).
-fn held(lock: &Lock) -> impl Iterator<Item = &Key> {
-    let modes = (lock.queue.iter()).map(|k| if k.shared { Mode::Shared } else { Mode::Exclusive });
-    lock.queue
-        .iter()
-        .take(protocol::held_count(modes, lock.max.into()))
-}
+use crate::state::{Phase, State};
 
 impl Protocol {
     /// The world's steps possible now.
@@ -49,7 +40,7 @@ impl Protocol {
                 out.push(Action::SetMax(l));
             }
             if declared && s.releases > 0 && s.release.is_none() {
-                out.extend(held(lock).map(|k| Action::ReleaseRead(l, k.create)));
+                out.extend(named(self, s, l).iter().map(|k| Action::ReleaseRead(l, k.create)));
             }
         }
         if s.release.is_some() {
