@@ -99,8 +99,8 @@ pub fn measurement_clauses(doc: &str) -> Vec<String> {
     let mut out = vec![];
     let mut intro = false;
     for paragraph in text.split("\n\n") {
-        let is_table = !Table::all(paragraph).is_empty()
-            && paragraph.lines().all(|l| l.trim_start().starts_with('|'));
+        let is_table =
+            !Table::all(paragraph).is_empty() && paragraph.lines().all(|l| l.trim_start().starts_with('|'));
         let rows_sourced = is_table && intro;
         if !is_table {
             intro = cites_a_benchmark(&paragraph.to_lowercase());
@@ -123,7 +123,10 @@ pub fn unsourced(known: &Known, doc: &str) -> (Vec<String>, usize) {
         for (figure, unit) in with_units(&clause) {
             checked += 1;
             if !known.has(figure, &unit) {
-                wrong.push(format!("{figure} {unit}: in no results file, in: {}", clause.trim()));
+                wrong.push(format!(
+                    "{figure} {unit}: in no results file, in: {}",
+                    clause.trim()
+                ));
             }
         }
     }
@@ -174,8 +177,12 @@ fn the_sourced_check_finds_a_stale_copy_in_each_form() {
         let (k50, kmax) = (shift(killed[0]), shift(killed[1]));
         let (sidecar, ready, end) = (shift(sidecar), shift(ready), shift(end));
         vec![
-            format!("`cargo bench --bench handoff` measured the handoff: killed, {k50} s p50 / {kmax} s max."),
-            format!("From the scale benchmark:\n\n| | measured |\n|---|---|\n| operator memory | RSS {ready} MiB Ready, {end} MiB at the end |"),
+            format!(
+                "`cargo bench --bench handoff` measured the handoff: killed, {k50} s p50 / {kmax} s max."
+            ),
+            format!(
+                "From the scale benchmark:\n\n| | measured |\n|---|---|\n| operator memory | RSS {ready} MiB Ready, {end} MiB at the end |"
+            ),
             format!("The sidecar's RSS was {sidecar} MiB in the handoff run."),
             format!("The operator's memory was {ready} and {end} MiB."),
         ]
@@ -187,12 +194,20 @@ fn the_sourced_check_finds_a_stale_copy_in_each_form() {
     let slope = "Beyond 10,000 locks the operator's memory grows by about 25 MiB per 1,000 more.";
     assert!(!unsourced(&known, slope).0.is_empty(), "a figure no run printed");
     let setting = "The operator's memory: request 64 Mi, limit 512 Mi.";
-    assert_eq!(unsourced(&known, setting), (vec![], 0), "settings are not measurements");
+    assert_eq!(
+        unsourced(&known, setting),
+        (vec![], 0),
+        "settings are not measurements"
+    );
     let earlier = format!(
         "{} -->\n{}\n{}",
         super::EARLIER.0,
         texts(&off).join("\n\n"),
         super::EARLIER.1
     );
-    assert_eq!(unsourced(&known, &earlier).0, Vec::<String>::new(), "earlier runs are records");
+    assert_eq!(
+        unsourced(&known, &earlier).0,
+        Vec::<String>::new(),
+        "earlier runs are records"
+    );
 }
