@@ -4,7 +4,8 @@
 //! error table with its status, and every code there is answered; every metric is in
 //! docs/operations.md; every field and parameter of docs/openapi.yaml is in docs/api.md; the
 //! code docs/clients.md quotes is in the examples as quoted; every measured figure agrees with
-//! the benchmarks' results files (`numbers`).
+//! the benchmarks' results files (`numbers`); every relative link of the README, CHANGELOG,
+//! SECURITY and docs/*.md leads to a file and heading that exist, and the README links every doc.
 
 mod numbers;
 
@@ -246,4 +247,136 @@ fn the_code_clients_md_quotes_is_in_the_examples() {
         quoted += 1;
     }
     assert_eq!(quoted, 4, "one quote of each example");
+}
+
+/// The docs a reader reaches from the README: README.md, CHANGELOG.md, SECURITY.md and
+/// docs/*.md.
+fn linked_docs() -> Vec<String> {
+    let mut docs: Vec<String> = ["README.md", "CHANGELOG.md", "SECURITY.md"]
+        .map(String::from)
+        .into();
+    let mut more: Vec<String> = std::fs::read_dir(format!("{ROOT}/docs"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".md"))
+        .map(|n| format!("docs/{n}"))
+        .collect();
+    more.sort();
+    docs.extend(more);
+    docs
+}
+
+/// GitHub's anchor of a heading: lower case, spaces to `-`, all but letters, digits, `-` and
+/// `_` dropped.
+fn anchor(heading: &str) -> String {
+    let lower = heading.trim().to_lowercase();
+    let kept = lower
+        .chars()
+        .filter(|c| c.is_alphanumeric() || matches!(c, ' ' | '-' | '_'));
+    kept.map(|c| if c == ' ' { '-' } else { c }).collect()
+}
+
+/// The anchors of a markdown text's headings (outside code blocks).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut fenced = false;
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            out.insert(anchor(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// Every relative link `[text](target)` of the doc at `path` (from the repository root) that
+/// does not lead to a file of the repository, or to a heading of it: `read` gives a file's text.
+fn broken_links(path: &str, text: &str, read: &dyn Fn(&str) -> Option<String>) -> Vec<String> {
+    let dir = std::path::Path::new(path).parent().unwrap();
+    let mut broken = vec![];
+    let mut fenced = false;
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fenced = !fenced;
+        }
+        if fenced {
+            continue;
+        }
+        for part in line.split("](").skip(1) {
+            let Some(end) = part.find(')') else { continue };
+            let target = &part[..end];
+            if target.contains("://") || target.starts_with("mailto:") || target.contains(' ') {
+                continue;
+            }
+            let (file, fragment) = target.split_once('#').unwrap_or((target, ""));
+            let resolved = match file {
+                "" => path.to_string(),
+                f => {
+                    let mut p = dir.to_path_buf();
+                    for seg in f.split('/') {
+                        match seg {
+                            ".." => {
+                                p.pop();
+                            }
+                            "." => {}
+                            s => p.push(s),
+                        }
+                    }
+                    p.to_string_lossy().into_owned()
+                }
+            };
+            let exists =
+                std::path::Path::new(&format!("{ROOT}/{resolved}")).exists() || read(&resolved).is_some();
+            if !exists {
+                broken.push(format!("{path}: ({target}): no file {resolved}"));
+            } else if !fragment.is_empty() && resolved.ends_with(".md") {
+                let target_text = read(&resolved).unwrap_or_default();
+                if !anchors(&target_text).contains(fragment) {
+                    broken.push(format!(
+                        "{path}: ({target}): no heading #{fragment} in {resolved}"
+                    ));
+                }
+            }
+        }
+    }
+    broken
+}
+
+fn read_opt(path: &str) -> Option<String> {
+    std::fs::read_to_string(format!("{ROOT}/{path}")).ok()
+}
+
+#[test]
+fn every_relative_link_of_the_docs_leads_to_a_file_and_heading_and_the_readme_lists_every_doc() {
+    let mut broken = vec![];
+    for doc in linked_docs() {
+        broken.extend(broken_links(&doc, &read(&doc), &read_opt));
+    }
+    assert!(broken.is_empty(), "broken links:\n{}", broken.join("\n"));
+    let readme = read("README.md");
+    let unlisted: Vec<String> = (linked_docs().into_iter())
+        .filter(|d| d != "README.md" && !readme.contains(&format!("]({d}")))
+        .collect();
+    assert!(unlisted.is_empty(), "docs the README does not link: {unlisted:?}");
+}
+
+#[test]
+fn the_link_check_finds_a_missing_file_and_a_missing_heading() {
+    let docs = |p: &str| match p {
+        "docs/a.md" => Some("# A\n\n## Fencing tokens\n".to_string()),
+        _ => None,
+    };
+    let good = "[a](a.md#fencing-tokens) [web](https://x.y/z) [self](#intro)\n\n## Intro\n";
+    assert_eq!(
+        broken_links("docs/b.md", good, &|p| if p == "docs/b.md" {
+            Some(good.into())
+        } else {
+            docs(p)
+        }),
+        Vec::<String>::new()
+    );
+    let bad = "[gone](gone.md) [a](a.md#fencing) [up](../nothing/here.md)";
+    assert_eq!(broken_links("docs/b.md", bad, &docs).len(), 3, "{bad}");
+    assert_eq!(anchor(" `GET /v1/locks/{name}/fence`"), "get-v1locksnamefence");
 }

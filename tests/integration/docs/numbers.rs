@@ -9,12 +9,16 @@
 //! * prose states each wired figure as the results do (rounded to the decimals it gives), in the
 //!   forms [`prose::forms`] lists: handoffs/s and the ratio to etcd's Go Mutex at 8 and 64 contenders,
 //!   etcd requests per grant, the uncontended p50 and its ratio, the handoff after a Pod's
-//!   deletion on a lost node, `podlock lock` against `etcdctl lock`, and the status lag.
+//!   deletion on a lost node, `podlock lock` against `etcdctl lock`, and the status lag;
+//! * in docs/operations.md, docs/design.md and docs/comparison.md, every figure with a unit in a
+//!   clause that cites a benchmark or states memory measured is a figure of the results files
+//!   ([`sourced`]): a hand copy that drifted, or an older run's figure, fails.
 //!
 //! Text between `<!-- earlier runs: ... -->` and `<!-- end of earlier runs -->` is skipped: it
 //! records older runs (each figure beside the run it names), not the latest.
 
 mod prose;
+mod sourced;
 
 use crate::common::results::handoff;
 use crate::common::results::table::{Figure, Table, figures, first, ratio};
