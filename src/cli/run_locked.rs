@@ -43,6 +43,8 @@ pub struct LockArgs {
     #[arg(long, env = "PODLOCK_ADDR", default_value = "http://127.0.0.1:4040")]
     pub addr: String,
     /// Holder id to use (default: the host name and a random suffix, unique to this process).
+    /// Inside another `podlock lock`'s command, the id that one exported is not taken: each run
+    /// is a holder of its own.
     #[arg(long, env = "PODLOCK_HOLDER_ID")]
     pub holder_id: Option<String>,
     /// This app container's name (the injector sets PODLOCK_CONTAINER): the operator then ends
@@ -132,7 +134,7 @@ impl Sidecar {
         Sidecar {
             http: reqwest::Client::new(),
             base: format!("{}/v1/locks/{}", args.addr.trim_end_matches('/'), args.name),
-            holder: args.holder_id.clone().unwrap_or_else(default_holder),
+            holder: own_holder_id(args).unwrap_or_else(default_holder),
         }
     }
 
@@ -255,6 +257,15 @@ fn exit_code(status: ExitStatus) -> i32 {
     status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// The holder id asked for, unless it is the one an enclosing `podlock lock` exported to its
+/// command (`PODLOCK_HOLDER_ID` beside its `PODLOCK_LOCK`): taken over, a nested run would act
+/// as the outer one's holder.
+fn own_holder_id(args: &LockArgs) -> Option<String> {
+    let inherited = std::env::var_os("PODLOCK_LOCK").is_some()
+        && std::env::var("PODLOCK_HOLDER_ID").ok() == args.holder_id;
+    args.holder_id.clone().filter(|_| !inherited)
 }
 
 /// A holder id of this process alone: the hostname (the pod's name) and a random suffix, as

@@ -265,3 +265,46 @@ async fn several_names_are_held_as_one_while_the_command_runs() {
         );
     }
 }
+
+/// Issue #41: `podlock lock` inside `podlock lock` took the holder id the outer one exported
+/// (`PODLOCK_HOLDER_ID`), acting as the outer run's holder (of the same lock: 409
+/// `holder_in_use`). Each run is a holder of its own; an id the user sets is still taken.
+/// Failed before with `inner Some("podlock:5ca1...")`, `outer` the same.
+#[tokio::test]
+async fn a_podlock_lock_nested_in_another_holds_under_its_own_id() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["outer"]);
+    declare(&etcd.endpoint, &["inner"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let podlock = podlock_bin();
+    let inner = format!(
+        "{podlock} lock inner -- sh -c 'echo inner=$PODLOCK_HOLDER_ID'; echo outer=$PODLOCK_HOLDER_ID"
+    );
+    let out = lock_cmd(&s, &["outer", "--", "sh", "-c", &inner])
+        .output()
+        .await
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    let id = |prefix: &str| {
+        stdout
+            .lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(String::from)
+    };
+    let (inner, outer) = (id("inner="), id("outer="));
+    assert!(
+        inner.is_some() && inner != outer,
+        "inner {inner:?}, outer {outer:?}"
+    );
+    // An id the user chose is kept, nested or not.
+    let chosen = format!("{podlock} lock inner --holder-id mine -- sh -c 'echo $PODLOCK_HOLDER_ID'");
+    let out = lock_cmd(&s, &["outer", "--", "sh", "-c", &chosen])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "mine");
+}
