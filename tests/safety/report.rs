@@ -157,8 +157,8 @@ pub fn slow_recoveries(a: &Analysis, ops: &[Op], start: f64) -> String {
             f.kind.name(),
             f.at - start
         );
-        let near = |o: &&Op| o.lock == lock && o.call <= to && o.ret.is_none_or(|r| r >= from);
-        for o in ops.iter().filter(near) {
+        let (near, earlier) = around(ops, lock, (from, to));
+        for o in near {
             let ret = o.ret.map_or("-".into(), |r| format!("{:.3}", r - start));
             out += &format!(
                 "\n    {:.3} .. {ret:>7}  row {:>2} {:<9} {:?} {:?} token {}",
@@ -170,8 +170,24 @@ pub fn slow_recoveries(a: &Analysis, ops: &[Op], start: f64) -> String {
                 o.token
             );
         }
+        if earlier > 0 {
+            out += &format!(
+                "\n    (and {earlier} operations called before {:.3} that were never answered)",
+                from - start
+            );
+        }
     }
     out
+}
+
+/// `lock`'s operations over `from..to`: those running then, in order, and how many that never
+/// answered were called before `from` (such an operation may act at any time after its call,
+/// but listed one by one they would bury the operations around the fault).
+fn around<'a>(ops: &'a [Op], lock: &str, (from, to): (f64, f64)) -> (Vec<&'a Op>, usize) {
+    let of_lock = || ops.iter().filter(move |o| o.lock == lock);
+    let running = |o: &&Op| o.call <= to && o.ret.map_or(o.call >= from, |r| r >= from);
+    let earlier = of_lock().filter(|o| o.ret.is_none() && o.call < from).count();
+    (of_lock().filter(running).collect(), earlier)
 }
 
 /// How many holds each multi-lock worker had, by its set (`pool+counter`), from its slot.
@@ -184,4 +200,47 @@ pub fn sets(slots: &[std::sync::Arc<super::worker::Slot>]) -> Vec<(String, usize
             (format!("{}+{}", w.lock, w.with.join("+")), n)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::history::{OpKind, Outcome};
+
+    fn op(call: f64, ret: Option<f64>) -> Op {
+        Op {
+            lock: COUNTER,
+            client: "w0".into(),
+            row: 0,
+            kind: OpKind::Acquire,
+            api: "acquire",
+            mode: None,
+            granted: None,
+            outcome: if ret.is_some() {
+                Outcome::Ok
+            } else {
+                Outcome::Unknown
+            },
+            token: 0,
+            limit: 0,
+            call,
+            ret,
+        }
+    }
+
+    /// Finding 10 of the edges review: the operations "around" a slow fault listed every
+    /// operation of the whole run that was never answered, burying the ones near the fault.
+    #[test]
+    fn operations_never_answered_before_the_window_are_counted_not_listed() {
+        let ops = [
+            op(1.0, None),
+            op(2.0, None),
+            op(9.5, Some(10.5)),
+            op(10.2, None),
+            op(20.0, None),
+        ];
+        let (near, earlier) = around(&ops, COUNTER, (10.0, 15.0));
+        let calls: Vec<f64> = near.iter().map(|o| o.call).collect();
+        assert_eq!((calls, earlier), (vec![9.5, 10.2], 2));
+    }
 }
