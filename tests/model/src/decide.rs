@@ -189,6 +189,7 @@ pub fn check_grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8)
                 status.token = status.token.max(token);
             }
             r.granted_after |= r.left == 0;
+            r.granted_recreated |= r.recreated && token.0 >= 1;
         }
         None if below => drop(state.broken.get_or_insert(Broken::TokenOrder)),
         None => {}

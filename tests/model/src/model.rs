@@ -87,6 +87,10 @@ pub enum Action {
     Mirror(u8),
     /// A key no acquire tracks is removed (the sidecar's orphan sweep, or its lease expiring).
     Sweep(u8, Rev),
+    /// The lock's DistributedLock is deleted and created again: the operator's withdrawal
+    /// removes its settings and queue, keeping its epoch in etcd, and the new object's status
+    /// is empty.
+    Recreate(u8),
 }
 
 impl Action {
@@ -141,6 +145,7 @@ impl Protocol {
                 queue: vec![],
                 last_token: (0, 0),
                 changes: 0,
+                retired: false,
             })
             .collect::<Vec<_>>();
         let locks_len = locks.len() as Rev;

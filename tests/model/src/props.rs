@@ -20,6 +20,8 @@ pub const FENCING: &str = "fencing: tokens rise in grant order, across etcd wipe
 pub const WINDOW: &str = "restore window: tokens rise before the operator reconciles a restored etcd";
 /// A `sometimes` property of the runs that rebuild etcd.
 pub const REGRANTED: &str = "a grant after etcd's rebuild";
+/// A `sometimes` property of the runs that delete and create a lock again.
+pub const RECREATED: &str = "a grant under a kept epoch after the lock was created again";
 /// Safety: a client that believes it holds has its key in place, or can learn it is gone.
 pub const BELIEF: &str = "belief: a holder's key is in place, or it learns it is gone";
 
@@ -88,6 +90,9 @@ pub fn properties() -> Vec<Property<Protocol>> {
         Property::sometimes(REGRANTED, |_, s: &State| {
             s.rebuilt.as_ref().is_some_and(|r| r.granted_after)
         }),
+        Property::sometimes(RECREATED, |_, s: &State| {
+            s.rebuilt.as_ref().is_some_and(|r| r.granted_recreated)
+        }),
     ]
 }
 
@@ -148,6 +153,9 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     }
     if spec.rebuild.is_some() {
         out.push(REGRANTED);
+    }
+    if spec.recreate {
+        out.push(RECREATED);
     }
     if !spec.clusters.is_empty() {
         out.push(crate::clusters::REVOKED);

@@ -21,6 +21,12 @@ impl Protocol {
         }
         for (l, (lock, status)) in s.locks.iter().zip(&r.status).enumerate() {
             let l = l as u8;
+            // After the wipe: a wipe while the DistributedLock is gone, or before its new
+            // object's first publish, leaves nothing to remember its tokens by (etcd and the
+            // status both lost), which no rule can help (docs/design.md, Fencing).
+            if self.spec.recreate && !r.recreated && r.left == 0 && lock.modrev != 0 {
+                out.push(Action::Recreate(l));
+            }
             let epoch = self.epoch_for(lock, status, s.etcd);
             if lock.modrev == 0 || status.unreconciled || epoch != lock.epoch {
                 out.push(Action::Republish(l, None));
@@ -44,7 +50,7 @@ impl Protocol {
             Action::Wipe => {
                 s.rebuilt().left -= 1;
                 for lock in &mut s.locks {
-                    (lock.modrev, lock.epoch, lock.queue) = (0, 0, vec![]);
+                    (lock.modrev, lock.epoch, lock.queue, lock.retired) = (0, 0, vec![], false);
                 }
                 s.pods.iter_mut().for_each(|p| p.lease = false);
                 s.etcd = 0;
@@ -59,6 +65,7 @@ impl Protocol {
                 status.token = status.token.max(mirrored);
             }
             Action::Sweep(l, create) => drop(s.delete(l, create)),
+            Action::Recreate(l) => self.recreate(s, l),
             _ => unreachable!("{action:?} is no rebuild step"),
         }
     }
@@ -66,7 +73,8 @@ impl Protocol {
     /// The epoch the operator's rule publishes `lock` (whose status is `status`) under, etcd
     /// being at revision `etcd`.
     pub fn epoch_for(&self, lock: &Lock, status: &Status, etcd: Rev) -> u8 {
-        let gone = lock.modrev == 0;
+        // etcd has neither the settings nor an epoch kept at the lock's removal.
+        let gone = lock.modrev == 0 && !lock.retired;
         let went_back = (lock.epoch, etcd) < status.token;
         match self.spec.epoch_rule {
             EpochRule::Off => lock.epoch,
@@ -75,6 +83,11 @@ impl Protocol {
             }
             EpochRule::StatusToken if gone => 0,
             EpochRule::StatusToken => lock.epoch,
+            // A DistributedLock created anew knows no epoch: the one etcd has, else 0 (a new lock).
+            EpochRule::WriteAhead if status.fresh && status.token == (0, 0) => match gone {
+                true => 0,
+                false => lock.epoch,
+            },
             EpochRule::WriteAhead => {
                 let known = status.epoch.max(status.token.0);
                 if gone || lock.epoch < known || went_back {
@@ -98,7 +111,7 @@ impl Protocol {
         if !publish {
             return;
         }
-        status.epoch = status.epoch.max(epoch);
+        (status.epoch, status.fresh) = (status.epoch.max(epoch), false);
         let rev = match coincide {
             Some(c) => {
                 s.etcd = s.clients[c as usize].cache.modrev;
@@ -107,7 +120,7 @@ impl Protocol {
             None => s.next_rev(),
         };
         let lock = &mut s.locks[l as usize];
-        (lock.modrev, lock.epoch) = (rev, epoch);
+        (lock.modrev, lock.epoch, lock.retired) = (rev, epoch, false);
         if self.spec.bug != Some(Bug::BumpKeepsQueue) {
             lock.queue.clear();
         }
@@ -128,16 +141,36 @@ impl Protocol {
             let pod = &s.pods[self.owners[k.owner as usize] as usize];
             pod.lease && pod.session == k.session
         };
-        for (l, (max, modrev, epoch, queue)) in snap.locks.into_iter().enumerate() {
+        for (l, (max, modrev, epoch, queue, retired)) in snap.locks.into_iter().enumerate() {
             let queue = queue.into_iter().filter(|k| live(s, k)).collect();
             let lock = &mut s.locks[l];
             (lock.max, lock.modrev, lock.epoch, lock.queue) = (max, modrev, epoch, queue);
+            lock.retired = retired;
         }
         s.etcd = match self.spec.rebuild {
             Some(Rebuild::Restore { bump_revision: true }) => Rev::MAX,
             _ => snap.etcd,
         };
         watches_break(s);
+    }
+
+    /// The DistributedLock of lock `l` deleted and created again: its settings and queue
+    /// removed in one transaction that keeps its epoch (with [`Bug::DeleteForgetsEpoch`], the
+    /// epoch goes too), and an empty status.
+    fn recreate(&self, s: &mut State, l: u8) {
+        let forget = self.spec.bug == Some(Bug::DeleteForgetsEpoch);
+        let lock = &mut s.locks[l as usize];
+        (lock.modrev, lock.queue) = (0, vec![]);
+        lock.retired = lock.epoch > 0 && !forget;
+        if forget {
+            lock.epoch = 0;
+        }
+        let r = s.rebuilt();
+        r.recreated = true;
+        r.status[l as usize] = Status {
+            fresh: true,
+            ..Status::default()
+        };
     }
 
     /// Whether `key`'s owner still tracks it: an acquire or hold of it, or a removal.
@@ -152,7 +185,7 @@ impl Protocol {
 fn snapshot(s: &State) -> Snapshot {
     Snapshot {
         locks: (s.locks.iter())
-            .map(|l| (l.max, l.modrev, l.epoch, l.queue.clone()))
+            .map(|l| (l.max, l.modrev, l.epoch, l.queue.clone(), l.retired))
             .collect(),
         leases: s.pods.iter().map(|p| p.lease.then_some(p.session)).collect(),
         etcd: s.etcd,

@@ -39,6 +39,7 @@ pub(crate) fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8
         on_behalf: OnBehalf::Off,
         bug: None,
         rebuild: None,
+        recreate: false,
         epoch_rule: EpochRule::WriteAhead,
         status_lag: false,
         handoff: Handoff::Exclusive,
@@ -358,6 +359,37 @@ fn rebuilds() -> Vec<Run> {
             about: "the same, with the operator's status behind etcd: grants made after the snapshot \
                     that never reached the status go undetected",
             expect: Expect::Fails(&[FENCING, WINDOW, VIEWS]),
+        },
+        Run {
+            spec: Spec {
+                recreate: true,
+                ..rebuilt(
+                    "etcd wiped, lock deleted and created again",
+                    wipe,
+                    rule,
+                    true,
+                    None,
+                )
+            },
+            about: "etcd wiped, then the DistributedLock deleted and created again: its removal \
+                    keeps its epoch in etcd, the new object's status is empty, and the operator \
+                    publishes it under the kept epoch",
+            expect: HOLDS,
+        },
+        Run {
+            spec: Spec {
+                recreate: true,
+                ..rebuilt(
+                    "bug: deletion forgets the epoch",
+                    wipe,
+                    rule,
+                    true,
+                    Some(Bug::DeleteForgetsEpoch),
+                )
+            },
+            about: "the removal takes the epoch with the settings (finding 1 of the edges review): \
+                    the lock created again after a wipe moved it to epoch 1 is published under 0",
+            expect: Expect::Finds(FENCING),
         },
         Run {
             spec: rebuilt("bug: no epoch", wipe, EpochRule::Off, true, None),

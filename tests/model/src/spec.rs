@@ -121,6 +121,10 @@ pub enum Bug {
     /// `maxHolders`), as status, `GET` and a force release did before the one rule: a hold
     /// granted before a lowering is missing, and a key behind an unrecorded grant is named.
     ViewsByPosition,
+    /// A lock's removal forgets its token epoch (the engine before the edges review): a
+    /// DistributedLock deleted and created again, its status empty, is published under
+    /// epoch 0.
+    DeleteForgetsEpoch,
     /// An operator judges every entry, whatever its cluster: a pod of another cluster, which
     /// its API server does not know, looks deleted to it.
     ForeignPods,
@@ -153,6 +157,9 @@ pub struct Spec {
     pub bug: Option<Bug>,
     /// What becomes of etcd, if anything.
     pub rebuild: Option<Rebuild>,
+    /// Whether the lock's DistributedLock may be deleted and created again, once (in a run
+    /// that rebuilds etcd).
+    pub recreate: bool,
     /// How the operator chooses the token epoch.
     pub epoch_rule: EpochRule,
     /// How a release hands the lock on.

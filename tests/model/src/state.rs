@@ -89,6 +89,9 @@ pub struct Lock {
     pub last_token: Token,
     /// How many scheduled `maxHolders` changes were made.
     pub changes: u8,
+    /// Removed, its epoch kept in etcd while it has no settings (`/podlock/v1/retired/...`):
+    /// the operator publishes it again under that epoch.
+    pub retired: bool,
 }
 
 /// What the operator keeps of a lock outside etcd, in its DistributedLock's status.
@@ -101,6 +104,9 @@ pub struct Status {
     pub token: Token,
     /// etcd was restored from a snapshot, and the operator has not reconciled the lock since.
     pub unreconciled: bool,
+    /// The DistributedLock was created anew: its status records nothing yet (no
+    /// `fencingEpoch`, no `fencingToken`), until the operator publishes it.
+    pub fresh: bool,
 }
 
 /// What only the runs that rebuild etcd keep (`None` in the others, whose states stay as small
@@ -118,6 +124,10 @@ pub struct Rebuilt {
     pub window_broken: bool,
     /// A grant was made after etcd's wipe or restore.
     pub granted_after: bool,
+    /// The DistributedLock was deleted and created again (once, in the runs that do).
+    pub recreated: bool,
+    /// A grant under an epoch above 0 was made after that.
+    pub granted_recreated: bool,
     /// Whether revisions above etcd's are remembered (after a wipe or restore): set by
     /// [`State::normalize`], so that a write finds out without looking at every revision.
     pub behind: bool,
@@ -126,8 +136,9 @@ pub struct Rebuilt {
 /// What a snapshot of etcd holds, and a restore brings back.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Snapshot {
-    /// Per lock: `maxHolders`, the settings' mod revision and epoch, and the queue.
-    pub locks: Vec<(u8, Rev, u8, Vec<Key>)>,
+    /// Per lock: `maxHolders`, the settings' mod revision and epoch, the queue, and whether
+    /// its epoch was kept at a removal.
+    pub locks: Vec<(u8, Rev, u8, Vec<Key>, bool)>,
     /// Per pod: the session whose lease was live.
     pub leases: Vec<Option<u8>>,
     /// etcd's revision.
@@ -325,7 +336,7 @@ impl State {
             r.status.iter_mut().for_each(|st| f(&mut st.token.1));
             if let Some(snap) = &mut r.snapshot {
                 f(&mut snap.etcd);
-                for (_, modrev, _, queue) in &mut snap.locks {
+                for (_, modrev, _, queue, _) in &mut snap.locks {
                     f(modrev);
                     queue.iter_mut().for_each(|k| k.each_rev(&mut f));
                 }
