@@ -255,14 +255,7 @@ fn linked_docs() -> Vec<String> {
     let mut docs: Vec<String> = ["README.md", "CHANGELOG.md", "SECURITY.md"]
         .map(String::from)
         .into();
-    let mut more: Vec<String> = std::fs::read_dir(format!("{ROOT}/docs"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| n.ends_with(".md"))
-        .map(|n| format!("docs/{n}"))
-        .collect();
-    more.sort();
-    docs.extend(more);
+    docs.extend(crate::common::results::docs_dir());
     docs
 }
 

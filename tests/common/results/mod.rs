@@ -74,14 +74,19 @@ pub fn block<'a>(results: &'a str, name: &str) -> Option<&'a str> {
 /// README.md, bench/README.md and docs/*.md.
 pub fn docs() -> Vec<String> {
     let mut docs = vec!["README.md".to_string(), "bench/README.md".to_string()];
-    let mut more: Vec<String> = std::fs::read_dir(format!("{ROOT}/docs"))
+    docs.extend(docs_dir());
+    docs
+}
+
+/// docs/*.md from the repository root, sorted.
+pub fn docs_dir() -> Vec<String> {
+    let mut docs: Vec<String> = std::fs::read_dir(format!("{ROOT}/docs"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .filter(|n| n.ends_with(".md"))
         .map(|n| format!("docs/{n}"))
         .collect();
-    more.sort();
-    docs.extend(more);
+    docs.sort();
     docs
 }
 
