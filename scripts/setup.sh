@@ -15,6 +15,8 @@
 #   etcdutl           the same module's etcdutl/v3 (the backup and restore tests' snapshots)
 #   Porcupine         the Go module github.com/anishathalye/porcupine, downloaded for the safety
 #                     run's linearizability checker (tests/linearizability/, built by the test)
+#   schemathesis      from PyPI in a venv of its own, pinned: it fuzzes the sidecar's API from
+#                     docs/openapi.yaml (tests/integration/api_fuzz.rs)
 #   with --kubernetes: kube-apiserver and kube-controller-manager, built from the Go module
 #                     k8s.io/kubernetes (about 3 + 3 minutes of compile on 2 cores), and helm
 #                     from helm.sh/helm/v3 (about 2 minutes), and promtool and prometheus from
@@ -31,7 +33,7 @@
 #
 #   --demo-only (with --kubernetes or --node): only what the demos run, without the tools of the
 #                     tests and benchmarks (redis-server, perf, hadolint, shellcheck, Porcupine,
-#                     etcdutl, promtool, checkov, prometheus)
+#                     etcdutl, schemathesis, promtool, checkov, prometheus)
 #   --list:           names what this run would provide, one per line, and installs nothing
 #
 # Slow builds are cached outside the repo in $PODLOCK_CACHE (default ~/.cache/podlock) and
@@ -44,6 +46,7 @@ HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.13.1}"
 KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
 CHECKOV_VERSION="${CHECKOV_VERSION:-3.3.30}"
+SCHEMATHESIS_VERSION="${SCHEMATHESIS_VERSION:-4.32.5}"
 # Prometheus 3.x; its Go module numbers releases v0.3xx.y.
 PROMETHEUS_VERSION="${PROMETHEUS_VERSION:-v0.316.0}"
 WITH_KUBERNETES=false WITH_NODE=false TEST_TOOLS=true LIST=false
@@ -144,6 +147,7 @@ if wanted porcupine test; then
   step "the linearizability checker's Go modules (tests/linearizability/go.mod)"
   (cd "$(dirname "$0")/../tests/linearizability" && go mod download)
 fi
+wanted schemathesis test && install_venv schemathesis "$SCHEMATHESIS_VERSION"
 
 # build_kube_cmds CMD...: builds k8s.io/kubernetes/cmd/CMD at KUBE_VERSION. `go install` refuses
 # that module (its go.mod replaces every k8s.io staging module with a local directory), so a
@@ -188,20 +192,21 @@ build_kube_cmds() {
   rm -rf "$work"
 }
 
-# install_checkov: checkov at CHECKOV_VERSION in a venv of its own under the cache (its pinned
-# dependencies stay out of the system's Python), linked as $BIN/checkov.
-install_checkov() {
-  local venv="$CACHE/checkov-venv"
-  if [ -x "$BIN/checkov" ] && [ "$(cat "$BIN/.checkov.version" 2>/dev/null)" = "$CHECKOV_VERSION" ]; then
-    step "checkov $CHECKOV_VERSION: cached in $venv"
+# install_venv NAME VERSION: the PyPI package NAME at VERSION in a venv of its own under the
+# cache (its pinned dependencies stay out of the system's Python), its command linked as
+# $BIN/NAME.
+install_venv() {
+  local name=$1 version=$2 venv="$CACHE/$1-venv"
+  if [ -x "$BIN/$name" ] && [ "$(cat "$BIN/.$name.version" 2>/dev/null)" = "$version" ]; then
+    step "$name $version: cached in $venv"
     return
   fi
-  step "installing checkov $CHECKOV_VERSION from PyPI into $venv (a minute or two)"
+  step "installing $name $version from PyPI into $venv (a minute or two)"
   rm -rf "$venv"
   python3 -m venv "$venv" >&2
-  "$venv/bin/pip" install --quiet "checkov==$CHECKOV_VERSION" >&2
-  ln -sf "$venv/bin/checkov" "$BIN/checkov"
-  echo "$CHECKOV_VERSION" >"$BIN/.checkov.version"
+  "$venv/bin/pip" install --quiet "$name==$version" >&2
+  ln -sf "$venv/bin/$name" "$BIN/$name"
+  echo "$version" >"$BIN/.$name.version"
 }
 
 # kube_cmds CMD...: builds those of CMD this run provides, in one module resolution.
@@ -265,7 +270,7 @@ if $WITH_KUBERNETES; then
   kube_cmds kube-apiserver kube-controller-manager
   wanted helm && build_go_cmd helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
   wanted promtool test && build_go_cmd promtool github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION"
-  wanted checkov test && install_checkov
+  wanted checkov test && install_venv checkov "$CHECKOV_VERSION"
   wanted prometheus test && build_go_cmd prometheus github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/prometheus "$PROMETHEUS_VERSION"
 fi
 if $WITH_NODE; then

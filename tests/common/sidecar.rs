@@ -71,6 +71,13 @@ impl Sidecar {
         self.child.as_ref().unwrap().id() as i32
     }
 
+    /// Whether its process still runs (it has not exited or crashed).
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// Sends `sig` to it.
     pub fn signal(&self, sig: i32) {
         unsafe { libc::kill(self.pid(), sig) };

@@ -5,6 +5,7 @@
 mod common;
 
 mod api;
+mod api_fuzz;
 mod auth_changes;
 mod certs;
 mod chart;

@@ -152,6 +152,18 @@ async fn the_server_answers_as_the_openapi_file_says() {
             "post",
             "/v1/locks/{name}/acquire",
             "/v1/locks/doc/acquire".into(),
+            big.clone(),
+        ),
+        (
+            "post",
+            "/v1/locks/{name}/release",
+            "/v1/locks/doc/release".into(),
+            big.clone(),
+        ),
+        (
+            "post",
+            "/v1/locks/{name}/heartbeat",
+            "/v1/locks/doc/heartbeat".into(),
             big,
         ),
         (
@@ -218,6 +230,7 @@ async fn the_server_answers_as_the_openapi_file_says() {
         ("get", "/metrics", "/metrics".into(), Value::Null),
         ("stop-etcd", "", String::new(), Value::Null),
         ("get", "/readyz", "/readyz".into(), Value::Null),
+        ("get", "/v1/locks/{name}", "/v1/locks/doc".into(), Value::Null),
         (
             "get",
             "/v1/locks/{name}/fence",

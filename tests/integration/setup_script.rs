@@ -74,6 +74,7 @@ fn the_demo_setup_builds_no_tool_of_the_tests() {
         "prometheus",
         "promtool",
         "redis-server",
+        "schemathesis",
         "shellcheck",
     ]);
     assert_eq!(left_out, test_tools);
