@@ -186,6 +186,7 @@ async fn webhook(
     let injector = webhook::Injector {
         template: sidecar_template(args, ctx),
         ctx: ctx.clone(),
+        credentials_wait: webhook::credentials_wait(args.webhook.webhook_timeout_seconds),
     };
     Ok(webhook::serve(
         args.webhook.webhook_listen,
@@ -268,6 +269,8 @@ fn sidecar_template(args: &OperatorArgs, ctx: &Context) -> inject::SidecarTempla
         credentials_secret: ctx.isolation.enabled().then(|| isolation::SECRET.to_string()),
         etcd_ca: ctx.isolation.has_ca(),
         cluster: ctx.cluster.clone(),
+        resources: args.webhook.sidecar_resources.clone(),
+        log_level: args.webhook.sidecar_log_level.clone(),
     }
 }
 

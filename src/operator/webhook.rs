@@ -27,6 +27,7 @@ use tracing::{info, warn};
 use super::context::Context;
 use super::inject::{self, SidecarTemplate};
 use super::readiness::Readiness;
+use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
 };
@@ -67,16 +68,67 @@ pub struct WebhookArgs {
     /// cert-manager, or the self-made one's Secret), in seconds.
     #[arg(long, env = "PODLOCK_TLS_RELOAD_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub tls_reload_seconds: u64,
+    /// How long the API server waits for the webhook's answer, in seconds, before it creates
+    /// the object unchanged (`failurePolicy: Ignore`).
+    #[arg(long, env = "PODLOCK_WEBHOOK_TIMEOUT_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(i32).range(1..=30))]
+    pub webhook_timeout_seconds: i32,
+    /// A label selector (JSON: matchLabels, matchExpressions) that namespaces must match, too,
+    /// to be injected, e.g. {"matchExpressions":[{"key":"team","operator":"In","values":["a"]}]}.
+    #[arg(long, env = "PODLOCK_WEBHOOK_NAMESPACE_SELECTOR", value_parser = namespace_selector)]
+    pub webhook_namespace_selector: Option<LabelSelector>,
     /// Image of the injected sidecar.
     #[arg(long, env = "PODLOCK_SIDECAR_IMAGE", default_value = concat!("ghcr.io/podlock/podlock:", env!("CARGO_PKG_VERSION")))]
     pub sidecar_image: String,
     /// etcd endpoints given to injected sidecars (default: the operator's own).
     #[arg(long, env = "PODLOCK_SIDECAR_ETCD_ENDPOINTS")]
     pub sidecar_etcd_endpoints: Option<String>,
+    /// The injected sidecar's requests and limits, JSON: {"requests": {"cpu": "10m", "memory":
+    /// "16Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}} (these are the default).
+    #[arg(long, env = "PODLOCK_SIDECAR_RESOURCES", value_parser = inject::flags::resources)]
+    pub sidecar_resources: Option<ResourceRequirements>,
+    /// What the injected sidecar logs (its PODLOCK_LOG): a level, e.g. debug, or a filter, e.g.
+    /// info,podlock=debug (default: the sidecar's own, info).
+    #[arg(long, env = "PODLOCK_SIDECAR_LOG_LEVEL", value_parser = inject::flags::log_level)]
+    pub sidecar_log_level: Option<String>,
     /// The installation's name (the chart passes its release name): injected pods are labelled
     /// `podlock.io/instance=<this>`, which the bundled etcd's NetworkPolicy admits.
     #[arg(long, env = "PODLOCK_INSTANCE", default_value = "podlock", value_parser = label_value)]
     pub instance: String,
+}
+
+/// `--webhook-namespace-selector`: a label selector as JSON, with only matchLabels and
+/// matchExpressions (operators In, NotIn with values, Exists, DoesNotExist without).
+fn namespace_selector(text: &str) -> Result<LabelSelector, String> {
+    let value: serde_json::Value = serde_json::from_str(text)
+        .map_err(|e| format!("{text:?} is not JSON ({e}); e.g. {{\"matchLabels\": {{\"team\": \"a\"}}}}"))?;
+    let keys = value
+        .as_object()
+        .ok_or_else(|| format!("{text:?} is not a JSON object"))?;
+    if let Some(key) = keys
+        .keys()
+        .find(|k| !["matchLabels", "matchExpressions"].contains(&k.as_str()))
+    {
+        return Err(format!(
+            "unknown key {key:?}: only matchLabels and matchExpressions"
+        ));
+    }
+    let selector: LabelSelector =
+        serde_json::from_value(value).map_err(|e| format!("not a label selector: {e}"))?;
+    for (i, e) in selector.match_expressions.iter().flatten().enumerate() {
+        let values = e.values.as_ref().is_some_and(|v| !v.is_empty());
+        let ok = match e.operator.as_str() {
+            "In" | "NotIn" => values,
+            "Exists" | "DoesNotExist" => !values,
+            _ => false,
+        };
+        if !ok {
+            return Err(format!(
+                "matchExpressions[{i}] (key {:?}, operator {:?}): the operator must be In or NotIn with values, or Exists or DoesNotExist without",
+                e.key, e.operator
+            ));
+        }
+    }
+    Ok(selector)
 }
 
 /// A Kubernetes label value: at most 63 characters, alphanumerics and `-_.` inside.
@@ -129,8 +181,10 @@ pub async fn keep_configuration(
 
 /// The webhook's configuration: reached through `--webhook-url`, else the Service in
 /// `namespace`; called only for objects that carry podlock's annotations (`matchConditions`),
-/// never for the operator's own. An operator limited to one namespace injects only there;
-/// otherwise every namespace but `kube-system`.
+/// and for the pods of namespaces labelled `podlock.io/inject=enabled` but those annotated
+/// `"false"` (at their own path, [`NAMESPACE_PATH`]); never for the operator's own. An
+/// operator limited to one namespace injects only there; otherwise every namespace but
+/// `kube-system`; and only in namespaces that `--webhook-namespace-selector` selects.
 fn configuration(
     args: &WebhookArgs,
     namespace: &str,
@@ -145,24 +199,35 @@ fn configuration(
         },
         None => not_in(NAMESPACE_NAME, "kube-system"),
     };
-    let webhook = |name: &str, rules, condition: &str| MutatingWebhook {
-        name: name.into(),
-        admission_review_versions: vec!["v1".into()],
-        side_effects: "None".into(),
-        failure_policy: Some("Ignore".into()),
-        timeout_seconds: Some(5),
-        client_config: client_config(args, namespace, ca.clone()),
-        rules: Some(rules),
-        match_conditions: Some(vec![MatchCondition {
-            name: "podlock-annotated".into(),
-            expression: condition.into(),
-        }]),
-        namespace_selector: Some(namespaces.clone()),
-        object_selector: Some(not_in(inject::OPERATOR_LABEL.0, inject::OPERATOR_LABEL.1)),
-        // Called again after later webhooks (a mesh's injector) changed the pod.
-        reinvocation_policy: Some("IfNeeded".into()),
+    let namespaces = both(namespaces, args.webhook_namespace_selector.clone());
+    // A namespace that injects has its pods sent to the namespace's webhook only, so that none
+    // is sent twice.
+    let injecting = (inject::NAMESPACE_LABEL, inject::NAMESPACE_ENABLED);
+    let annotated_pods_namespaces = both(namespaces.clone(), Some(not_in(injecting.0, injecting.1)));
+    let injecting_namespaces = LabelSelector {
+        match_labels: Some(BTreeMap::from([(injecting.0.into(), injecting.1.into())])),
         ..Default::default()
     };
+    let injecting_namespaces = both(namespaces.clone(), Some(injecting_namespaces));
+    let webhook =
+        |name: &str, rules, condition: &str, namespaces: &LabelSelector, path: &str| MutatingWebhook {
+            name: name.into(),
+            admission_review_versions: vec!["v1".into()],
+            side_effects: "None".into(),
+            failure_policy: Some("Ignore".into()),
+            timeout_seconds: Some(args.webhook_timeout_seconds),
+            client_config: client_config(args, namespace, ca.clone(), path),
+            rules: Some(rules),
+            match_conditions: Some(vec![MatchCondition {
+                name: "podlock-annotated".into(),
+                expression: condition.into(),
+            }]),
+            namespace_selector: Some(namespaces.clone()),
+            object_selector: Some(not_in(inject::OPERATOR_LABEL.0, inject::OPERATOR_LABEL.1)),
+            // Called again after later webhooks (a mesh's injector) changed the pod.
+            reinvocation_policy: Some("IfNeeded".into()),
+            ..Default::default()
+        };
     MutatingWebhookConfiguration {
         metadata: ObjectMeta {
             name: Some(args.webhook_configuration.clone()),
@@ -174,11 +239,50 @@ fn configuration(
             ..Default::default()
         },
         webhooks: Some(vec![
-            webhook("pods.inject.podlock.io", pod_rules(), POD_ASKS),
-            webhook("workloads.inject.podlock.io", workload_rules(), WORKLOAD_ASKS),
+            webhook(
+                "pods.inject.podlock.io",
+                pod_rules(),
+                POD_ASKS,
+                &annotated_pods_namespaces,
+                PATH,
+            ),
+            webhook(
+                "workloads.inject.podlock.io",
+                workload_rules(),
+                WORKLOAD_ASKS,
+                &namespaces,
+                PATH,
+            ),
+            webhook(
+                "namespace.inject.podlock.io",
+                pod_rules(),
+                POD_STAYS_IN,
+                &injecting_namespaces,
+                NAMESPACE_PATH,
+            ),
         ]),
     }
 }
+
+/// Objects that both selectors select (`extra`: none, all).
+fn both(mut selector: LabelSelector, extra: Option<LabelSelector>) -> LabelSelector {
+    let Some(extra) = extra else { return selector };
+    if let Some(labels) = extra.match_labels {
+        selector.match_labels.get_or_insert_default().extend(labels);
+    }
+    if let Some(expressions) = extra.match_expressions {
+        selector
+            .match_expressions
+            .get_or_insert_default()
+            .extend(expressions);
+    }
+    selector
+}
+
+/// The webhook's path for objects the annotation asks for.
+const PATH: &str = "/mutate";
+/// The webhook's path for the pods of namespaces labelled `podlock.io/inject=enabled`.
+const NAMESPACE_PATH: &str = "/mutate/namespace";
 
 /// A selector of objects whose label `key` is not `value` (or is absent).
 fn not_in(key: &str, value: &str) -> LabelSelector {
@@ -197,22 +301,29 @@ const POD_ASKS: &str = "has(object.metadata.annotations) && \
     'podlock.io/inject' in object.metadata.annotations && \
     object.metadata.annotations['podlock.io/inject'] == 'true'";
 
+/// A pod of a namespace that injects, but one that opts out.
+const POD_STAYS_IN: &str = "!(has(object.metadata.annotations) && \
+    'podlock.io/inject' in object.metadata.annotations && \
+    object.metadata.annotations['podlock.io/inject'] == 'false')";
+
 /// A workload annotated for podlock, or whose template holds copies to remove.
 const WORKLOAD_ASKS: &str = "(has(object.metadata.annotations) && \
     'podlock.io/inject' in object.metadata.annotations) || \
     (has(object.spec.template.metadata) && has(object.spec.template.metadata.annotations) && \
     'podlock.io/inject-stamp' in object.spec.template.metadata.annotations)";
 
-/// How the API server reaches the webhook: `--webhook-url`, else the Service in `namespace`.
-fn client_config(args: &WebhookArgs, namespace: &str, ca: Option<String>) -> WebhookClientConfig {
+/// How the API server reaches the webhook's `path`: `--webhook-url` (whose path is `/mutate`,
+/// to which the namespace path's `/namespace` is added), else the Service in `namespace`.
+fn client_config(args: &WebhookArgs, namespace: &str, ca: Option<String>, path: &str) -> WebhookClientConfig {
     let service = ServiceReference {
         name: args.webhook_service.clone(),
         namespace: namespace.into(),
-        path: Some("/mutate".into()),
+        path: Some(path.into()),
         port: Some(443),
     };
+    let extra = path.strip_prefix(PATH).unwrap_or_default();
     WebhookClientConfig {
-        url: args.webhook_url.clone(),
+        url: (args.webhook_url.as_ref()).map(|url| format!("{}{extra}", url.trim_end_matches('/'))),
         service: args.webhook_url.is_none().then_some(service),
         ca_bundle: ca.map(|ca| k8s_openapi::ByteString(ca.into_bytes())),
     }
@@ -255,11 +366,17 @@ pub struct Injector {
     pub template: SidecarTemplate,
     /// The operator's context, for the namespace's etcd credentials.
     pub ctx: Arc<Context>,
+    /// How long injection waits for a namespace's credentials ([`credentials_wait`]).
+    pub credentials_wait: Duration,
 }
 
-/// How long injection waits for a namespace's credentials: well within the webhook's 5 s
-/// timeout, past which the API server would create the pod without its sidecar.
-const CREDENTIALS_WAIT: Duration = Duration::from_secs(2);
+/// How long injection waits for a namespace's credentials: 2 s, and well within the webhook's
+/// timeout (`timeout_seconds`), past which the API server would create the pod without its
+/// sidecar.
+pub fn credentials_wait(timeout_seconds: i32) -> Duration {
+    let timeout = Duration::from_secs(timeout_seconds.max(1) as u64);
+    Duration::from_secs(2).min(timeout * 2 / 5)
+}
 
 /// Serves `/mutate` over TLS until the process ends, with the certificate in `config` (which
 /// [`super::certs::keep_current`] renews); tells `readiness` once it listens.
@@ -270,7 +387,8 @@ pub async fn serve(
     readiness: Arc<Readiness>,
 ) -> anyhow::Result<()> {
     let app = axum::Router::new()
-        .route("/mutate", axum::routing::post(mutate))
+        .route(PATH, axum::routing::post(mutate))
+        .route(NAMESPACE_PATH, axum::routing::post(mutate_namespace))
         .with_state(Arc::new(injector));
     let listener = std::net::TcpListener::bind(listen)
         .map_err(|e| anyhow::anyhow!("cannot listen on {listen} for the webhook: {e}"))?;
@@ -283,9 +401,28 @@ pub async fn serve(
     Ok(())
 }
 
+/// `/mutate`: objects that podlock's annotations ask for.
 async fn mutate(
     State(injector): State<Arc<Injector>>,
     Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    admit(&injector, review, false).await
+}
+
+/// `/mutate/namespace`: the pods of a namespace labelled `podlock.io/inject=enabled` (the
+/// webhook configuration sends only those here).
+async fn mutate_namespace(
+    State(injector): State<Arc<Injector>>,
+    Json(review): Json<AdmissionReview<DynamicObject>>,
+) -> Json<AdmissionReview<DynamicObject>> {
+    admit(&injector, review, true).await
+}
+
+/// The answer to `review`; `namespace_injects`: its namespace asks for the sidecar.
+async fn admit(
+    injector: &Injector,
+    review: AdmissionReview<DynamicObject>,
+    namespace_injects: bool,
 ) -> Json<AdmissionReview<DynamicObject>> {
     let req: AdmissionRequest<DynamicObject> = match review.try_into() {
         Ok(req) => req,
@@ -300,10 +437,18 @@ async fn mutate(
     let value = serde_json::to_value(object).expect("objects serialize");
     let namespace = req.namespace.as_deref().unwrap_or_default();
     let creating = req.operation == Operation::Create;
-    let resp = match inject::mutate(&injector.template, &req.kind.kind, creating, namespace, &value) {
+    let template = &injector.template;
+    let resp = match inject::mutate(
+        template,
+        &req.kind.kind,
+        creating,
+        namespace,
+        namespace_injects,
+        &value,
+    ) {
         Ok(mutation) => {
             if mutation.patch.is_some() {
-                ensure_credentials(&injector.ctx, namespace).await;
+                ensure_credentials(&injector.ctx, namespace, injector.credentials_wait).await;
             }
             count(&injector.ctx, &req, outcome(&mutation));
             answer(resp, &req, mutation)
@@ -366,12 +511,12 @@ fn describe(kind: &str) -> &'static str {
 /// the API server stores the object being injected: its pods' sidecars read that Secret when
 /// they start, through an optional reference, so a pod started before it exists would run
 /// without credentials. Injection goes ahead regardless (a lock service must not stop pods).
-async fn ensure_credentials(ctx: &Context, namespace: &str) {
+async fn ensure_credentials(ctx: &Context, namespace: &str, wait: Duration) {
     let ensured = ctx.isolation.ensure_secret(&ctx.client, &ctx.store, namespace);
-    let failure = match tokio::time::timeout(CREDENTIALS_WAIT, ensured).await {
+    let failure = match tokio::time::timeout(wait, ensured).await {
         Ok(Ok(())) => return,
         Ok(Err(e)) => format!("{e:#}"),
-        Err(_) => format!("no answer within {CREDENTIALS_WAIT:?}"),
+        Err(_) => format!("no answer within {wait:?}"),
     };
     warn!(
         namespace,
@@ -382,6 +527,162 @@ async fn ensure_credentials(ctx: &Context, namespace: &str) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        webhook: WebhookArgs,
+    }
+
+    /// The webhook flags parsed from `args`, or clap's error.
+    fn flags(args: &[&str]) -> Result<WebhookArgs, String> {
+        let argv = std::iter::once("operator").chain(args.iter().copied());
+        Flags::try_parse_from(argv)
+            .map(|f| f.webhook)
+            .map_err(|e| e.to_string())
+    }
+
+    /// The webhooks of the configuration for `args`, by name.
+    fn webhooks(args: &[&str], watch: Option<&str>) -> BTreeMap<String, MutatingWebhook> {
+        let config = configuration(&flags(args).unwrap(), "podlock", watch, None, None);
+        let hooks = config.webhooks.unwrap().into_iter();
+        hooks.map(|w| (w.name.clone(), w)).collect()
+    }
+
+    /// A selector's requirements as `key op values` strings, matchLabels as `key=value`.
+    fn requirements(selector: &LabelSelector) -> BTreeSet<String> {
+        let labels = selector
+            .match_labels
+            .iter()
+            .flatten()
+            .map(|(k, v)| format!("{k}={v}"));
+        let expressions = selector.match_expressions.iter().flatten().map(|e| {
+            format!(
+                "{} {} {}",
+                e.key,
+                e.operator,
+                e.values.clone().unwrap_or_default().join(",")
+            )
+        });
+        labels.chain(expressions).collect()
+    }
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn a_namespace_that_injects_has_its_pods_sent_to_its_own_path_once() {
+        let hooks = webhooks(&[], None);
+        let selector = |name: &str| requirements(hooks[name].namespace_selector.as_ref().unwrap());
+        let strings = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<BTreeSet<_>>();
+        assert_eq!(
+            selector("pods.inject.podlock.io"),
+            strings(&[
+                "kubernetes.io/metadata.name NotIn kube-system",
+                "podlock.io/inject NotIn enabled"
+            ])
+        );
+        assert_eq!(
+            selector("namespace.inject.podlock.io"),
+            strings(&[
+                "kubernetes.io/metadata.name NotIn kube-system",
+                "podlock.io/inject=enabled"
+            ])
+        );
+        assert_eq!(
+            selector("workloads.inject.podlock.io"),
+            strings(&["kubernetes.io/metadata.name NotIn kube-system"])
+        );
+        let path = |name: &str| {
+            let service = hooks[name].client_config.service.clone().unwrap();
+            service.path.unwrap()
+        };
+        assert_eq!(path("pods.inject.podlock.io"), "/mutate");
+        assert_eq!(path("namespace.inject.podlock.io"), "/mutate/namespace");
+        let condition = &hooks["namespace.inject.podlock.io"]
+            .match_conditions
+            .as_ref()
+            .unwrap()[0];
+        assert!(
+            condition.expression.contains("== 'false'"),
+            "{}",
+            condition.expression
+        );
+        // Outside the cluster, the URL's path gets the namespace's part too.
+        let hooks = webhooks(&["--webhook-url", "https://127.0.0.1:9443/mutate"], None);
+        let url = |name: &str| hooks[name].client_config.url.clone().unwrap();
+        assert_eq!(url("pods.inject.podlock.io"), "https://127.0.0.1:9443/mutate");
+        assert_eq!(
+            url("namespace.inject.podlock.io"),
+            "https://127.0.0.1:9443/mutate/namespace"
+        );
+    }
+
+    #[test]
+    fn the_namespace_selector_and_timeout_flags_reach_every_webhook() {
+        let selector =
+            r#"{"matchLabels": {"team": "a"}, "matchExpressions": [{"key": "tier", "operator": "Exists"}]}"#;
+        let args = [
+            "--webhook-namespace-selector",
+            selector,
+            "--webhook-timeout-seconds",
+            "12",
+        ];
+        let hooks = webhooks(&args, Some("apps"));
+        assert_eq!(hooks.len(), 3);
+        for (name, hook) in &hooks {
+            assert_eq!(hook.timeout_seconds, Some(12), "{name}");
+            let found = requirements(hook.namespace_selector.as_ref().unwrap());
+            for wanted in ["team=a", "tier Exists ", "kubernetes.io/metadata.name=apps"] {
+                assert!(found.contains(wanted), "{name}: {wanted} not in {found:?}");
+            }
+        }
+        assert!(webhooks(&[], None).values().all(|h| h.timeout_seconds == Some(5)));
+        // Injection's wait for credentials stays within the timeout.
+        assert_eq!(credentials_wait(5), Duration::from_secs(2));
+        assert_eq!(credentials_wait(1), Duration::from_millis(400));
+    }
+
+    #[test]
+    fn bad_webhook_and_sidecar_flags_are_refused_naming_the_flag() {
+        for (args, says) in [
+            (
+                &["--webhook-timeout-seconds", "31"][..],
+                "--webhook-timeout-seconds",
+            ),
+            (&["--webhook-timeout-seconds", "0"], "--webhook-timeout-seconds"),
+            (&["--webhook-namespace-selector", "team=a"], "is not JSON"),
+            (
+                &["--webhook-namespace-selector", r#"{"matchLabel": {}}"#],
+                "unknown key \"matchLabel\"",
+            ),
+            (
+                &[
+                    "--webhook-namespace-selector",
+                    r#"{"matchExpressions": [{"key": "a", "operator": "In"}]}"#,
+                ],
+                "matchExpressions[0]",
+            ),
+            (
+                &["--sidecar-resources", r#"{"requests": {"cpu": "ten"}}"#],
+                "not a Kubernetes quantity",
+            ),
+            (&["--sidecar-log-level", "verbose"], "is not a log level"),
+        ] {
+            let err = flags(args).err().unwrap_or_else(|| panic!("{args:?} accepted"));
+            assert!(err.contains(says) && err.contains(args[0]), "{args:?}: {err}");
+        }
+        let ok = flags(&[
+            "--sidecar-resources",
+            r#"{"limits": {"memory": "128Mi"}}"#,
+            "--sidecar-log-level",
+            "debug",
+        ]);
+        let ok = ok.unwrap();
+        assert_eq!(ok.sidecar_log_level.as_deref(), Some("debug"));
+        assert!(ok.sidecar_resources.unwrap().requests.is_none());
+    }
+
     #[test]
     fn the_instance_must_be_a_label_value() {
         for good in ["podlock", "team-a.locks_2", "a"] {

@@ -368,3 +368,65 @@ async fn only_objects_with_podlock_annotations_are_sent_to_the_webhook() {
     );
     assert!(metrics.contains(r#"podlock_webhook_admissions_total{kind="Pod",outcome="changed"} 1"#));
 }
+
+/// Namespace-wide opt-in (issue #41): in a namespace labelled `podlock.io/inject=enabled` every
+/// new pod gets the sidecar without an annotation, but one annotated `podlock.io/inject:
+/// "false"`; the sidecar carries the operator's `--sidecar-resources` and `--sidecar-log-level`.
+#[tokio::test]
+async fn a_namespace_labelled_for_injection_injects_every_pod_but_those_that_opt_out() {
+    let plane = with_crd();
+    let ns = plane.namespace("inject-ns");
+    let resources = r#"{"requests": {"cpu": "20m", "memory": "24Mi"}, "limits": {"memory": "96Mi"}}"#;
+    let flags = [
+        "--sidecar-resources",
+        resources,
+        "--sidecar-log-level",
+        "info,podlock=debug",
+    ];
+    let _op = Operator::start_with(plane, &ns, &plane.etcd.endpoint, &flags).await;
+    webhook_ready(plane, &ns).await;
+    let pod = |name: &str, annotations: Value| {
+        json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": ns, "annotations": annotations},
+               "spec": {"containers": [{"name": "app", "image": "app"}]}})
+        .to_string()
+    };
+    let apply = |text: String| assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &text).0);
+    let pods: Api<Pod> = Api::namespaced(plane.client().await, &ns);
+    // Before the label, an unannotated pod is left alone.
+    apply(pod("before", json!({})));
+    assert_eq!(sidecars(&pods.get("before").await.unwrap()), 0);
+    let (ok, _, err) = plane.kubectl(&["label", "namespace", &ns, "podlock.io/inject=enabled"]);
+    assert!(ok, "{err}");
+    apply(pod("plain", json!({})));
+    apply(pod("out", json!({"podlock.io/inject": "false"})));
+    apply(pod("asked", json!({"podlock.io/inject": "true"})));
+    let plain = pods.get("plain").await.unwrap();
+    assert_eq!(sidecars(&plain), 1, "an unannotated pod of the namespace");
+    assert_sidecar_as_injected(&plain);
+    assert_eq!(sidecars(&pods.get("out").await.unwrap()), 0, "the pod's opt-out");
+    assert_eq!(sidecars(&pods.get("asked").await.unwrap()), 1);
+    let spec = plain.spec.unwrap();
+    let sc = spec
+        .init_containers
+        .unwrap()
+        .into_iter()
+        .find(|c| c.name == "podlock")
+        .unwrap();
+    let resources = serde_json::to_value(sc.resources.unwrap()).unwrap();
+    assert_eq!(
+        resources,
+        json!({"requests": {"cpu": "20m", "memory": "24Mi"}, "limits": {"memory": "96Mi"}})
+    );
+    let log = sc
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "PODLOCK_LOG")
+        .and_then(|e| e.value.clone());
+    assert_eq!(log.as_deref(), Some("info,podlock=debug"));
+    // Removing the label ends it: the annotation alone decides again.
+    let (ok, _, err) = plane.kubectl(&["label", "namespace", &ns, "podlock.io/inject-"]);
+    assert!(ok, "{err}");
+    apply(pod("after", json!({})));
+    assert_eq!(sidecars(&pods.get("after").await.unwrap()), 0);
+}

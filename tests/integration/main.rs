@@ -10,6 +10,7 @@ mod auth_changes;
 mod certs;
 mod chart;
 mod chart_etcd;
+mod chart_readme;
 mod chart_scan;
 mod checkz;
 mod clusters;

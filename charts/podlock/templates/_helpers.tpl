@@ -40,13 +40,40 @@ app.kubernetes.io/component: etcd
 {{- end -}}
 {{- end }}
 
-{{/* Pod-level settings every podlock pod shares: pull secrets and priority. */}}
+{{/* Pod-level settings every podlock pod shares: pull secrets and priority. Called with
+     (dict "root" $ "priorityClassName" COMPONENT'S): a component's own priority class wins
+     over the top-level one. */}}
 {{- define "podlock.podSettings" -}}
-{{- with .Values.imagePullSecrets }}
+{{- with .root.Values.imagePullSecrets }}
 imagePullSecrets: {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .Values.priorityClassName }}
+{{- with .priorityClassName | default .root.Values.priorityClassName }}
 priorityClassName: {{ . }}
+{{- end }}
+{{- end }}
+
+{{/* Scheduling of a component's pods: its nodeSelector and tolerations, and its affinity, or
+     else a preferred spread over nodes of the pods `selector` selects. Called with (dict
+     "values" COMPONENT'S-VALUES "selector" SELECTOR-LABELS). */}}
+{{- define "podlock.scheduling" -}}
+{{- if .values.affinity }}
+affinity: {{- toYaml .values.affinity | nindent 2 }}
+{{- else }}
+affinity:
+  podAntiAffinity:
+    preferredDuringSchedulingIgnoredDuringExecution:
+      - weight: 100
+        podAffinityTerm:
+          topologyKey: kubernetes.io/hostname
+          labelSelector:
+            matchLabels:
+              {{- .selector | nindent 14 }}
+{{- end }}
+{{- with .values.nodeSelector }}
+nodeSelector: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .values.tolerations }}
+tolerations: {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
 

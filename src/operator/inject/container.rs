@@ -119,11 +119,11 @@ pub(super) fn sidecar(tpl: &SidecarTemplate, options: &Options) -> Container {
         // Services (etcd's health is in the API's /readyz and in the metrics).
         startup_probe: Some(probe(1, 60)),
         readiness_probe: Some(probe(10, 3)),
-        resources: Some(ResourceRequirements {
+        resources: Some(tpl.resources.clone().unwrap_or_else(|| ResourceRequirements {
             requests: quantities("10m", "16Mi"),
             limits: quantities("200m", "64Mi"),
             ..Default::default()
-        }),
+        })),
         security_context: Some(restricted()),
         volume_mounts: ca_volume(tpl).map(|_| {
             vec![VolumeMount {
@@ -205,6 +205,9 @@ fn sidecar_env(tpl: &SidecarTemplate, options: &Options) -> Vec<EnvVar> {
     }
     if !tpl.cluster.is_empty() {
         env.push(env_var("PODLOCK_CLUSTER", tpl.cluster.clone()));
+    }
+    if let Some(level) = &tpl.log_level {
+        env.push(env_var("PODLOCK_LOG", level.clone()));
     }
     let Some(secret) = &tpl.credentials_secret else {
         return env;

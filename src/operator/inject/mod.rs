@@ -16,8 +16,12 @@
 //! removing the workload's annotation removes the copy again. A Job's template cannot change
 //! after creation: a Job is stamped when created only.
 //!
-//! Objects without the annotation, in `kube-system`, or of the operator itself are never
-//! changed; injection is idempotent.
+//! A namespace labelled `podlock.io/inject=enabled` ([`NAMESPACE_LABEL`]) asks for the sidecar
+//! in every pod created there: the webhook configuration sends its pods to the namespace's
+//! webhook path, and each gets the sidecar unless it opts out with `podlock.io/inject: "false"`.
+//!
+//! Objects without the annotation (outside such a namespace), in `kube-system`, or of the
+//! operator itself are never changed; injection is idempotent.
 //!
 //! The admitted object stays JSON, and only what is added (the sidecar, its volume, the
 //! variables) is built from k8s-openapi's types: read into a typed `Pod` and written back, a
@@ -25,10 +29,12 @@
 //! diff of the two, would remove them.
 
 mod container;
+pub mod flags;
 mod stamp;
 #[cfg(test)]
 mod tests;
 
+use k8s_openapi::api::core::v1::ResourceRequirements;
 use serde_json::{Map, Value};
 // The tests (`use super::*`) build their objects with it.
 #[cfg(test)]
@@ -38,6 +44,12 @@ use container::{Options, give_app_containers_their_env, position, sidecar};
 
 /// The annotation that asks for injection.
 pub const INJECT: &str = "podlock.io/inject";
+/// The namespace label (with [`NAMESPACE_ENABLED`]) that asks for the sidecar in every pod of
+/// the namespace, as Istio's `istio-injection=enabled` does; a pod opts out with [`INJECT`]
+/// `"false"`.
+pub const NAMESPACE_LABEL: &str = "podlock.io/inject";
+/// The value of [`NAMESPACE_LABEL`] that turns namespace-wide injection on.
+pub const NAMESPACE_ENABLED: &str = "enabled";
 /// The annotation that marks a pod template's [`INJECT`] as copied there from its workload.
 pub const STAMP: &str = "podlock.io/inject-stamp";
 /// The annotation that sets the sidecar's API port (default 4040).
@@ -72,6 +84,10 @@ pub struct SidecarTemplate {
     pub etcd_ca: bool,
     /// The cluster's name for the sidecar's holds (`PODLOCK_CLUSTER`; empty: none).
     pub cluster: String,
+    /// The sidecar's requests and limits (`None`: 10m/16Mi, limits 200m/64Mi).
+    pub resources: Option<ResourceRequirements>,
+    /// The sidecar's log filter (`PODLOCK_LOG`; `None`: the sidecar's default, `info`).
+    pub log_level: Option<String>,
 }
 
 /// Why an object cannot be admitted: an annotation the sidecar cannot be set up from.
@@ -95,12 +111,15 @@ pub struct Mutation {
 }
 
 /// What the webhook does with `object` (of `kind`, in `namespace`), being created when
-/// `creating`, else updated.
+/// `creating`, else updated. `namespace_injects`: the namespace is labelled
+/// `podlock.io/inject=enabled` (the API server sent the object to that webhook's path), so a
+/// pod gets the sidecar unless annotated `podlock.io/inject: "false"`.
 pub fn mutate(
     tpl: &SidecarTemplate,
     kind: &str,
     creating: bool,
     namespace: &str,
+    namespace_injects: bool,
     object: &Value,
 ) -> Result<Mutation, Error> {
     if namespace == "kube-system" || is_operator(object) {
@@ -109,15 +128,25 @@ pub fn mutate(
     match kind {
         // An existing pod is never changed: the API server would reject most changes, and a
         // pod created while the webhook was down must stay updatable.
-        "Pod" if creating => inject(tpl, object),
+        "Pod" if creating => inject(tpl, namespace_injects, object),
         kind if WORKLOADS.contains(&kind) => Ok(stamp::stamp(kind, creating, object)),
         _ => Ok(Mutation::default()),
     }
 }
 
+/// Whether a pod asks for the sidecar: annotated `"true"`, or in a namespace that injects and
+/// not annotated `"false"`.
+fn asks(pod: &Value, namespace_injects: bool) -> bool {
+    match annotation(pod, "/metadata", INJECT) {
+        Some("true") => true,
+        Some("false") => false,
+        _ => namespace_injects,
+    }
+}
+
 /// The sidecar added to a new pod that asks for it.
-fn inject(tpl: &SidecarTemplate, pod: &Value) -> Result<Mutation, Error> {
-    if annotation(pod, "/metadata", INJECT) != Some("true") || has_sidecar(pod) {
+fn inject(tpl: &SidecarTemplate, namespace_injects: bool, pod: &Value) -> Result<Mutation, Error> {
+    if !asks(pod, namespace_injects) || has_sidecar(pod) {
         return Ok(Mutation::default());
     }
     if pod.pointer("/spec/hostNetwork") == Some(&Value::Bool(true)) {

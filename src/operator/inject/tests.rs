@@ -8,6 +8,8 @@ fn tpl() -> SidecarTemplate {
         credentials_secret: None,
         etcd_ca: false,
         cluster: String::new(),
+        resources: None,
+        log_level: None,
     }
 }
 
@@ -28,7 +30,7 @@ fn pod(annotations: Value) -> Value {
 
 /// `obj` as the webhook leaves it, or `None` when it is left alone.
 fn apply(obj: &Value, kind: &str, creating: bool, ns: &str) -> Option<Value> {
-    let p = mutate(&tpl(), kind, creating, ns, obj).unwrap().patch?;
+    let p = mutate(&tpl(), kind, creating, ns, false, obj).unwrap().patch?;
     let mut out = obj.clone();
     json_patch::patch(&mut out, &p).unwrap();
     Some(out)
@@ -104,6 +106,7 @@ fn port_and_heartbeat_annotations() {
         "Pod",
         true,
         "app",
+        false,
         &pod(json!({INJECT: "true", PORT: "http"})),
     );
     assert!(bad.unwrap_err().to_string().contains(PORT));
@@ -113,7 +116,7 @@ fn port_and_heartbeat_annotations() {
 fn a_host_network_pod_is_told_why_it_gets_no_sidecar() {
     let mut p = pod(json!({INJECT: "true"}));
     p["spec"]["hostNetwork"] = json!(true);
-    let m = mutate(&tpl(), "Pod", true, "app", &p).unwrap();
+    let m = mutate(&tpl(), "Pod", true, "app", false, &p).unwrap();
     assert!(m.patch.is_none());
     assert!(m.warning.unwrap().contains("hostNetwork"));
 }
@@ -194,7 +197,7 @@ fn with_etcd_tls_the_sidecar_gets_the_ca_from_its_namespaces_secret() {
         etcd_ca: true,
         ..tpl()
     };
-    let p = mutate(&tpl, "Pod", true, "app", &pod(json!({INJECT: "true"})))
+    let p = mutate(&tpl, "Pod", true, "app", false, &pod(json!({INJECT: "true"})))
         .unwrap()
         .patch
         .unwrap();
@@ -211,7 +214,7 @@ fn with_etcd_tls_the_sidecar_gets_the_ca_from_its_namespaces_secret() {
 #[test]
 fn a_named_cluster_is_passed_to_the_sidecar_and_no_name_passes_nothing() {
     let env_of = |tpl: &SidecarTemplate| {
-        let p = mutate(tpl, "Pod", true, "app", &pod(json!({INJECT: "true"})))
+        let p = mutate(tpl, "Pod", true, "app", false, &pod(json!({INJECT: "true"})))
             .unwrap()
             .patch
             .unwrap();
@@ -228,4 +231,98 @@ fn a_named_cluster_is_passed_to_the_sidecar_and_no_name_passes_nothing() {
     };
     assert!(env_of(&named).contains(&json!({"name": "PODLOCK_CLUSTER", "value": "east"})));
     assert!(!env_of(&tpl()).iter().any(|e| e["name"] == "PODLOCK_CLUSTER"));
+}
+
+#[test]
+fn in_a_namespace_that_injects_every_new_pod_gets_the_sidecar_unless_it_opts_out() {
+    let injected = |annotations: Value, namespace_injects: bool| {
+        let m = mutate(&tpl(), "Pod", true, "app", namespace_injects, &pod(annotations)).unwrap();
+        m.patch.is_some()
+    };
+    assert!(injected(json!({}), true), "an unannotated pod of the namespace");
+    assert!(
+        !injected(json!({INJECT: "false"}), true),
+        "the pod's opt-out wins"
+    );
+    assert!(injected(json!({INJECT: "true"}), true));
+    // Elsewhere the annotation alone decides, as before.
+    assert!(!injected(json!({}), false));
+    assert!(injected(json!({INJECT: "true"}), false));
+    // Never on update, never in kube-system, never twice.
+    assert!(
+        mutate(&tpl(), "Pod", false, "app", true, &pod(json!({})))
+            .unwrap()
+            .patch
+            .is_none()
+    );
+    assert!(
+        mutate(&tpl(), "Pod", true, "kube-system", true, &pod(json!({})))
+            .unwrap()
+            .patch
+            .is_none()
+    );
+    let p = mutate(&tpl(), "Pod", true, "app", true, &pod(json!({})))
+        .unwrap()
+        .patch
+        .unwrap();
+    let mut out = pod(json!({}));
+    json_patch::patch(&mut out, &p).unwrap();
+    assert!(
+        mutate(&tpl(), "Pod", true, "app", true, &out)
+            .unwrap()
+            .patch
+            .is_none()
+    );
+    // A workload of the namespace is not stamped: its pods are injected as they come.
+    let plain = deployment(json!({}), json!({}));
+    assert!(
+        mutate(&tpl(), "Deployment", true, "app", true, &plain)
+            .unwrap()
+            .patch
+            .is_none()
+    );
+}
+
+#[test]
+fn the_sidecars_resources_and_log_level_are_the_operators_to_set() {
+    use k8s_openapi::api::core::v1::ResourceRequirements;
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let sidecar_of = |tpl: &SidecarTemplate| {
+        let p = mutate(tpl, "Pod", true, "app", false, &pod(json!({INJECT: "true"})))
+            .unwrap()
+            .patch
+            .unwrap();
+        let mut out = pod(json!({INJECT: "true"}));
+        json_patch::patch(&mut out, &p).unwrap();
+        out["spec"]["initContainers"][0].clone()
+    };
+    let default = sidecar_of(&tpl());
+    assert_eq!(
+        default["resources"],
+        json!({"requests": {"cpu": "10m", "memory": "16Mi"}, "limits": {"cpu": "200m", "memory": "64Mi"}})
+    );
+    assert!(
+        !default["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["name"] == "PODLOCK_LOG")
+    );
+    let resources = ResourceRequirements {
+        requests: Some([("memory".to_string(), Quantity("32Mi".into()))].into()),
+        ..Default::default()
+    };
+    let set = SidecarTemplate {
+        resources: Some(resources),
+        log_level: Some("debug".into()),
+        ..tpl()
+    };
+    let sc = sidecar_of(&set);
+    assert_eq!(sc["resources"], json!({"requests": {"memory": "32Mi"}}));
+    assert!(
+        sc["env"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"name": "PODLOCK_LOG", "value": "debug"}))
+    );
 }
