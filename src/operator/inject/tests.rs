@@ -213,18 +213,7 @@ fn with_etcd_tls_the_sidecar_gets_the_ca_from_its_namespaces_secret() {
 
 #[test]
 fn a_named_cluster_is_passed_to_the_sidecar_and_no_name_passes_nothing() {
-    let env_of = |tpl: &SidecarTemplate| {
-        let p = mutate(tpl, "Pod", true, "app", false, &pod(json!({INJECT: "true"})))
-            .unwrap()
-            .patch
-            .unwrap();
-        let mut out = pod(json!({INJECT: "true"}));
-        json_patch::patch(&mut out, &p).unwrap();
-        out["spec"]["initContainers"][0]["env"]
-            .as_array()
-            .unwrap()
-            .clone()
-    };
+    let env_of = |tpl: &SidecarTemplate| injected_sidecar(tpl)["env"].as_array().unwrap().clone();
     let named = SidecarTemplate {
         cluster: "east".into(),
         ..tpl()
@@ -287,15 +276,7 @@ fn in_a_namespace_that_injects_every_new_pod_gets_the_sidecar_unless_it_opts_out
 fn the_sidecars_resources_and_log_level_are_the_operators_to_set() {
     use k8s_openapi::api::core::v1::ResourceRequirements;
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-    let sidecar_of = |tpl: &SidecarTemplate| {
-        let p = mutate(tpl, "Pod", true, "app", false, &pod(json!({INJECT: "true"})))
-            .unwrap()
-            .patch
-            .unwrap();
-        let mut out = pod(json!({INJECT: "true"}));
-        json_patch::patch(&mut out, &p).unwrap();
-        out["spec"]["initContainers"][0].clone()
-    };
+    let sidecar_of = injected_sidecar;
     let default = sidecar_of(&tpl());
     assert_eq!(
         default["resources"],
@@ -325,4 +306,16 @@ fn the_sidecars_resources_and_log_level_are_the_operators_to_set() {
             .unwrap()
             .contains(&json!({"name": "PODLOCK_LOG", "value": "debug"}))
     );
+}
+
+/// The sidecar `tpl` injects into an annotated pod.
+fn injected_sidecar(tpl: &SidecarTemplate) -> Value {
+    let annotated = || pod(json!({INJECT: "true"}));
+    let p = mutate(tpl, "Pod", true, "app", false, &annotated())
+        .unwrap()
+        .patch
+        .unwrap();
+    let mut out = annotated();
+    json_patch::patch(&mut out, &p).unwrap();
+    out["spec"]["initContainers"][0].clone()
 }
