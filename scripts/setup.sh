@@ -147,7 +147,6 @@ if wanted porcupine test; then
   step "the linearizability checker's Go modules (tests/linearizability/go.mod)"
   (cd "$(dirname "$0")/../tests/linearizability" && go mod download)
 fi
-wanted schemathesis test && install_venv schemathesis "$SCHEMATHESIS_VERSION"
 
 # build_kube_cmds CMD...: builds k8s.io/kubernetes/cmd/CMD at KUBE_VERSION. `go install` refuses
 # that module (its go.mod replaces every k8s.io staging module with a local directory), so a
@@ -208,6 +207,8 @@ install_venv() {
   ln -sf "$venv/bin/$name" "$BIN/$name"
   echo "$version" >"$BIN/.$name.version"
 }
+
+wanted schemathesis test && install_venv schemathesis "$SCHEMATHESIS_VERSION"
 
 # kube_cmds CMD...: builds those of CMD this run provides, in one module resolution.
 kube_cmds() {
