@@ -99,42 +99,28 @@ impl Etcd {
         &self,
         request: impl Fn(Client) -> F,
     ) -> Result<T, LockError> {
-        self.retrying_until(request, |_| true).await
-    }
-
-    /// [`Etcd::retrying`], an answer that is not `settled` waiting for the other copies (see
-    /// [`hedged`]).
-    async fn retrying_until<T, F: Future<Output = Result<T, etcd_client::Error>>>(
-        &self,
-        request: impl Fn(Client) -> F,
-        settled: impl Fn(&T) -> bool,
-    ) -> Result<T, LockError> {
         let previous = Mutex::new(None);
-        hedged(
-            &self.stats,
-            || {
-                let mut previous = previous.lock().unwrap();
-                if let Some(member) = *previous {
-                    self.members
-                        .suspect(member, "a request failed or went unanswered");
+        hedged(&self.stats, || {
+            let mut previous = previous.lock().unwrap();
+            if let Some(member) = *previous {
+                self.members
+                    .suspect(member, "a request failed or went unanswered");
+            }
+            let (member, client) = self.members.pick(&self.client);
+            *previous = Some(member);
+            let answer = request(client.clone());
+            async move {
+                let answer = answer.await;
+                if let Err(e) = &answer
+                    && EtcdFailure::of(e) == EtcdFailure::AuthOutdated
+                {
+                    // Sent again (see `hedged`) with the new token; a failed renewal shows
+                    // in the next attempt's answer.
+                    let _ = client.refresh_token().await;
                 }
-                let (member, client) = self.members.pick(&self.client);
-                *previous = Some(member);
-                let answer = request(client.clone());
-                async move {
-                    let answer = answer.await;
-                    if let Err(e) = &answer
-                        && EtcdFailure::of(e) == EtcdFailure::AuthOutdated
-                    {
-                        // Sent again (see `hedged`) with the new token; a failed renewal shows
-                        // in the next attempt's answer.
-                        let _ = client.refresh_token().await;
-                    }
-                    answer
-                }
-            },
-            settled,
-        )
+                answer
+            }
+        })
         .await
     }
 
@@ -144,25 +130,6 @@ impl Etcd {
             let (mut kv, txn) = (client.kv_client(), txn.clone());
             async move { kv.txn(txn).await }
         })
-        .await
-    }
-
-    /// Runs a transaction whose answer may be changed by an earlier copy of itself: a guarded
-    /// delete finds its key gone if a copy sent before it deleted it. An answer that is not
-    /// `settled` (the guard failed) waits for the copies still out, so that a release is never
-    /// answered "already gone" for a key its own first copy deleted (see [`hedged`]).
-    pub async fn txn_settled(
-        &self,
-        txn: Txn,
-        settled: fn(&TxnResponse) -> bool,
-    ) -> Result<TxnResponse, LockError> {
-        self.retrying_until(
-            |client| {
-                let (mut kv, txn) = (client.kv_client(), txn.clone());
-                async move { kv.txn(txn).await }
-            },
-            settled,
-        )
         .await
     }
 
@@ -217,24 +184,18 @@ impl Etcd {
 
 /// Runs `request`: sends it again after a transient error (after [`RETRY_PAUSE`]), or when no
 /// attempt answered within [`HEDGE`]; the first answer wins. Fails after [`BUDGET`]. Counts
-/// each attempt in `stats.requests`, and each after the first in `stats.resent` too.
-///
-/// An answer that `settled` calls unsettled (a guarded delete that found its key gone) may be
-/// the work of an earlier copy of the same request, still unanswered: then no copy is sent
-/// any more, and the copies still out are waited for (within the budget); one of them that
-/// settles wins, else the unsettled answer stands.
+/// each attempt in
+/// `stats.requests`, and each after the first in `stats.resent` too.
 async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
     stats: &Stats,
     request: impl Fn() -> F,
-    settled: impl Fn(&T) -> bool,
 ) -> Result<T, LockError> {
     let deadline = Instant::now() + BUDGET;
     let mut attempts: VecDeque<Pin<Box<F>>> = VecDeque::new();
     let (mut send_at, mut first) = (Instant::now(), true);
     let mut error = LockError::from(Unavailable::Timeout(BUDGET));
-    let mut unsettled = None;
     while Instant::now() < deadline {
-        if unsettled.is_none() && Instant::now() >= send_at {
+        if Instant::now() >= send_at {
             if attempts.len() == MAX_ATTEMPTS {
                 attempts.pop_front(); // the oldest is likeliest stuck on a dead member
             }
@@ -256,20 +217,9 @@ async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
                 });
             ready.map_or(Poll::Pending, Poll::Ready)
         });
-        let wait = if unsettled.is_some() {
-            deadline
-        } else {
-            send_at.min(deadline)
-        };
-        match timeout_at(wait, answer).await {
-            Ok((_, Ok(resp))) if settled(&resp) => return Ok(resp),
-            Ok((i, Ok(resp))) => {
-                attempts.remove(i);
-                unsettled = Some(resp);
-            }
-            Ok((_, Err(e))) if unsettled.is_none() && !EtcdFailure::of(&e).worth_resending() => {
-                return Err(e.into());
-            }
+        match timeout_at(send_at.min(deadline), answer).await {
+            Ok((_, Ok(resp))) => return Ok(resp),
+            Ok((_, Err(e))) if !EtcdFailure::of(&e).worth_resending() => return Err(e.into()),
             Ok((i, Err(e))) => {
                 attempts.remove(i);
                 error = e.into();
@@ -277,11 +227,8 @@ async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
             }
             Err(_) => {} // time to send again, or to give up
         }
-        if unsettled.is_some() && attempts.is_empty() {
-            break;
-        }
     }
-    unsettled.ok_or(error)
+    Err(error)
 }
 
 /// The answers of a transaction's get operations, in their order (its other operations
@@ -294,5 +241,94 @@ pub(super) fn gets(ops: Vec<TxnOpResponse>) -> impl Iterator<Item = GetResponse>
 }
 
 #[cfg(test)]
-#[path = "etcd_tests.rs"]
-mod tests;
+mod tests {
+    use super::*;
+    use std::future::pending;
+
+    type Answer = Pin<Box<dyn Future<Output = Result<i32, etcd_client::Error>>>>;
+
+    /// Runs `hedged` over `answers` (the n-th attempt gets the n-th; later ones never answer);
+    /// returns the result, how many attempts were sent, and how long it took (paused time).
+    async fn run(answers: Vec<fn() -> Answer>) -> (Result<i32, LockError>, u64, Duration) {
+        let stats = Stats::default();
+        let start = Instant::now();
+        let result = hedged(&stats, || {
+            let n = stats.requests.load(Ordering::Relaxed) as usize - 1;
+            answers
+                .get(n)
+                .map_or_else(|| Box::pin(pending()) as Answer, |a| a())
+        })
+        .await;
+        let sent = stats.requests.load(Ordering::Relaxed);
+        assert_eq!(
+            stats.resent.load(Ordering::Relaxed),
+            sent - 1,
+            "all but the first resent"
+        );
+        (result, sent, start.elapsed())
+    }
+
+    fn silent() -> Answer {
+        Box::pin(pending())
+    }
+    fn ok() -> Answer {
+        Box::pin(async { Ok(7) })
+    }
+    fn unavailable() -> Answer {
+        Box::pin(async { Err(etcd_client::Error::GRpcStatus(tonic::Status::unavailable("down"))) })
+    }
+    fn denied() -> Answer {
+        Box::pin(async {
+            Err(etcd_client::Error::GRpcStatus(tonic::Status::permission_denied(
+                "no",
+            )))
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unanswered_request_is_sent_again_after_the_hedge() {
+        let (result, sent, took) = run(vec![silent, ok]).await;
+        assert_eq!((result.unwrap(), sent, took), (7, 2, HEDGE));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_transient_error_is_retried_after_a_short_pause() {
+        let (result, sent, took) = run(vec![unavailable, ok]).await;
+        assert_eq!((result.unwrap(), sent, took), (7, 2, RETRY_PAUSE));
+    }
+
+    fn auth_outdated() -> Answer {
+        let old = "etcdserver: revision of auth store is old";
+        Box::pin(async move {
+            Err(etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument(
+                old,
+            )))
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_refused_for_an_outdated_token_is_sent_again() {
+        let (result, sent, took) = run(vec![auth_outdated, ok]).await;
+        assert_eq!((result.unwrap(), sent, took), (7, 2, RETRY_PAUSE));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_refusal_is_final() {
+        let (result, sent, _) = run(vec![denied, ok]).await;
+        assert!(matches!(result, Err(LockError::Forbidden(_))), "{result:?}");
+        assert_eq!(sent, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn silence_ends_at_the_budget() {
+        let (result, sent, took) = run(vec![]).await;
+        assert!(
+            matches!(result, Err(LockError::Unavailable(Unavailable::Timeout(_)))),
+            "{result:?}"
+        );
+        assert_eq!(
+            (sent, took),
+            ((BUDGET.as_millis() / HEDGE.as_millis()) as u64, BUDGET)
+        );
+    }
+}

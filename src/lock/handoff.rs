@@ -30,7 +30,7 @@
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, TxnResponse,
+    TxnOpResponse,
 };
 
 use super::entry::{Entry, Mode, Successor};
@@ -121,17 +121,14 @@ pub async fn release(
     let Some(chain) = chain else {
         return queue::remove(etcd, ticket).await;
     };
-    let resp = etcd.txn_settled(hand_on(lock, ticket, chain), deleted).await?;
-    Ok(deleted(&resp))
-}
-
-/// Whether a handoff transaction deleted the key: by handing on, or by its plain release.
-fn deleted(resp: &TxnResponse) -> bool {
-    resp.succeeded()
-        || match resp.op_responses().first() {
-            Some(TxnOpResponse::Txn(plain)) => plain.succeeded(),
-            _ => unreachable!("the plain release"),
-        }
+    let resp = etcd.txn(hand_on(lock, ticket, chain)).await?;
+    if resp.succeeded() {
+        return Ok(true);
+    }
+    match resp.op_responses().into_iter().next() {
+        Some(TxnOpResponse::Txn(plain)) => Ok(plain.succeeded()),
+        _ => unreachable!("the plain release"),
+    }
 }
 
 /// The handoff transaction: if the guards hold, delete the key and write the grant into the

@@ -191,12 +191,9 @@ pub async fn is_ours(etcd: &Etcd, ticket: &Ticket) -> Result<bool, LockError> {
 }
 
 /// Deletes `ticket`'s key if it is still the same key (same create revision), so that a late
-/// or retried release never deletes a newer hold. Returns whether it deleted (a copy of this
-/// request sent again that finds the key gone waits for the earlier copy: see
-/// [`Etcd::txn_settled`]).
+/// or retried release never deletes a newer hold. Returns whether it deleted.
 pub async fn remove(etcd: &Etcd, ticket: &Ticket) -> Result<bool, LockError> {
-    let txn = still_ours(ticket, [TxnOp::delete(ticket.key.as_str(), None)]);
-    Ok(etcd.txn_settled(txn, TxnResponse::succeeded).await?.succeeded())
+    if_still_ours(etcd, ticket, [TxnOp::delete(ticket.key.as_str(), None)]).await
 }
 
 /// Deletes `ticket`'s key like [`remove`] and, in the same transaction, puts `note` (why it

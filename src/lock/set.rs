@@ -152,19 +152,14 @@ pub async fn end_together(etcd: &Etcd, tickets: &[Ticket]) -> Result<Vec<bool>, 
     let mut ended = vec![false; tickets.len()];
     for batch in order.rchunks(KEYS_PER_TXN) {
         let removals = batch.iter().map(|&i| TxnOp::txn(queue::removal(&tickets[i])));
-        let txn = Txn::new().and_then(removals.collect::<Vec<_>>());
-        let resp = etcd.txn_settled(txn, all_removed).await?;
+        let resp = etcd
+            .txn(Txn::new().and_then(removals.collect::<Vec<_>>()))
+            .await?;
         for (&i, op) in batch.iter().zip(resp.op_responses()) {
             ended[i] = matches!(op, TxnOpResponse::Txn(removed) if removed.succeeded());
         }
     }
     Ok(ended)
-}
-
-/// Whether every removal of an [`end_together`] transaction deleted its key (else a copy sent
-/// before it may have: see [`Etcd::txn_settled`]).
-fn all_removed(resp: &TxnResponse) -> bool {
-    (resp.op_responses().iter()).all(|op| matches!(op, TxnOpResponse::Txn(removed) if removed.succeeded()))
 }
 
 /// Deletes the tickets' keys together ([`end_together`]); returns whether all of them were
