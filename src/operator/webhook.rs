@@ -192,25 +192,9 @@ fn configuration(
     ca: Option<String>,
     owner: Option<OwnerReference>,
 ) -> MutatingWebhookConfiguration {
-    let namespaces = match watch_namespace {
-        Some(ns) => LabelSelector {
-            match_labels: Some(BTreeMap::from([(NAMESPACE_NAME.into(), ns.into())])),
-            ..Default::default()
-        },
-        None => not_in(NAMESPACE_NAME, "kube-system"),
-    };
-    let namespaces = both(namespaces, args.webhook_namespace_selector.clone());
-    // A namespace that injects has its pods sent to the namespace's webhook only, so that none
-    // is sent twice.
-    let injecting = (inject::NAMESPACE_LABEL, inject::NAMESPACE_ENABLED);
-    let annotated_pods_namespaces = both(namespaces.clone(), Some(not_in(injecting.0, injecting.1)));
-    let injecting_namespaces = LabelSelector {
-        match_labels: Some(BTreeMap::from([(injecting.0.into(), injecting.1.into())])),
-        ..Default::default()
-    };
-    let injecting_namespaces = both(namespaces.clone(), Some(injecting_namespaces));
+    let (namespaces, annotated_pods, injecting) = namespace_selectors(args, watch_namespace);
     let webhook =
-        |name: &str, rules, condition: &str, namespaces: &LabelSelector, path: &str| MutatingWebhook {
+        |name: &str, rules, condition: &str, namespaces: LabelSelector, path: &str| MutatingWebhook {
             name: name.into(),
             admission_review_versions: vec!["v1".into()],
             side_effects: "None".into(),
@@ -222,7 +206,7 @@ fn configuration(
                 name: "podlock-annotated".into(),
                 expression: condition.into(),
             }]),
-            namespace_selector: Some(namespaces.clone()),
+            namespace_selector: Some(namespaces),
             object_selector: Some(not_in(inject::OPERATOR_LABEL.0, inject::OPERATOR_LABEL.1)),
             // Called again after later webhooks (a mesh's injector) changed the pod.
             reinvocation_policy: Some("IfNeeded".into()),
@@ -243,24 +227,50 @@ fn configuration(
                 "pods.inject.podlock.io",
                 pod_rules(),
                 POD_ASKS,
-                &annotated_pods_namespaces,
+                annotated_pods,
                 PATH,
             ),
             webhook(
                 "workloads.inject.podlock.io",
                 workload_rules(),
                 WORKLOAD_ASKS,
-                &namespaces,
+                namespaces,
                 PATH,
             ),
             webhook(
                 "namespace.inject.podlock.io",
                 pod_rules(),
                 POD_STAYS_IN,
-                &injecting_namespaces,
+                injecting,
                 NAMESPACE_PATH,
             ),
         ]),
+    }
+}
+
+/// The namespaces the webhooks serve: all of them (for workloads), those whose annotated pods
+/// go to [`PATH`], and those labelled to inject every pod, whose pods go to [`NAMESPACE_PATH`]
+/// only, so that none is sent twice.
+fn namespace_selectors(
+    args: &WebhookArgs,
+    watch_namespace: Option<&str>,
+) -> (LabelSelector, LabelSelector, LabelSelector) {
+    let namespaces = match watch_namespace {
+        Some(ns) => labelled(NAMESPACE_NAME, ns),
+        None => not_in(NAMESPACE_NAME, "kube-system"),
+    };
+    let namespaces = both(namespaces, args.webhook_namespace_selector.clone());
+    let (key, enabled) = (inject::NAMESPACE_LABEL, inject::NAMESPACE_ENABLED);
+    let annotated_pods = both(namespaces.clone(), Some(not_in(key, enabled)));
+    let injecting = both(namespaces.clone(), Some(labelled(key, enabled)));
+    (namespaces, annotated_pods, injecting)
+}
+
+/// A selector of objects whose label `key` is `value`.
+fn labelled(key: &str, value: &str) -> LabelSelector {
+    LabelSelector {
+        match_labels: Some(BTreeMap::from([(key.into(), value.into())])),
+        ..Default::default()
     }
 }
 
