@@ -193,58 +193,64 @@ fn configuration(
     owner: Option<OwnerReference>,
 ) -> MutatingWebhookConfiguration {
     let (namespaces, annotated_pods, injecting) = namespace_selectors(args, watch_namespace);
-    let webhook =
-        |name: &str, rules, condition: &str, namespaces: LabelSelector, path: &str| MutatingWebhook {
-            name: name.into(),
-            admission_review_versions: vec!["v1".into()],
-            side_effects: "None".into(),
-            failure_policy: Some("Ignore".into()),
-            timeout_seconds: Some(args.webhook_timeout_seconds),
-            client_config: client_config(args, namespace, ca.clone(), path),
-            rules: Some(rules),
-            match_conditions: Some(vec![MatchCondition {
-                name: "podlock-annotated".into(),
-                expression: condition.into(),
-            }]),
-            namespace_selector: Some(namespaces),
-            object_selector: Some(not_in(inject::OPERATOR_LABEL.0, inject::OPERATOR_LABEL.1)),
-            // Called again after later webhooks (a mesh's injector) changed the pod.
-            reinvocation_policy: Some("IfNeeded".into()),
-            ..Default::default()
-        };
+    let hook = |path: &str, spec| webhook(args, client_config(args, namespace, ca.clone(), path), spec);
     MutatingWebhookConfiguration {
         metadata: ObjectMeta {
             name: Some(args.webhook_configuration.clone()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/part-of".into(),
-                "podlock".into(),
-            )])),
+            labels: labelled("app.kubernetes.io/part-of", "podlock").match_labels,
             owner_references: owner.map(|o| vec![o]),
             ..Default::default()
         },
         webhooks: Some(vec![
-            webhook(
-                "pods.inject.podlock.io",
-                pod_rules(),
-                POD_ASKS,
-                annotated_pods,
+            hook(
                 PATH,
+                ("pods.inject.podlock.io", pod_rules(), POD_ASKS, annotated_pods),
             ),
-            webhook(
-                "workloads.inject.podlock.io",
-                workload_rules(),
-                WORKLOAD_ASKS,
-                namespaces,
+            hook(
                 PATH,
+                (
+                    "workloads.inject.podlock.io",
+                    workload_rules(),
+                    WORKLOAD_ASKS,
+                    namespaces,
+                ),
             ),
-            webhook(
-                "namespace.inject.podlock.io",
-                pod_rules(),
-                POD_STAYS_IN,
-                injecting,
+            hook(
                 NAMESPACE_PATH,
+                (
+                    "namespace.inject.podlock.io",
+                    pod_rules(),
+                    POD_STAYS_IN,
+                    injecting,
+                ),
             ),
         ]),
+    }
+}
+
+/// One of the webhooks: its name, rules, match condition and namespaces, reached at `client`.
+fn webhook(
+    args: &WebhookArgs,
+    client: WebhookClientConfig,
+    (name, rules, condition, namespaces): (&str, Vec<RuleWithOperations>, &str, LabelSelector),
+) -> MutatingWebhook {
+    MutatingWebhook {
+        name: name.into(),
+        admission_review_versions: vec!["v1".into()],
+        side_effects: "None".into(),
+        failure_policy: Some("Ignore".into()),
+        timeout_seconds: Some(args.webhook_timeout_seconds),
+        client_config: client,
+        rules: Some(rules),
+        match_conditions: Some(vec![MatchCondition {
+            name: "podlock-annotated".into(),
+            expression: condition.into(),
+        }]),
+        namespace_selector: Some(namespaces),
+        object_selector: Some(not_in(inject::OPERATOR_LABEL.0, inject::OPERATOR_LABEL.1)),
+        // Called again after later webhooks (a mesh's injector) changed the pod.
+        reinvocation_policy: Some("IfNeeded".into()),
+        ..Default::default()
     }
 }
 
