@@ -284,12 +284,12 @@ async fn a_set_held_by_a_connection_ends_with_it() {
 async fn a_try_once_behind_a_waiting_set_is_refused_at_once() {
     let (_etcd, s) = sidecar(&[("pool", "2"), ("gate", "1")]).await;
     s.must_acquire("gate", json!({"holderId": "g"})).await;
-    let set = {
-        let s = s.clone();
-        let body = json!({"holderId": "set", "with": ["gate"], "waitSeconds": 10});
-        tokio::spawn(async move { s.post("pool", "acquire", body).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let set = waiting_set(
+        &s,
+        "pool",
+        json!({"holderId": "set", "with": ["gate"], "waitSeconds": 10}),
+    )
+    .await;
     assert_eq!(queue(&s, "pool").await, (vec![], 1), "the set waits for gate");
     let started = std::time::Instant::now();
     let (status, body) = (s.post("pool", "acquire", json!({"holderId": "late", "waitSeconds": 0}))).await;
@@ -307,16 +307,29 @@ async fn a_try_once_behind_a_waiting_set_is_refused_at_once() {
 async fn a_set_whose_client_disconnects_leaves_every_queue_at_one_revision() {
     let (etcd, s) = sidecar(&[("x", "1"), ("y", "1")]).await;
     s.must_acquire("y", json!({"holderId": "a"})).await;
-    let set = {
-        let s = s.clone();
-        let body = json!({"holderId": "b", "with": ["y"], "waitSeconds": 30});
-        tokio::spawn(async move { s.post("x", "acquire", body).await })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    let set = waiting_set(
+        &s,
+        "x",
+        json!({"holderId": "b", "with": ["y"], "waitSeconds": 30}),
+    )
+    .await;
     assert_eq!(queue(&s, "x").await, (vec![], 1), "the set waits for y");
     let before = etcd.revision().await;
     set.abort(); // the client goes away: its connection closes
     let ended = crate::clusters::deletions_in(&etcd, "/podlock/v1/queue/default/", before).await;
     assert_eq!(ended.len(), 2, "{ended:?}");
     assert_eq!(ended[0].1, ended[1].1, "not ended in one revision: {ended:?}");
+}
+
+/// An acquire of `lock` with `body` (a set that will wait), sent in a task of its own, and
+/// given 300 ms to take its place in the queues.
+async fn waiting_set(
+    s: &Arc<Sidecar>,
+    lock: &'static str,
+    body: Value,
+) -> tokio::task::JoinHandle<(u16, Value)> {
+    let s = s.clone();
+    let set = tokio::spawn(async move { s.post(lock, "acquire", body).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    set
 }
