@@ -145,10 +145,11 @@ impl Engine {
             self.0.registry.placing(&pending.slots[0], &key);
             let enqueue = {
                 let (etcd, lock, under) = (self.0.etcd.clone(), req.lock.clone(), declared.clone());
-                let lease = session.id;
+                let (lease, key) = (session.id, key.clone());
                 async move { queue::enqueue(&etcd, &lock, &key, &entry, lease, &under).await }
             };
-            match detached::enqueue_to_completion(self, &session, enqueue, Enqueued::placed).await {
+            let to = (&session, vec![key]);
+            match detached::enqueue_to_completion(self, to, enqueue, Enqueued::placed).await {
                 Ok(Enqueued::Placed { ticket, standing }) => {
                     pending.keys = Some((vec![ticket.clone()], session.clone()));
                     // A revision a token cannot carry: refused (the key leaves with `pending`).

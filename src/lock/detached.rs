@@ -12,30 +12,44 @@ use tracing::{info, warn};
 
 use super::Engine;
 use super::error::{LockError, Unavailable};
+use super::etcd::Sent;
+use super::late;
 use super::queue::Ticket;
 use super::session::Session;
 use super::set;
 use crate::retry;
 
-/// Runs `enqueue` to its end, even if the acquire awaiting it is dropped (its client went
-/// away): etcd may apply the transaction all the same, and a key that nobody tracks would stay
-/// as long as the session and, once first in the queue, hold the lock. A key placed for an
-/// acquire that is gone is removed as soon as the transaction answers.
+/// Runs `enqueue` (of `keys`) to its end, even if the acquire awaiting it is dropped (its client
+/// went away): etcd may apply the transaction all the same, and a key that nobody tracks would
+/// stay as long as the session and, once first in the queue, hold the lock. A key placed for an
+/// acquire that is gone is removed as soon as the transaction answers. An enqueue sent more
+/// than once has its keys watched for late copies ([`late`](super::late)).
 ///
 /// The enqueue runs in the acquire's own task (no task and channel per request); only an
 /// acquire dropped before its answer hands the enqueue to a task of its own.
 pub async fn enqueue_to_completion<T: Send + 'static>(
     engine: &Engine,
-    session: &Arc<Session>,
-    enqueue: impl Future<Output = Result<T, LockError>> + Send + 'static,
+    (session, keys): (&Arc<Session>, Vec<String>),
+    enqueue: impl Future<Output = Sent<T>> + Send + 'static,
     placed: fn(T) -> Vec<Ticket>,
 ) -> Result<T, LockError> {
+    let lease = session.id;
     let (engine, session) = (engine.clone(), session.clone());
+    let guarded = {
+        let engine = engine.clone();
+        async move {
+            let sent = enqueue.await;
+            if sent.copies > 1 {
+                late::guard(engine, keys, lease);
+            }
+            sent.answer
+        }
+    };
     let abandoned = move |answer: Result<T, LockError>| {
         // A stale key is not this request's: the acquire that gets it removes it, or the sweep.
         spawn_removal(engine, answer.map(placed).unwrap_or_default(), session);
     };
-    match finish_even_if_dropped(enqueue, abandoned).await {
+    match finish_even_if_dropped(guarded, abandoned).await {
         Ok(answer) => answer,
         Err(_panicked) => Err(Unavailable::EnqueuePanicked.into()),
     }

@@ -99,6 +99,14 @@ impl Etcd {
         &self,
         request: impl Fn(Client) -> F,
     ) -> Result<T, LockError> {
+        self.counting(request).await.answer
+    }
+
+    /// Like [`Etcd::retrying`], and says how many copies of the request were sent.
+    async fn counting<T, F: Future<Output = Result<T, etcd_client::Error>>>(
+        &self,
+        request: impl Fn(Client) -> F,
+    ) -> Sent<T> {
         let previous = Mutex::new(None);
         hedged(&self.stats, || {
             let mut previous = previous.lock().unwrap();
@@ -126,7 +134,13 @@ impl Etcd {
 
     /// Runs a transaction (sent again if need be: see [`HEDGE`]).
     pub async fn txn(&self, txn: Txn) -> Result<TxnResponse, LockError> {
-        self.retrying(|client| {
+        self.txn_counting(txn).await.answer
+    }
+
+    /// Runs a transaction like [`Etcd::txn`], and says how many copies of it were sent: a
+    /// copy not answered may still be applied after the answer (see [`late`](super::late)).
+    pub async fn txn_counting(&self, txn: Txn) -> Sent<TxnResponse> {
+        self.counting(|client| {
             let (mut kv, txn) = (client.kv_client(), txn.clone());
             async move { kv.txn(txn).await }
         })
@@ -182,28 +196,48 @@ impl Etcd {
     }
 }
 
+/// A request's answer, and how many copies of it were sent.
+#[derive(Debug)]
+pub struct Sent<T> {
+    /// The first answer, or the last error.
+    pub answer: Result<T, LockError>,
+    /// Copies sent: with more than one, a copy may be applied after the answer, by a member
+    /// that received it before, or after, the one that answered.
+    pub copies: u32,
+}
+
+impl<T> Sent<T> {
+    /// The same copies, with `f` applied to the answer.
+    pub fn map<U>(self, f: impl FnOnce(T) -> U) -> Sent<U> {
+        Sent {
+            answer: self.answer.map(f),
+            copies: self.copies,
+        }
+    }
+}
+
 /// Runs `request`: sends it again after a transient error (after [`RETRY_PAUSE`]), or when no
 /// attempt answered within [`HEDGE`]; the first answer wins. Fails after [`BUDGET`]. Counts
-/// each attempt in
-/// `stats.requests`, and each after the first in `stats.resent` too.
+/// each attempt in `stats.requests`, and each after the first in `stats.resent` too.
 async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
     stats: &Stats,
     request: impl Fn() -> F,
-) -> Result<T, LockError> {
+) -> Sent<T> {
     let deadline = Instant::now() + BUDGET;
     let mut attempts: VecDeque<Pin<Box<F>>> = VecDeque::new();
-    let (mut send_at, mut first) = (Instant::now(), true);
+    let (mut send_at, mut copies) = (Instant::now(), 0);
     let mut error = LockError::from(Unavailable::Timeout(BUDGET));
+    let sent = |answer, copies| Sent { answer, copies };
     while Instant::now() < deadline {
         if Instant::now() >= send_at {
             if attempts.len() == MAX_ATTEMPTS {
                 attempts.pop_front(); // the oldest is likeliest stuck on a dead member
             }
             stats.requests.fetch_add(1, Ordering::Relaxed);
-            if !first {
+            if copies > 0 {
                 stats.resent.fetch_add(1, Ordering::Relaxed);
             }
-            first = false;
+            copies += 1;
             attempts.push_back(Box::pin(request()));
             send_at = Instant::now() + HEDGE;
         }
@@ -218,8 +252,8 @@ async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
             ready.map_or(Poll::Pending, Poll::Ready)
         });
         match timeout_at(send_at.min(deadline), answer).await {
-            Ok((_, Ok(resp))) => return Ok(resp),
-            Ok((_, Err(e))) if !EtcdFailure::of(&e).worth_resending() => return Err(e.into()),
+            Ok((_, Ok(resp))) => return sent(Ok(resp), copies),
+            Ok((_, Err(e))) if !EtcdFailure::of(&e).worth_resending() => return sent(Err(e.into()), copies),
             Ok((i, Err(e))) => {
                 attempts.remove(i);
                 error = e.into();
@@ -228,7 +262,7 @@ async fn hedged<T, F: Future<Output = Result<T, etcd_client::Error>>>(
             Err(_) => {} // time to send again, or to give up
         }
     }
-    Err(error)
+    sent(Err(error), copies)
 }
 
 /// The answers of a transaction's get operations, in their order (its other operations
@@ -252,7 +286,7 @@ mod tests {
     async fn run(answers: Vec<fn() -> Answer>) -> (Result<i32, LockError>, u64, Duration) {
         let stats = Stats::default();
         let start = Instant::now();
-        let result = hedged(&stats, || {
+        let Sent { answer, copies } = hedged(&stats, || {
             let n = stats.requests.load(Ordering::Relaxed) as usize - 1;
             answers
                 .get(n)
@@ -260,12 +294,13 @@ mod tests {
         })
         .await;
         let sent = stats.requests.load(Ordering::Relaxed);
+        assert_eq!(u64::from(copies), sent, "every copy sent is counted");
         assert_eq!(
             stats.resent.load(Ordering::Relaxed),
             sent - 1,
             "all but the first resent"
         );
-        (result, sent, start.elapsed())
+        (answer, sent, start.elapsed())
     }
 
     fn silent() -> Answer {

@@ -23,6 +23,7 @@ mod handoff;
 mod held;
 mod hold;
 mod keys;
+mod late;
 mod members;
 mod model;
 mod multi;

@@ -170,7 +170,11 @@ impl Engine {
                 let (keys, lease) = (placed.tickets.clone(), placed.session.id);
                 async move { set::enqueue(&etcd, &members(&locks, &declared, &keys), &entries, lease).await }
             };
-            match detached::enqueue_to_completion(self, &placed.session, enqueue, EnqueuedSet::placed).await {
+            let to = (
+                &placed.session,
+                placed.tickets.iter().map(|t| t.key.clone()).collect(),
+            );
+            match detached::enqueue_to_completion(self, to, enqueue, EnqueuedSet::placed).await {
                 Ok(EnqueuedSet::Placed(tickets)) => {
                     pending.keys = Some((tickets.clone(), placed.session.clone()));
                     let placed = Placed { tickets, ..placed };

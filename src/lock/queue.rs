@@ -21,7 +21,7 @@ use etcd_client::{
 
 use super::entry::{Entry, HolderInfo, Mode};
 use super::error::LockError;
-use super::etcd::{self, Etcd};
+use super::etcd::{self, Etcd, Sent};
 use super::names::LockId;
 use super::position::{self, Standing};
 use super::protocol::{self, Queued};
@@ -68,13 +68,13 @@ pub async fn enqueue(
     entry: &Entry,
     lease: i64,
     declared: &Declared,
-) -> Result<Enqueued, LockError> {
+) -> Sent<Enqueued> {
     let value = entry.encode();
     let max_holders = declared.settings.max_holders;
     let (ahead, values) = position::keys_needed(max_holders, entry.mode);
     let txn = enqueue_txn(lock, key, &value, lease, declared, (ahead, values));
-    let resp = etcd.txn(txn).await?;
-    Ok(enqueued(resp, key, &value, lease, (max_holders, entry.mode)))
+    let sent = etcd.txn_counting(txn).await;
+    sent.map(|resp| enqueued(resp, key, &value, lease, (max_holders, entry.mode)))
 }
 
 /// The enqueue transaction: if the settings are unchanged, put the key unless it exists and

@@ -7,7 +7,7 @@ use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp, TxnOpRes
 
 use super::entry::Entry;
 use super::error::LockError;
-use super::etcd::{self, Etcd};
+use super::etcd::{self, Etcd, Sent};
 use super::names::LockId;
 use super::queue::{self, Ticket};
 use super::settings::Declared;
@@ -43,7 +43,7 @@ pub async fn enqueue(
     members: &[Member<'_>],
     entries: &[Entry],
     lease: i64,
-) -> Result<EnqueuedSet, LockError> {
+) -> Sent<EnqueuedSet> {
     let values: Vec<Vec<u8>> = entries.iter().map(Entry::encode).collect();
     let mut guards = vec![];
     let (mut puts, mut reads) = (vec![], vec![]);
@@ -58,10 +58,9 @@ pub async fn enqueue(
         reads.push(TxnOp::get(m.lock.config_key(), None));
         reads.push(TxnOp::get(m.key, None));
     }
-    let resp = etcd
-        .txn(Txn::new().when(guards).and_then(puts).or_else(reads))
-        .await?;
-    Ok(enqueued(resp, members, &values, lease))
+    let txn = Txn::new().when(guards).and_then(puts).or_else(reads);
+    let sent = etcd.txn_counting(txn).await;
+    sent.map(|resp| enqueued(resp, members, &values, lease))
 }
 
 /// What the set's enqueue transaction answered.

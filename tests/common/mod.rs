@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 pub mod events;
+pub mod held;
 pub mod kube;
 pub mod lag;
 pub mod members;

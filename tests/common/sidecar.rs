@@ -31,10 +31,7 @@ impl Sidecar {
 
     /// Starts a sidecar as [`Sidecar::start`] does, waiting only until it listens.
     pub async fn spawn(etcd: &str, pod: &str, extra: &[&str]) -> Self {
-        let logs = tempfile::Builder::new()
-            .prefix("podlock-sidecar-")
-            .tempdir()
-            .unwrap();
+        let logs = log_dir();
         let listen = format!("127.0.0.1:{}", free_port());
         let child = spawn_dying_with_parent(
             Command::new(podlock_bin())
@@ -148,4 +145,17 @@ impl Drop for Sidecar {
     fn drop(&mut self) {
         self.kill9();
     }
+}
+
+/// A directory for a sidecar's log: a temporary one, or one kept under `$PODLOCK_TEST_LOGS`
+/// (to read every sidecar's log after a run, as the safety run's stalls were traced).
+fn log_dir() -> tempfile::TempDir {
+    let kept = std::env::var_os("PODLOCK_TEST_LOGS");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix("podlock-sidecar-").disable_cleanup(kept.is_some());
+    match kept {
+        Some(dir) => builder.tempdir_in(dir),
+        None => builder.tempdir(),
+    }
+    .unwrap()
 }

@@ -1,10 +1,15 @@
-//! The lock's life at its edges (issue #40's findings), on a real etcd through the operator's
-//! door (`Store`): a lock removed and declared again keeps its token epoch, and two clusters
-//! withdrawing at once leave nothing of the lock behind.
+//! The lock's life at its edges (issue #40's findings), on a real etcd: a lock removed and
+//! declared again keeps its token epoch, two clusters withdrawing at once leave nothing of the
+//! lock behind (both through the operator's door, `Store`), and a late copy of an enqueue does
+//! not hold the lock (sidecars on a 3-member etcd).
 
+use etcd_client::{EventType, WatchOptions};
 use podlock::lock::{LockId, Settings, Store};
+use serde_json::json;
+use std::time::{Duration, Instant};
 
-use crate::common::{EtcdServer, declare};
+use crate::common::held::HeldRequests;
+use crate::common::{EtcdServer, Sidecar, declare};
 
 async fn store(etcd: &EtcdServer) -> Store {
     Store::new(etcd.client().await)
@@ -79,4 +84,71 @@ async fn two_clusters_withdrawing_at_once_leave_nothing_behind() {
         );
         assert!(east.removed || west.removed, "east {east:?}, west {west:?}");
     }
+}
+
+/// How late the held copy of the enqueue reaches its member: past the 500 ms hedge, so the
+/// acquire is granted through another copy and released before this one lands.
+const LATE: Duration = Duration::from_millis(1500);
+
+/// A late copy of an enqueue (the safety run's 5 s stalls after etcd leader kills): the first
+/// copy of pod-a's enqueue reaches its member 1.5 s late, after the hedge sent it elsewhere and
+/// pod-a was granted and released. etcd applies it then: the key is back on pod-a's live lease
+/// with no acquire behind it. It held the lock until the orphan sweep removed it (5 to 10 s),
+/// and pod-b's acquire waited that long; fails so on the code before the guard
+/// (`src/lock/late.rs`) with `pod-b waited 8.603540009s behind a late copy`.
+#[tokio::test]
+async fn a_late_copy_of_an_enqueue_does_not_hold_the_lock() {
+    let members = EtcdServer::cluster(3).await;
+    declare(&members[0].endpoint, &["ledger"]);
+    let late = HeldRequests::new(LATE);
+    let mut endpoints = vec![];
+    for m in &members {
+        endpoints.push(late.proxy(&m.endpoint).await);
+    }
+    let a = Sidecar::start(&endpoints.join(","), "pod-a", &[]).await;
+    let b = Sidecar::start(&members[0].endpoint, "pod-b", &[]).await;
+    let landed = puts_of(&members[0], "/podlock/v1/queue/default/ledger/").await;
+    late.arm(b"/podlock/v1/queue/default/ledger/");
+    a.must_acquire("ledger", json!({"waitSeconds": 10})).await;
+    assert_eq!(late.held(), 1, "the enqueue was not held back");
+    let (status, body) = a.post("ledger", "release", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let copy = tokio::time::timeout(LATE * 2, landed)
+        .await
+        .expect("the late copy never landed: the test made no fault")
+        .unwrap();
+    let (status, body) = b.post("ledger", "acquire", json!({"waitSeconds": 10})).await;
+    let waited = copy.elapsed();
+    assert_eq!(status, 200, "{body}");
+    eprintln!("a late copy of pod-a's enqueue landed; pod-b was granted {waited:?} later");
+    assert!(
+        waited < Duration::from_secs(2),
+        "pod-b waited {waited:?} behind a late copy"
+    );
+}
+
+/// Completes when a key under `prefix` of pod-a is put a second time (its late copy), with
+/// when that was seen.
+async fn puts_of(etcd: &EtcdServer, prefix: &str) -> tokio::task::JoinHandle<Instant> {
+    let mut client = etcd.client().await;
+    let mut stream = client
+        .watch(prefix, Some(WatchOptions::new().with_prefix()))
+        .await
+        .unwrap();
+    tokio::spawn(async move {
+        let mut created = 0;
+        loop {
+            let resp = stream.message().await.unwrap().expect("the watch ended");
+            for e in resp.events() {
+                let kv = e.kv().unwrap();
+                let ours = kv.key_str().unwrap().ends_with("/pod-a");
+                if e.event_type() == EventType::Put && kv.version() == 1 && ours {
+                    created += 1;
+                    if created == 2 {
+                        return Instant::now();
+                    }
+                }
+            }
+        }
+    })
 }

@@ -4,7 +4,7 @@
 use crate::decide::{check_limit, decide, grant};
 use crate::model::{Action, Protocol, Step};
 use crate::spec::{Bug, CHAIN, Handoff, OnBehalf};
-use crate::state::{Cached, Key, Lock, Name, Phase, Record, Rev, State, Wait};
+use crate::state::{Cached, Key, Late, LateCopy, Lock, Name, Phase, Record, Rev, State, Wait};
 
 impl Protocol {
     /// The steps `c` can take now.
@@ -215,6 +215,14 @@ impl Protocol {
         if let Some(old) = l.queue.iter().find(mine) {
             me.phase = Phase::Requeue { old: old.create };
             return;
+        }
+        if me.late == Late::Unsent {
+            let cache = me.cache;
+            me.late = Late::InFlight(LateCopy {
+                session,
+                holder,
+                cache,
+            });
         }
         let ticket = s.next_rev();
         let key = new_key((c, session, holder), epoch, ticket, spec.shared);

@@ -7,7 +7,7 @@ use stateright::{Model, Property};
 
 use crate::props;
 use crate::spec::Spec;
-use crate::state::{Cached, Client, Lock, Phase, Pod, Rebuilt, Rev, State, Status};
+use crate::state::{Cached, Client, Late, Lock, Phase, Pod, Rebuilt, Rev, State, Status};
 
 /// One client's step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -87,6 +87,8 @@ pub enum Action {
     Mirror(u8),
     /// A key no acquire tracks is removed (the sidecar's orphan sweep, or its lease expiring).
     Sweep(u8, Rev),
+    /// A copy of client's first enqueue reaches etcd late (see [`crate::state::LateCopy`]).
+    LateCopy(u8),
     /// The lock's DistributedLock is deleted and created again: the operator's withdrawal
     /// removes its settings and queue, keeping its epoch in etcd, and the new object's status
     /// is empty.
@@ -104,7 +106,8 @@ impl Action {
             | Action::Revoke(..)
             | Action::Republish(..)
             | Action::Mirror(_)
-            | Action::Sweep(..) => true,
+            | Action::Sweep(..)
+            | Action::LateCopy(_) => true,
             _ => false,
         }
     }
@@ -162,6 +165,10 @@ impl Protocol {
                 left: c.acquires,
                 holder: 0,
                 removals: vec![],
+                late: match self.spec.late_copies && c.also.is_none() {
+                    true => Late::Unsent,
+                    false => Late::Spent,
+                },
             })
             .collect();
         let mut state = State {
@@ -173,6 +180,7 @@ impl Protocol {
             release: None,
             released_holder: false,
             revoked: false,
+            late_landed: false,
             broken: None,
             etcd: locks_len,
             rebuilt: self.spec.rebuild.map(|_| {

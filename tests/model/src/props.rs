@@ -93,8 +93,12 @@ pub fn properties() -> Vec<Property<Protocol>> {
         Property::sometimes(RECREATED, |_, s: &State| {
             s.rebuilt.as_ref().is_some_and(|r| r.granted_recreated)
         }),
+        Property::sometimes(LANDED, |_, s: &State| s.late_landed),
     ]
 }
+
+/// Example: a late copy of an enqueue put its key back after it had left the queue.
+pub const LANDED: &str = "a late copy of an enqueue lands";
 
 /// The `sometimes` properties a configuration must reach, by its features.
 pub fn examples(model: &Protocol) -> Vec<&'static str> {
@@ -137,6 +141,9 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     }
     if spec.releases > 0 {
         out.push(RELEASED);
+    }
+    if spec.late_copies {
+        out.push(LANDED);
     }
     // Grants are handed on among single-lock writers only.
     let single = |l: usize| {

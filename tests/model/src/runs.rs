@@ -1,6 +1,6 @@
 //! The configurations checked, and what each must come to.
 
-use crate::props::{ADMITTED, BELIEF, FENCING, LIMIT, MODES, VIEWS, WINDOW};
+use crate::props::{ADMITTED, BELIEF, DRAINS, FENCING, GRANTED, LIMIT, MODES, VIEWS, WINDOW};
 use crate::spec::{Bug, ClientSpec as C, EpochRule, Handoff, OnBehalf, Rebuild, Spec};
 
 /// What a run must come to.
@@ -41,6 +41,7 @@ pub(crate) fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8
         rebuild: None,
         recreate: false,
         epoch_rule: EpochRule::WriteAhead,
+        late_copies: false,
         status_lag: false,
         handoff: Handoff::Exclusive,
         clusters: vec![],
@@ -49,7 +50,31 @@ pub(crate) fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8
 
 /// The protocol as it is, on the configurations CI checks.
 fn protocol() -> Vec<Run> {
+    let late = |name, bug, clients| Spec {
+        late_copies: true,
+        bug,
+        ..spec(name, vec![1], vec![vec![2]], clients)
+    };
+    let pair = vec![C::new(0, 0).acquires(2), C::new(1, 0)];
     vec![
+        Run {
+            spec: late(
+                "late copies",
+                None,
+                vec![C::new(0, 0).acquires(2).heartbeat(), C::new(1, 0)],
+            ),
+            about: "each client's first enqueue applied once more, late (a copy the hedge sent), \
+                    after its key left the queue (the same holder id acquiring again meanwhile), \
+                    maxHolders raised to 2, a fault: the sidecar's guard removes the copy's key \
+                    (src/lock/late.rs)",
+            expect: HOLDS,
+        },
+        Run {
+            spec: late("bug: late copy unguarded", Some(Bug::LateCopyUnguarded), pair),
+            about: "the same with no guard: the copy's key, on a live lease, holds the lock with no \
+                    acquire behind it, and the next waiter waits for the orphan sweep",
+            expect: Expect::Fails(&[GRANTED, ADMITTED, DRAINS, VIEWS]),
+        },
         Run {
             spec: spec(
                 "reader-writer",

@@ -128,6 +128,9 @@ pub enum Bug {
     /// An operator judges every entry, whatever its cluster: a pod of another cluster, which
     /// its API server does not know, looks deleted to it.
     ForeignPods,
+    /// A late copy of an enqueue lands unnoticed (no guard watches for it): only the orphan
+    /// sweep, which this run lacks, would remove it.
+    LateCopyUnguarded,
 }
 
 /// One configuration to check.
@@ -162,6 +165,9 @@ pub struct Spec {
     pub recreate: bool,
     /// How the operator chooses the token epoch.
     pub epoch_rule: EpochRule,
+    /// Whether each plain client's first enqueue may be applied once more, late (a copy the
+    /// hedge sent that reached its member after the answer, see `src/lock/late.rs`).
+    pub late_copies: bool,
     /// How a release hands the lock on.
     pub handoff: Handoff,
     /// Whether the operator's status lags: it mirrors the queue as a step of its own (else

@@ -232,6 +232,30 @@ pub struct Client {
     pub holder: u8,
     /// Keys its sidecar is removing in the background (create revisions).
     pub removals: Vec<Rev>,
+    /// The late copy of its first enqueue (in a run with late copies).
+    pub late: Late,
+}
+
+/// Where the late copy of a client's first enqueue is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Late {
+    /// Not sent yet: the first enqueue is to come.
+    Unsent,
+    /// On its way to etcd.
+    InFlight(LateCopy),
+    /// Applied (or refused), or none in this run.
+    Spent,
+}
+
+/// A copy of an enqueue still on its way to etcd: the same transaction, guarded by the
+/// settings its sender had cached, putting the same key if it is absent, on the same lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LateCopy {
+    /// The key's name: the session (lease) and the holder id's generation.
+    pub session: u8,
+    pub holder: u8,
+    /// The settings the guard compares against.
+    pub cache: Cached,
 }
 
 impl Client {
@@ -277,6 +301,8 @@ pub struct State {
     pub released_holder: bool,
     /// An operator ended the holds of a dead pod of its cluster.
     pub revoked: bool,
+    /// A late copy of an enqueue put its key back after the key had left the queue.
+    pub late_landed: bool,
     /// The first safety rule a grant broke.
     pub broken: Option<Broken>,
     /// etcd's revision: the one the next write comes after.
