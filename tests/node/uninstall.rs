@@ -108,7 +108,17 @@ pub fn nothing_is_left_waiting_for_the_operator(node: &Node, secret: &str) {
 /// deletes them after their owner, within a minute).
 pub fn no_secret_of_podlocks_is_left(node: &Node, after: &str) {
     let left = retry(Duration::from_secs(60), || {
-        let (_, out, _) = node.kubectl(&["get", "secret", "-A", "-l", MANAGED, "-o", "name"]);
+        let columns = "custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name";
+        let (_, out, _) = node.kubectl(&[
+            "get",
+            "secret",
+            "-A",
+            "-l",
+            MANAGED,
+            "-o",
+            columns,
+            "--no-headers",
+        ]);
         out.trim().is_empty().then_some(()).ok_or(out)
     });
     assert!(
