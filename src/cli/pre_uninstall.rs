@@ -65,6 +65,9 @@ pub enum Error {
         /// The pods left.
         pods: String,
     },
+    /// The Deployment selects its pods by no label.
+    #[error("Deployment {0} selects its pods by no matchLabels: cannot tell when they are gone")]
+    NoSelector(String),
     /// A request about the locks failed.
     #[error("cannot remove {FINALIZER} from the DistributedLocks: {0}")]
     Locks(kube::Error),
@@ -111,15 +114,7 @@ async fn stop_operator(
         name: name.clone(),
         source,
     };
-    let labels = deployment
-        .spec
-        .as_ref()
-        .and_then(|s| s.selector.match_labels.clone());
-    let selector: Vec<String> = labels
-        .into_iter()
-        .flatten()
-        .map(|(k, v)| format!("{k}={v}"))
-        .collect();
+    let selector = pod_selector(deployment)?;
     let scale = Patch::Merge(json!({"spec": {"replicas": 0}}));
     deployments
         .patch_scale(&name, &PatchParams::default(), &scale)
@@ -129,15 +124,10 @@ async fn stop_operator(
         deployment = name,
         namespace, "scaled the operator to 0 replicas; waiting for its pods to go"
     );
-    let (started, list) = (Instant::now(), ListParams::default().labels(&selector.join(",")));
+    let (started, list) = (Instant::now(), ListParams::default().labels(&selector));
     loop {
-        let left: Vec<String> = pods
-            .list(&list)
-            .await
-            .map_err(stop)?
-            .iter()
-            .map(|p| p.name_any())
-            .collect();
+        let listed = pods.list(&list).await.map_err(stop)?;
+        let left: Vec<String> = listed.iter().map(|p| p.name_any()).collect();
         if left.is_empty() {
             info!(waited = ?started.elapsed(), "the operator's pods are gone");
             return Ok(());
@@ -151,6 +141,20 @@ async fn stop_operator(
         }
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+}
+
+/// The label selector of `deployment`'s pods, from its `matchLabels` (without any, every pod
+/// of the namespace would be taken for the operator's).
+fn pod_selector(deployment: &Deployment) -> Result<String, Error> {
+    let spec = deployment.spec.as_ref();
+    let labels = spec
+        .and_then(|s| s.selector.match_labels.clone())
+        .unwrap_or_default();
+    if labels.is_empty() {
+        return Err(Error::NoSelector(deployment.name_any()));
+    }
+    let pairs: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    Ok(pairs.join(","))
 }
 
 /// Removes [`FINALIZER`] from every lock of `locks` that has it (none when the CRD is gone).
