@@ -4,8 +4,9 @@
 #   manifests/podlock.yaml, manifests/rbac.yaml       from `helm template` of the chart
 # manifests/podlock.yaml is rendered for the oldest Kubernetes the chart admits (its
 # kubeVersion), so that it applies on every admitted cluster (without the Secret policy, a
-# ValidatingAdmissionPolicy, which 1.29 does not serve), and without the `helm test` objects (a
-# Pod that runs once, and its NetworkPolicy), which only `helm test` runs. manifests/rbac.yaml,
+# ValidatingAdmissionPolicy, which 1.29 does not serve), and without Helm's hooks: the `helm
+# test` objects (a Pod that runs once, and its NetworkPolicy), which only `helm test` runs, and
+# the pre-delete hook (a Job that stops the operator), which only `helm uninstall` runs. manifests/rbac.yaml,
 # the operator's RBAC alone, is rendered for a current Kubernetes, with the Secret policy: on
 # 1.30+, applying it after podlock.yaml adds the policy.
 set -euo pipefail
@@ -18,7 +19,7 @@ cargo run --quiet -- crd >crds/distributedlock.yaml
 cp crds/distributedlock.yaml charts/podlock/crds/distributedlock.yaml
 KUBE_VERSION=1.34.0 # what tests/integration/chart.rs renders for
 render() {
-  "$BIN/helm" template podlock charts/podlock --namespace podlock --skip-tests "$@"
+  "$BIN/helm" template podlock charts/podlock --namespace podlock --skip-tests --no-hooks "$@"
 }
 {
   printf 'apiVersion: v1\nkind: Namespace\nmetadata:\n  name: podlock\n---\n'

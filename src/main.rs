@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use podlock::cli::{declare, fence, probe, run_locked};
+use podlock::cli::{declare, fence, pre_uninstall, probe, run_locked};
 use podlock::{operator, sidecar};
 
 #[derive(Parser)]
@@ -42,6 +42,9 @@ enum Command {
     Crd,
     /// Check that a sidecar's API serves (its injected startup and readiness probe).
     Probe(probe::ProbeArgs),
+    /// Stop the operator and remove its finalizer from every DistributedLock (the chart's
+    /// pre-delete hook, before `helm uninstall` deletes anything).
+    PreUninstall(pre_uninstall::PreUninstallArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -67,6 +70,7 @@ fn main() -> anyhow::Result<()> {
             Command::Sidecar(args) => sidecar::run(args).await,
             Command::Declare(args) => declare::run(args).await,
             Command::Probe(args) => probe::run(args).await,
+            Command::PreUninstall(args) => Ok(pre_uninstall::run(args).await?),
             Command::Operator(args) => operator::run(*args).await,
             Command::Crd => {
                 print!("{}", podlock::crd::crd_yaml());

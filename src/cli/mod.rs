@@ -1,8 +1,10 @@
 //! Client commands: `podlock declare` (settings in etcd), `podlock lock` (run a command
 //! while holding a lock through the sidecar), `podlock fence` (is a token still a current
-//! hold) and `podlock probe` (the sidecar's probe).
+//! hold), `podlock probe` (the sidecar's probe) and `podlock pre-uninstall` (the chart's
+//! `pre-delete` hook).
 
 pub mod declare;
 pub mod fence;
+pub mod pre_uninstall;
 pub mod probe;
 pub mod run_locked;

@@ -4,6 +4,7 @@
 //! /podlock/v1/config/{namespace}/{lock}                     Settings (JSON), no lease
 //! /podlock/v1/queue/{namespace}/{lock}/{lease:016x}/{holder} Entry (JSON), bound to the lease
 //! /podlock/v1/credentials/{namespace}                       the namespace's etcd password
+//! /podlock/v1/secrets/{namespace}[/{cluster}]               what its credentials Secret holds
 //! /podlock/v1/config/{namespace}/.released/{lock}/{lease:016x}/{holder}
 //!                                                           why the operator ended that hold
 //! /podlock/v1/declared/{namespace}/{lock}/{cluster}          a named cluster declares the lock
@@ -107,6 +108,16 @@ pub fn config_prefix(namespace: Option<&str>) -> String {
 /// prefixes, so no namespace's role can read it.
 pub fn credentials_key(namespace: &str) -> String {
     format!("{ROOT}/credentials/{namespace}")
+}
+
+/// Where the operator of `cluster` (empty: unnamed) records what it last wrote into a
+/// namespace's credentials Secret (see `operator::isolation`): as unreadable to namespaces as
+/// the password. One per cluster, as each cluster has a Secret of its own.
+pub fn secret_record_key(namespace: &str, cluster: &str) -> String {
+    match cluster {
+        "" => format!("{ROOT}/secrets/{namespace}"),
+        cluster => format!("{ROOT}/secrets/{namespace}/{cluster}"),
+    }
 }
 
 /// The prefix of every lock's queue in a namespace (all namespaces when `None`).

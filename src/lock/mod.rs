@@ -57,7 +57,7 @@ pub use names::{
 pub use queue::QueueState;
 pub use settings::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
 pub use shared::{Withdrawn, may_publish};
-pub use store::{LockState, Revoked, RoundTripError, Store};
+pub use store::{LockState, NamespacePassword, Revoked, RoundTripError, Store};
 pub use token::{MAX_EPOCH, REVISION_LIMIT, Token, TokenError, next_epoch};
 
 use std::collections::HashMap;

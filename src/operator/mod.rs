@@ -49,6 +49,8 @@ use crate::metrics::OperatorMetrics;
 use context::Context;
 use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+pub use reconcile::FINALIZER;
 use reconcile::{error_policy, reconcile};
 
 /// Flags of `podlock operator`.
@@ -64,7 +66,8 @@ pub struct OperatorArgs {
     #[arg(long, env = "PODLOCK_OPERATOR_NAMESPACE")]
     pub operator_namespace: Option<String>,
     /// A ClusterRole that owns what the operator creates (the webhook configuration and its
-    /// Secret, the leader Lease), so that deleting it, as `helm uninstall` does, deletes them.
+    /// Secret, the leader Lease, each namespace's etcd credentials Secret), so that deleting
+    /// it, as `helm uninstall` does, deletes them.
     #[arg(long, env = "PODLOCK_OWNER_CLUSTER_ROLE")]
     pub owner_cluster_role: Option<String>,
     /// On SIGTERM, how long to go on serving the webhook while unready, so that requests the
@@ -105,13 +108,13 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     let reasons = liveness::Reason::ALL.map(liveness::Reason::label);
     let reasons = [&reasons[..], &[reconcile::LOCK_DELETED, release::REASON]].concat();
     metrics.start_at_zero(&reconcile_error::Error::LABELS, &reasons);
-    let ctx = context(&client, &store, &metrics, &args)?;
+    let owner = owner::cluster_role(&client, args.owner_cluster_role.as_deref()).await?;
+    let ctx = context(&client, &store, &metrics, &args, owner.clone())?;
     tokio::spawn(etcd_health::watch(store.clone(), metrics.etcd_reachable.clone()));
     let ready = Arc::new(readiness::Readiness::default());
     let health = health_server(&args, store, metrics.clone(), ready.clone()).await?;
     let own_ns = (args.operator_namespace.clone()).unwrap_or_else(|| client.default_namespace().into());
     rustls::crypto::ring::default_provider().install_default().ok();
-    let owner = owner::cluster_role(&client, args.owner_cluster_role.as_deref()).await?;
     let webhook = webhook(&client, &args, &own_ns, owner.clone(), &ctx, ready.clone()).await?;
     let leader_gauge = metrics.leader.clone();
     let check = Duration::from_secs(args.credentials_check_seconds);
@@ -162,7 +165,7 @@ async fn webhook(
     client: &kube::Client,
     args: &OperatorArgs,
     own_ns: &str,
-    owner: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
+    owner: Option<OwnerReference>,
     ctx: &Arc<Context>,
     ready: Arc<readiness::Readiness>,
 ) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>> + use<>> {
@@ -202,6 +205,7 @@ fn context(
     store: &Store,
     metrics: &OperatorMetrics,
     args: &OperatorArgs,
+    owner: Option<OwnerReference>,
 ) -> anyhow::Result<Arc<Context>> {
     let ca = match &args.etcd.etcd_ca_file {
         Some(path) => Some(
@@ -221,7 +225,7 @@ fn context(
         metrics: metrics.clone(),
         recorder: recorder.clone(),
         backoff: backoff::Backoff::default(),
-        isolation: isolation::Isolation::new(args.etcd.has_credentials(), ca),
+        isolation: isolation::Isolation::new(args.etcd.has_credentials(), ca, owner, &args.cluster_name),
         noticed: Arc::default(),
         cluster: args.cluster_name.clone(),
         status: Arc::new(status_writer::StatusWriter::new(

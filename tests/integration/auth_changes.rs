@@ -110,7 +110,7 @@ async fn concurrent_provisioning_of_one_namespace_all_succeeds() {
         let user = "podlock-ns-racing";
         store.ensure_role("racing", user).await?;
         let password = store.namespace_password("racing", "a-candidate").await?;
-        store.set_user(user, &password, user).await
+        store.set_user(user, &password.password, user).await
     };
     let racers: Vec<_> = (0..4).map(|_| tokio::spawn(provision(store.clone()))).collect();
     for racer in racers {

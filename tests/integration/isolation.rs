@@ -342,3 +342,31 @@ async fn the_operator_turns_auth_on_in_a_fresh_etcd() {
     // It serves /healthz, which start_with waits for, only once connected to etcd as root.
     Operator::start_with(plane, &ns, &etcd.endpoint, &flags).await;
 }
+
+/// A namespace whose Secret holds another etcd's credentials (an earlier install's, left with
+/// no owner): the operator, which may not read it, knows it from etcd having no password for
+/// the namespace yet, writes it again, says why, and a sidecar with what it now holds locks.
+#[tokio::test]
+async fn a_secret_with_another_etcds_credentials_is_written_again() {
+    let plane = with_crd();
+    let ns = plane.namespace("creds-stale");
+    let old = format!(
+        "apiVersion: v1\nkind: Secret\nmetadata: {{name: podlock-etcd, namespace: {ns}}}\n\
+         stringData: {{username: podlock-ns-{ns}, password: the-old-etcds}}\n"
+    );
+    assert!(plane.kubectl_stdin(&["apply", "-f", "-"], &old).0);
+    let (etcd, op) = isolated(plane, &ns).await;
+    declare_shared(plane, &ns);
+    wait_until(Duration::from_secs(15), || async {
+        credentials(plane, &ns).await.1 != "the-old-etcds"
+    })
+    .await
+    .unwrap_or_else(|e| panic!("the stale Secret was kept ({e}):\n{}", op.log()));
+    let written = credentials(plane, &ns).await;
+    assert!(
+        op.log().contains("etcd had no password for the namespace"),
+        "no cause logged:\n{}",
+        op.log()
+    );
+    takes_with(&etcd.endpoint, &ns, written, "shared").await;
+}

@@ -2,7 +2,8 @@
 //! ServiceAccount, reconciles, mirrors status, revokes a dead pod's hold, elects a leader,
 //! makes its webhook certificate, registers its webhook and (with etcd auth) gives the
 //! namespace its etcd credentials, without one refusal. And it is no
-//! more: that token reads no Secret but the webhook certificate's in its own namespace.
+//! more: that token reads no Secret but the webhook certificate's in its own namespace, and
+//! writes no existing Secret but those named `podlock-etcd`.
 
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
@@ -249,6 +250,12 @@ async fn the_operators_token_cannot_read_a_secret_it_does_not_own() {
         let (_, answer, _) = as_operator(&["auth", "can-i", verb, "secrets", "-A"], "");
         assert_eq!(answer.trim(), "no", "{verb} secrets");
     }
+    // It may write a stale podlock-etcd again, whole (an update), and no other Secret.
+    for (secret, allowed) in [("podlock-etcd", "yes"), ("other", "no")] {
+        let what = format!("secret/{secret}");
+        let (_, answer, _) = as_operator(&["auth", "can-i", "update", &what, "-n", &victim], "");
+        assert_eq!(answer.trim(), allowed, "update {what}");
+    }
 
     may_create_only_its_own_secrets(&kubeconfig, &victim).await;
     cannot_read_back_a_service_account_token(plane, &kubeconfig, &victim).await;
@@ -307,6 +314,13 @@ async fn cannot_read_back_a_service_account_token(
     })
     .await
     .expect("the token controller fills the token in");
+    // An update answers with what it sent: the token stays unread, whether the policy refuses
+    // the update (1.30+) or RBAC alone lets it through.
+    let (_, out, _) = as_operator(&["replace", "-f", "-", "-o", "yaml"], &token_secret(victim));
+    assert!(
+        !out.contains("token:"),
+        "the operator's token got at a ServiceAccount token by an update:\n{out}"
+    );
     for read in [
         &["get", "secret", "podlock-etcd", "-n", victim, "-o", "yaml"][..],
         &[

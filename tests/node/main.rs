@@ -14,6 +14,7 @@ mod isolation;
 mod lifecycle;
 mod multi;
 mod network_policy;
+mod uninstall;
 mod upgrade;
 mod workload;
 
@@ -149,5 +150,18 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     lifecycle::sidecar_kill_ends_the_hold(&node);
     workload::remove(&node).await;
     helm_test::helm_test_fails_naming_etcd_while_it_is_down(&node);
-    uninstall(&node);
+    uninstall_and_install_again(&node);
+}
+
+/// `helm uninstall` with locks held leaves nothing waiting for the operator, an install again
+/// on fresh etcd volumes gives a kept namespace working credentials ([`uninstall`]), and the
+/// second uninstall leaves nothing either.
+fn uninstall_and_install_again(node: &Node) {
+    let old_secret = uninstall::locks_held_in_two_namespaces(node);
+    uninstall(node);
+    uninstall::nothing_is_left_waiting_for_the_operator(node, &old_secret);
+    install(node);
+    uninstall::the_kept_namespace_locks_again(node);
+    uninstall(node);
+    uninstall::no_secret_of_podlocks_is_left(node, "the second helm uninstall");
 }

@@ -373,10 +373,12 @@ pub async fn remove(node: &Node) {
         if !ok {
             return Err(err);
         }
-        // What stays is each namespace's etcd password, kept for its Secret (docs/operator.md).
+        // What stays is each namespace's etcd password and the record of what its Secret
+        // holds, kept for that Secret (docs/operator.md).
+        let kept = ["/podlock/v1/credentials/", "/podlock/v1/secrets/"];
         let left: Vec<&str> = out
             .split_whitespace()
-            .filter(|k| !k.starts_with("/podlock/v1/credentials/"))
+            .filter(|k| !kept.iter().any(|prefix| k.starts_with(prefix)))
             .collect();
         left.is_empty().then_some(()).ok_or(left.join(" "))
     });

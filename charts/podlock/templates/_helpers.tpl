@@ -135,3 +135,11 @@ only, and then --kube-version decides alone.
 true
 {{- end -}}
 {{- end }}
+
+{{/* The annotations of the pre-delete hook's objects (pre-delete.yaml), made in the order of
+     their weight (the argument) and deleted once the hook succeeded. */}}
+{{- define "podlock.preDeleteHook" -}}
+helm.sh/hook: pre-delete
+helm.sh/hook-weight: {{ . | quote }}
+helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded
+{{- end }}

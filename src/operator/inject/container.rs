@@ -48,12 +48,17 @@ pub(super) fn ca_volume(tpl: &SidecarTemplate) -> Option<Volume> {
 /// The image's own path to the binary (the Dockerfile's ENTRYPOINT), for the exec probes.
 const BINARY: &str = "/usr/local/bin/podlock";
 
-/// Gives every app container `PODLOCK_ADDR` and its own name in `PODLOCK_CONTAINER`.
-pub(super) fn give_app_containers_their_env(pod_spec: &mut serde_json::Map<String, Value>, port: u16) {
+/// Gives every container of the pod, app and init containers alike, `PODLOCK_ADDR` and its
+/// own name in `PODLOCK_CONTAINER`, unless it sets them itself. Called before the sidecar is
+/// added, so the sidecar gets neither.
+pub(super) fn give_containers_their_env(pod_spec: &mut serde_json::Map<String, Value>, port: u16) {
     let json = |var: EnvVar| serde_json::to_value(var).expect("a variable serializes");
     let addr = json(env_var("PODLOCK_ADDR", format!("http://127.0.0.1:{port}")));
-    let containers = pod_spec.get_mut("containers").and_then(Value::as_array_mut);
-    for c in containers.into_iter().flatten() {
+    let lists = pod_spec
+        .iter_mut()
+        .filter(|(list, _)| *list == "containers" || *list == "initContainers");
+    let containers = lists.filter_map(|(_, list)| list.as_array_mut()).flatten();
+    for c in containers {
         // Kubernetes cannot tell a container its own name: the app passes this with its
         // acquires so that its holds follow its own restarts only.
         let own = json(env_var(

@@ -7,8 +7,9 @@
 //! metadata or its workload's pod template) gets a native sidecar (an init container with
 //! `restartPolicy: Always`) named `podlock`, the labels `podlock.io/sidecar=true` (so the
 //! operator's pod watch sees it) and `podlock.io/instance=<release>` (so the bundled etcd's
-//! NetworkPolicy admits it, and not another release's pods), and `PODLOCK_ADDR` in every app
-//! container.
+//! NetworkPolicy admits it, and not another release's pods), and `PODLOCK_ADDR` and
+//! `PODLOCK_CONTAINER` in every app and init container (the init containers run after the
+//! sidecar started, so they may take locks too).
 //!
 //! A Deployment, StatefulSet, DaemonSet or Job annotated in its own metadata (`kubectl
 //! annotate deployment web podlock.io/inject=true`) gets only that annotation copied into its
@@ -40,7 +41,7 @@ use serde_json::{Map, Value};
 #[cfg(test)]
 use serde_json::json;
 
-use container::{Options, give_app_containers_their_env, position, sidecar};
+use container::{Options, give_containers_their_env, position, sidecar};
 
 /// The annotation that asks for injection.
 pub const INJECT: &str = "podlock.io/inject";
@@ -163,7 +164,7 @@ fn inject(tpl: &SidecarTemplate, namespace_injects: bool, pod: &Value) -> Result
     labels.insert(SIDECAR_LABEL.into(), "true".into());
     labels.insert(INSTANCE_LABEL.into(), tpl.instance.clone().into());
     let pod_spec = ensure_object(&mut mutated, "/spec");
-    give_app_containers_their_env(pod_spec, options.port);
+    give_containers_their_env(pod_spec, options.port);
     if let Some(volume) = container::ca_volume(tpl) {
         let volumes = pod_spec.entry("volumes").or_insert(Value::Array(vec![]));
         if let Some(volumes) = volumes.as_array_mut() {

@@ -85,6 +85,54 @@ fn the_sidecar_goes_after_native_sidecars_already_there_and_before_other_init_co
 }
 
 #[test]
+fn init_containers_get_the_address_and_their_name_but_the_sidecar_does_not() {
+    let mut p = pod(json!({INJECT: "true", PORT: "5050"}));
+    p["spec"]["initContainers"] = json!([
+        {"name": "mesh", "image": "m", "restartPolicy": "Always"},
+        {"name": "migrate", "image": "m"},
+        // Its own settings win, as in app containers.
+        {"name": "custom", "image": "c", "env": [{"name": "PODLOCK_ADDR", "value": "http://elsewhere"},
+                                                  {"name": CONTAINER_ENV, "value": "named-by-hand"}]},
+    ]);
+    let out = apply(&p, "Pod", true, "app").expect("injected");
+    let init = out["spec"]["initContainers"].as_array().unwrap();
+    let env = |name: &str| -> Vec<(String, String)> {
+        let c = init.iter().find(|c| c["name"] == name).unwrap();
+        let vars = c["env"].as_array().cloned().unwrap_or_default();
+        let var = |v: &Value| {
+            (
+                v["name"].as_str().unwrap().into(),
+                v["value"].as_str().unwrap_or("").into(),
+            )
+        };
+        vars.iter()
+            .filter(|v| v["name"].as_str().unwrap().starts_with("PODLOCK_"))
+            .map(var)
+            .collect()
+    };
+    let given = |own: &str| {
+        vec![
+            ("PODLOCK_ADDR".to_string(), "http://127.0.0.1:5050".to_string()),
+            (CONTAINER_ENV.to_string(), own.to_string()),
+        ]
+    };
+    assert_eq!(env("migrate"), given("migrate"));
+    assert_eq!(env("mesh"), given("mesh"));
+    let custom = vec![
+        ("PODLOCK_ADDR".to_string(), "http://elsewhere".to_string()),
+        (CONTAINER_ENV.to_string(), "named-by-hand".to_string()),
+    ];
+    assert_eq!(env("custom"), custom);
+    let sidecar = env(SIDECAR_CONTAINER);
+    assert!(
+        !sidecar
+            .iter()
+            .any(|(name, _)| name == "PODLOCK_ADDR" || name == CONTAINER_ENV),
+        "the sidecar got an app's variables: {sidecar:?}"
+    );
+}
+
+#[test]
 fn port_and_heartbeat_annotations() {
     let out = apply(
         &pod(json!({INJECT: "true", PORT: "5050", HEARTBEAT: "20"})),

@@ -6,12 +6,20 @@
 //! The operator manages users and roles, so it must connect as etcd's `root` (or a user with
 //! the root role). Without `--etcd-user` there is no isolation: it says so once, in the log.
 //!
-//! The operator only ever *creates* these Secrets, and never reads, lists or patches a Secret
-//! outside its own namespace: its RBAC can then grant `create` alone cluster-wide. Were it
+//! The operator never reads, lists or patches a Secret outside its own namespace: its RBAC
+//! grants `create` cluster-wide, and `update` of Secrets named `podlock-etcd` only. Were it
 //! allowed to read a Secret by name in every namespace as well, its token could create a
 //! `kubernetes.io/service-account-token` Secret of that name for any ServiceAccount and read
-//! the token back (an escalation to cluster-admin). So the password's record is in etcd (a key
-//! no namespace's role can read) and "is the Secret there?" is a create that answers 409.
+//! the token back (an escalation to cluster-admin); an update answers with what it sent. So
+//! what a namespace's Secret holds is recorded in etcd (keys no namespace's role can read): the
+//! password, and what the Secret was last written with ([`secret::Record`]: etcd's CA, the
+//! owner). "Is the Secret there?" is a create that answers 409; a Secret that is there but
+//! that the record does not vouch for (etcd is new, so the password is; etcd's CA changed; an
+//! older operator wrote it) is written again, whole, with the cause in the log.
+//!
+//! The Secrets are owned by the operator's ClusterRole ([`super::owner`]): `helm uninstall`
+//! deletes the ClusterRole, and Kubernetes' garbage collector the Secrets with it. One written
+//! by an operator without that owner is written again with it (adopted).
 //!
 //! When a namespace gets its credentials: when the first DistributedLock of the namespace is
 //! reconciled, and when the webhook injects a pod there (before the API server stores the pod,
@@ -19,15 +27,16 @@
 //! password, by the leader's periodic check ([`Isolation::keep_secrets`]) and at the next
 //! injection in that namespace.
 
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
-use std::collections::{BTreeMap, HashMap};
+mod secret;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
-use tracing::{info, warn};
+use tracing::warn;
 
 use crate::lock::Store;
+use secret::Credentials;
 
 /// The Secret with a namespace's etcd credentials (`username`, `password`, and with etcd TLS
 /// the CA that signed etcd's certificate, `ca.crt`).
@@ -38,14 +47,19 @@ pub struct Isolation {
     enabled: bool,
     /// etcd's CA (PEM), given to every namespace's sidecars with their credentials.
     ca: Option<Vec<u8>>,
+    /// The owner of every namespace's Secret (the operator's ClusterRole), if any.
+    owner: Option<OwnerReference>,
+    /// The operator's cluster name (empty: unnamed): each cluster has its own Secrets.
+    cluster: String,
     /// Namespaces provisioned by this process, with their etcd password.
     provisioned: Mutex<HashMap<String, String>>,
 }
 
 impl Isolation {
     /// Isolation on (the operator connects to etcd as a user) or off (warned about once);
-    /// `ca`: etcd's CA, with etcd TLS.
-    pub fn new(enabled: bool, ca: Option<Vec<u8>>) -> Self {
+    /// `ca`: etcd's CA, with etcd TLS; `owner`: what owns the Secrets; `cluster`: the
+    /// operator's cluster name.
+    pub fn new(enabled: bool, ca: Option<Vec<u8>>, owner: Option<OwnerReference>, cluster: &str) -> Self {
         if !enabled {
             warn!(
                 "etcd auth is not configured (no --etcd-user): pods of any namespace can take or break any \
@@ -55,6 +69,8 @@ impl Isolation {
         Isolation {
             enabled,
             ca,
+            owner,
+            cluster: cluster.into(),
             provisioned: Mutex::default(),
         }
     }
@@ -69,8 +85,9 @@ impl Isolation {
         self.enabled && self.ca.is_some()
     }
 
-    /// Makes sure `namespace` has its role, user and Secret; after the first success in this
-    /// process, does nothing (the reconciler calls it for every change of a lock).
+    /// Makes sure `namespace` has its role, user and a Secret with their current credentials;
+    /// after the first success in this process, does nothing (the reconciler calls it for
+    /// every change of a lock).
     pub async fn ensure(&self, client: &kube::Client, store: &Store, namespace: &str) -> anyhow::Result<()> {
         if !self.enabled || self.password(namespace).is_some() {
             return Ok(());
@@ -78,13 +95,11 @@ impl Isolation {
         let user = user(namespace);
         store.ensure_role(namespace, &user).await?;
         let password = store.namespace_password(namespace, &random_password()?).await?;
-        store.set_user(&user, &password, &user).await?;
-        let created = create_secret(client, namespace, &password, self.ca.as_deref()).await;
-        if created.map_err(|e| cannot_create(namespace, e))? {
-            info!(namespace, user, "provisioned etcd credentials for the namespace");
-        }
+        store.set_user(&user, &password.password, &user).await?;
+        let credentials = self.credentials(namespace, &password.password);
+        credentials.provision(client, store, password.new).await?;
         let mut provisioned = self.provisioned.lock().unwrap();
-        provisioned.insert(namespace.to_string(), password);
+        provisioned.insert(namespace.to_string(), password.password);
         Ok(())
     }
 
@@ -97,9 +112,7 @@ impl Isolation {
         namespace: &str,
     ) -> anyhow::Result<()> {
         match self.password(namespace) {
-            Some(password) => recreate(client, namespace, &password, self.ca.as_deref())
-                .await
-                .map_err(|e| cannot_create(namespace, e)),
+            Some(password) => Ok(self.credentials(namespace, &password).recreate(client).await?),
             None => self.ensure(client, store, namespace).await,
         }
     }
@@ -115,11 +128,11 @@ impl Isolation {
             tokio::time::sleep(period).await;
             let known: Vec<(String, String)> = self.provisioned.lock().unwrap().clone().into_iter().collect();
             for (namespace, password) in known {
-                match recreate(client, &namespace, &password, self.ca.as_deref()).await {
+                match self.credentials(&namespace, &password).recreate(client).await {
                     Ok(()) => {}
                     // The namespace is gone: forget it (a new one of that name is provisioned
                     // afresh when it uses podlock).
-                    Err(kube::Error::Api(e)) if e.code == 404 => {
+                    Err(e) if secret::namespace_gone(&e) => {
                         self.provisioned.lock().unwrap().remove(&namespace);
                     }
                     Err(e) => {
@@ -133,67 +146,23 @@ impl Isolation {
     fn password(&self, namespace: &str) -> Option<String> {
         self.provisioned.lock().unwrap().get(namespace).cloned()
     }
+
+    /// What `namespace`'s Secret holds, with `password`.
+    fn credentials<'a>(&'a self, namespace: &'a str, password: &'a str) -> Credentials<'a> {
+        Credentials {
+            namespace,
+            user: user(namespace),
+            password,
+            ca: self.ca.as_deref(),
+            owner: self.owner.as_ref(),
+            cluster: &self.cluster,
+        }
+    }
 }
 
 /// The etcd user (and role) of `namespace`.
 fn user(namespace: &str) -> String {
     format!("podlock-ns-{namespace}")
-}
-
-/// The error of a failed create of `namespace`'s Secret.
-fn cannot_create(namespace: &str, e: kube::Error) -> anyhow::Error {
-    anyhow::anyhow!("cannot create Secret {SECRET} in namespace {namespace}: {e}")
-}
-
-/// Creates the Secret if it is missing, saying so.
-async fn recreate(
-    client: &kube::Client,
-    namespace: &str,
-    password: &str,
-    ca: Option<&[u8]>,
-) -> kube::Result<()> {
-    if create_secret(client, namespace, password, ca).await? {
-        warn!(
-            namespace,
-            secret = SECRET,
-            "the etcd credentials Secret was deleted: made it again"
-        );
-    }
-    Ok(())
-}
-
-/// Creates `namespace`'s Secret; `false` when it exists already (409).
-async fn create_secret(
-    client: &kube::Client,
-    namespace: &str,
-    password: &str,
-    ca: Option<&[u8]>,
-) -> kube::Result<bool> {
-    let mut data = BTreeMap::from([
-        ("username".to_string(), ByteString(user(namespace).into_bytes())),
-        ("password".to_string(), ByteString(password.as_bytes().to_vec())),
-    ]);
-    if let Some(ca) = ca {
-        data.insert("ca.crt".to_string(), ByteString(ca.to_vec()));
-    }
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(SECRET.into()),
-            labels: Some(BTreeMap::from([(
-                "app.kubernetes.io/managed-by".to_string(),
-                "podlock-operator".to_string(),
-            )])),
-            ..Default::default()
-        },
-        data: Some(data),
-        ..Default::default()
-    };
-    let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
-    match secrets.create(&PostParams::default(), &secret).await {
-        Ok(_) => Ok(true),
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
-        Err(e) => Err(e),
-    }
 }
 
 /// 32 hex characters from the operating system's random source.

@@ -1,0 +1,147 @@
+//! `helm uninstall` with locks held, and an install again on fresh etcd volumes. Two app
+//! namespaces each have a DistributedLock held by an injected pod. After the uninstall, one of
+//! them is deleted, which must complete (no finalizer waits for an operator that is gone), and
+//! no Secret of podlock's may be left anywhere. The other namespace is kept, with the Secret an
+//! older podlock left behind (no owner, the credentials of the etcd that is gone): after the
+//! install, on a new etcd with a new CA and new passwords, a new injected pod there takes its
+//! lock with curl, with no step by hand, and the operator says why it wrote the Secret again.
+
+use std::time::{Duration, Instant};
+
+use crate::common::node::{Node, retry};
+use crate::upgrade::operator_logs;
+
+/// The namespace deleted after the uninstall.
+const GONE: &str = "uninstalled";
+/// The namespace kept across the uninstall and the install again.
+const KEPT: &str = "kept";
+/// The label of every Secret the operator makes.
+const MANAGED: &str = "app.kubernetes.io/managed-by=podlock-operator";
+
+/// A lock, and an injected pod with curl in namespace `ns`, named `pod`.
+fn manifest(node: &Node, ns: &str, pod: &str) -> String {
+    format!(
+        "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: held, namespace: {ns}}}\nspec: {{}}\n---\n\
+         apiVersion: v1\nkind: Pod\nmetadata: {{name: {pod}, namespace: {ns}, annotations: {{podlock.io/inject: \"true\"}}}}\n\
+         spec:\n  terminationGracePeriodSeconds: 2\n  containers:\n  - {{name: app, image: {image}, imagePullPolicy: Never, \
+         command: [/bin/sleep, \"3600\"]}}\n",
+        image = node.images["APP_IMAGE"]
+    )
+}
+
+/// Creates pod `pod` in `ns` (made if missing) and has it take lock `held` with curl through
+/// its sidecar, asking again while the sidecar is not ready; returns the grant.
+fn take_the_lock(node: &Node, ns: &str, pod: &str) -> String {
+    node.kubectl(&["create", "namespace", ns]);
+    node.kubectl_apply(&manifest(node, ns, pod));
+    let (ok, _, err) = node.kubectl(&[
+        "wait",
+        "pod",
+        pod,
+        "-n",
+        ns,
+        "--for=condition=Ready",
+        "--timeout=120s",
+    ]);
+    assert!(ok, "pod {ns}/{pod} not Ready: {err}");
+    let curl = r#"curl -s -XPOST "$PODLOCK_ADDR/v1/locks/held/acquire?waitSeconds=10""#;
+    let grant = retry(Duration::from_secs(60), || {
+        let (_, out, err) = node.kubectl(&["exec", "-n", ns, pod, "-c", "app", "--", "sh", "-c", curl]);
+        out.contains("fencingToken")
+            .then_some(out.clone())
+            .ok_or(format!("{out}{err}"))
+    });
+    let (_, sidecar, _) = node.kubectl(&["logs", "-n", ns, pod, "-c", "podlock", "--tail", "20"]);
+    grant.unwrap_or_else(|e| panic!("{ns}/{pod} could not take its lock: {e}\nits sidecar:\n{sidecar}"))
+}
+
+/// Before the uninstall: both namespaces' locks held by their injected pods. Returns the kept
+/// namespace's Secret (JSON), to leave behind as an older podlock, whose Secrets had no owner,
+/// did.
+pub fn locks_held_in_two_namespaces(node: &Node) -> String {
+    for ns in [GONE, KEPT] {
+        let grant = take_the_lock(node, ns, "holder");
+        eprintln!("before helm uninstall: {ns}/holder holds: {grant}");
+    }
+    let (ok, secret, err) = node.kubectl(&["get", "secret", "podlock-etcd", "-n", KEPT, "-o", "json"]);
+    assert!(ok, "no Secret podlock-etcd in {KEPT}: {err}");
+    secret
+}
+
+/// After the uninstall: deleting a namespace whose lock is held completes within 60 s, no lock
+/// keeps a finalizer and no Secret of podlock's is left; then the kept namespace gets back the
+/// Secret an older podlock would have left there (`secret`, without its owner).
+pub fn nothing_is_left_waiting_for_the_operator(node: &Node, secret: &str) {
+    let started = Instant::now();
+    let (ok, _, err) = node.kubectl(&["delete", "namespace", GONE, "--wait=true", "--timeout=60s"]);
+    let (_, left, _) = node.kubectl(&["get", "dlock", "-A", "-o", "yaml"]);
+    assert!(
+        ok,
+        "deleting namespace {GONE} (a held lock in it) did not complete within 60 s: {err}\nlocks:\n{left}"
+    );
+    eprintln!(
+        "after helm uninstall: namespace {GONE}, its lock held, deleted in {:.1} s",
+        started.elapsed().as_secs_f64()
+    );
+    let (_, finalizers, _) = node.kubectl(&[
+        "get", "dlock", "-A", "-o",
+        r#"jsonpath={range .items[*]}{.metadata.namespace}/{.metadata.name} {.metadata.finalizers}{"\n"}{end}"#,
+    ]);
+    let kept: Vec<&str> = finalizers.lines().filter(|l| l.contains("podlock.io")).collect();
+    assert!(kept.is_empty(), "locks keep their finalizer: {kept:?}");
+    no_secret_of_podlocks_is_left(node, "helm uninstall");
+    let mut old: serde_json::Value = serde_json::from_str(secret).unwrap();
+    let meta = old["metadata"].as_object_mut().unwrap();
+    for field in [
+        "ownerReferences",
+        "uid",
+        "resourceVersion",
+        "creationTimestamp",
+        "managedFields",
+    ] {
+        meta.remove(field);
+    }
+    node.kubectl_apply(&old.to_string());
+}
+
+/// No Secret labelled as the operator's is left in any namespace (the garbage collector
+/// deletes them after their owner, within a minute).
+pub fn no_secret_of_podlocks_is_left(node: &Node, after: &str) {
+    let left = retry(Duration::from_secs(60), || {
+        let columns = "custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name";
+        let (_, out, _) = node.kubectl(&[
+            "get",
+            "secret",
+            "-A",
+            "-l",
+            MANAGED,
+            "-o",
+            columns,
+            "--no-headers",
+        ]);
+        out.trim().is_empty().then_some(()).ok_or(out)
+    });
+    assert!(
+        left.is_ok(),
+        "{after} left Secrets of podlock's: {}",
+        left.unwrap_err()
+    );
+}
+
+/// After the install again on fresh etcd volumes: a new injected pod of the kept namespace,
+/// whose Secret still had the old etcd's credentials, takes the lock, and the operator logged
+/// why it wrote that Secret again.
+pub fn the_kept_namespace_locks_again(node: &Node) {
+    let grant = take_the_lock(node, KEPT, "after");
+    eprintln!("after helm install on fresh etcd volumes: {KEPT}/after holds: {grant}");
+    let logs = operator_logs(node, 400);
+    let rewrote: Vec<&str> = logs
+        .lines()
+        .filter(|l| l.contains("wrote it again") && l.contains(KEPT))
+        .collect();
+    assert!(
+        rewrote.iter().any(|l| l.contains("a new etcd")),
+        "the operator did not say why it wrote {KEPT}'s Secret again:\n{logs}"
+    );
+    eprintln!("the operator: {}", rewrote[0].trim());
+}
