@@ -2,9 +2,10 @@
 //! (`hold.rs`, `ending.rs`) and the sidecar's background removals, one etcd request each.
 
 use crate::decide::{check_limit, decide, grant};
+use crate::late::{Late, LateCopy};
 use crate::model::{Action, Protocol, Step};
 use crate::spec::{Bug, CHAIN, Handoff, OnBehalf};
-use crate::state::{Cached, Key, Late, LateCopy, Lock, Name, Phase, Record, Rev, State, Wait};
+use crate::state::{Cached, Key, Lock, Name, Phase, Record, Rev, State, Wait};
 
 impl Protocol {
     /// The steps `c` can take now.

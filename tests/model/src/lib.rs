@@ -13,6 +13,7 @@
 mod client;
 mod clusters;
 mod decide;
+mod late;
 mod liveness;
 mod model;
 mod multi;

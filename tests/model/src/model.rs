@@ -5,9 +5,10 @@
 
 use stateright::{Model, Property};
 
+use crate::late::Late;
 use crate::props;
 use crate::spec::Spec;
-use crate::state::{Cached, Client, Late, Lock, Phase, Pod, Rebuilt, Rev, State, Status};
+use crate::state::{Cached, Client, Lock, Phase, Pod, Rebuilt, Rev, State, Status};
 
 /// One client's step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

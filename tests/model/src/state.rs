@@ -233,29 +233,7 @@ pub struct Client {
     /// Keys its sidecar is removing in the background (create revisions).
     pub removals: Vec<Rev>,
     /// The late copy of its first enqueue (in a run with late copies).
-    pub late: Late,
-}
-
-/// Where the late copy of a client's first enqueue is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Late {
-    /// Not sent yet: the first enqueue is to come.
-    Unsent,
-    /// On its way to etcd.
-    InFlight(LateCopy),
-    /// Applied (or refused), or none in this run.
-    Spent,
-}
-
-/// A copy of an enqueue still on its way to etcd: the same transaction, guarded by the
-/// settings its sender had cached, putting the same key if it is absent, on the same lease.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct LateCopy {
-    /// The key's name: the session (lease) and the holder id's generation.
-    pub session: u8,
-    pub holder: u8,
-    /// The settings the guard compares against.
-    pub cache: Cached,
+    pub late: crate::late::Late,
 }
 
 impl Client {

@@ -2,13 +2,12 @@
 //! revokes holds, deletes and declares locks and changes their `maxHolders`; an
 //! administrator's force release, which the operator reads and applies in two steps; and, in
 //! the runs that rebuild it, etcd wiped or restored and the operator publishing the locks again
-//! (see [`crate::rebuild`]).
+//! (see [`crate::rebuild`]); a late copy of an enqueue landing (see [`crate::late`]).
 
-use crate::client::new_key;
 use crate::decide::named;
+use crate::late::Late;
 use crate::model::{Action, Protocol};
-use crate::spec::Bug;
-use crate::state::{Key, Late, Phase, State};
+use crate::state::{Phase, State};
 
 impl Protocol {
     /// The world's steps possible now.
@@ -106,37 +105,6 @@ impl Protocol {
             Action::LateCopy(c) => self.late_copy(s, c),
             Action::Client(..) => unreachable!("a client's step"),
             _ => self.rebuild_step(s, action),
-        }
-    }
-
-    /// A late copy of client `c`'s first enqueue reaches etcd: the same guarded put-if-absent
-    /// on the same lease. It puts the key back if the key left the queue meanwhile; the
-    /// sidecar's guard, watching for it, removes it as a key no acquire tracks.
-    fn late_copy(&self, s: &mut State, c: u8) {
-        let Late::InFlight(copy) = std::mem::replace(&mut s.clients[c as usize].late, Late::Spent) else {
-            unreachable!("no copy of client {c}'s enqueue in flight");
-        };
-        let (spec, pod) = (
-            self.spec.clients[c as usize],
-            &s.pods[self.owners[c as usize] as usize],
-        );
-        let lock = &s.locks[spec.lock as usize];
-        let same_name = |k: &Key| k.owner == c && k.session == copy.session && k.holder == copy.holder;
-        let lease = pod.lease && pod.session == copy.session;
-        if !lease || !self.guard_holds(&copy.cache, lock) || lock.queue.iter().any(same_name) {
-            return; // refused: the lease is gone, the settings changed, or the key is there
-        }
-        let create = s.next_rev();
-        let key = new_key(
-            (c, copy.session, copy.holder),
-            copy.cache.epoch,
-            create,
-            spec.shared,
-        );
-        s.locks[spec.lock as usize].queue.push(key);
-        s.late_landed = true;
-        if self.spec.bug != Some(Bug::LateCopyUnguarded) {
-            s.clients[c as usize].removals.push(create);
         }
     }
 }
