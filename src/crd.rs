@@ -296,3 +296,21 @@ pub fn crd_yaml() -> String {
     use kube::CustomResourceExt;
     serde_yaml::to_string(&DistributedLock::crd()).expect("CRD serializes")
 }
+
+/// Removes the JSON value at `path` of DistributedLock `name` if it still is `value`, in one
+/// JSON patch (`test`, then `remove`): a change made since it was read is never undone. The
+/// API server answers 404 when the lock is gone, 422 when the test fails.
+pub async fn remove_if_still(
+    api: &kube::Api<DistributedLock>,
+    name: &str,
+    path: &str,
+    value: &str,
+) -> Result<(), kube::Error> {
+    let ops =
+        serde_json::json!([{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]);
+    let patch: json_patch::Patch = serde_json::from_value(ops).expect("a JSON patch");
+    let params = kube::api::PatchParams::default();
+    api.patch(name, &params, &kube::api::Patch::Json::<()>(patch))
+        .await
+        .map(drop)
+}

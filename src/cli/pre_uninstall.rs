@@ -20,7 +20,7 @@ use serde_json::json;
 use std::time::{Duration, Instant};
 use tracing::info;
 
-use crate::crd::DistributedLock;
+use crate::crd::{DistributedLock, remove_if_still};
 use crate::operator::FINALIZER;
 
 /// Flags of `podlock pre-uninstall`.
@@ -194,19 +194,11 @@ async fn remove_finalizer(locks: &Api<DistributedLock>, dl: &DistributedLock) ->
         .position(|f| f == FINALIZER)
         .expect("filtered");
     let path = format!("/metadata/finalizers/{index}");
-    let patch: json_patch::Patch = serde_json::from_value(json!([
-        {"op": "test", "path": path, "value": FINALIZER},
-        {"op": "remove", "path": path},
-    ]))
-    .expect("a JSON patch");
     let api = match dl.namespace() {
         Some(ns) => Api::namespaced(locks.clone().into_client(), &ns),
         None => locks.clone(),
     };
-    match api
-        .patch(&dl.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await
-    {
+    match remove_if_still(&api, &dl.name_any(), &path, FINALIZER).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
         Err(e) => Err(Error::Locks(e)),

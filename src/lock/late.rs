@@ -15,11 +15,13 @@
 //! applies one request at most once, so nothing is paid on the path without faults.
 
 use etcd_client::EventType;
+use std::convert::Infallible;
 use std::time::Duration;
 use tokio::time::{Instant, timeout_at};
 use tracing::{info, warn};
 
 use super::Engine;
+use super::error::LockError;
 use super::keys::parse_entry_key;
 use super::queue::Ticket;
 use super::set;
@@ -43,7 +45,7 @@ pub(super) fn guard(engine: Engine, keys: Vec<String>, lease: i64) {
                     warn!(key = keys[0], error = %e, "could not watch for late copies of an enqueue; again");
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
-                Ok(Ok(())) => {}
+                Ok(Ok(never)) => match never {},
             }
         }
     });
@@ -58,7 +60,7 @@ impl Engine {
         keys: &[String],
         lease: i64,
         from: &mut Option<i64>,
-    ) -> Result<(), super::LockError> {
+    ) -> Result<Infallible, LockError> {
         if from.is_none() {
             let (found, read_at) = self.read_keys(keys).await?;
             self.remove_untracked(found, lease).await?;
@@ -84,7 +86,7 @@ impl Engine {
     }
 
     /// The keys of `keys` that exist, with their create revisions, and the revision read at.
-    async fn read_keys(&self, keys: &[String]) -> Result<(Vec<(String, i64)>, i64), super::LockError> {
+    async fn read_keys(&self, keys: &[String]) -> Result<(Vec<(String, i64)>, i64), LockError> {
         let ops = keys.iter().map(|k| etcd_client::TxnOp::get(k.as_str(), None));
         let resp = self
             .0
@@ -103,7 +105,7 @@ impl Engine {
 
     /// Removes, together, those of `found` (keys with their create revisions) that no acquire
     /// or hold of this sidecar tracks.
-    async fn remove_untracked(&self, found: Vec<(String, i64)>, lease: i64) -> Result<(), super::LockError> {
+    async fn remove_untracked(&self, found: Vec<(String, i64)>, lease: i64) -> Result<(), LockError> {
         let untracked: Vec<Ticket> = found
             .into_iter()
             .filter(|(key, _)| parse_entry_key(key).is_some_and(|slot| !self.0.registry.knows(&slot, key)))

@@ -16,14 +16,13 @@
 //! holder is named in the Event, to be released from its own cluster.
 
 use kube::ResourceExt;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::events::EventType;
-use serde_json::json;
 use tracing::info;
 
 use super::context::{Context, event, lock_id};
 use super::reconcile_error::Error;
-use crate::crd::DistributedLock;
+use crate::crd::{DistributedLock, remove_if_still};
 use crate::lock::{QueueEntry, check_holder_id};
 
 /// The annotation that asks for a release.
@@ -96,12 +95,7 @@ async fn take(dl: &DistributedLock, api: &Api<DistributedLock>, value: &str) -> 
         "/metadata/annotations/{}",
         ANNOTATION.replace('~', "~0").replace('/', "~1")
     );
-    let ops = json!([{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]);
-    let patch: json_patch::Patch = serde_json::from_value(ops).expect("a JSON patch");
-    match api
-        .patch(&dl.name_any(), &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await
-    {
+    match remove_if_still(api, &dl.name_any(), &path, value).await {
         Ok(_) => Ok(true),
         // The test failed (another value, or none) or the object is gone.
         Err(kube::Error::Api(e)) if matches!(e.code, 404 | 409 | 422) => Ok(false),
