@@ -49,7 +49,7 @@ impl Engine {
         }
         let release = match members.len() {
             1 => handoff::release(&self.0.etcd, lock, &hold.ticket, hold.chain.as_ref()).await,
-            _ => set::remove(&self.0.etcd, &tickets(&members)).await,
+            _ => set::release(&self.0.etcd, &tickets(&members)).await,
         };
         let removed = match release {
             Ok(removed) => removed,

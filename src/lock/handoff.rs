@@ -37,7 +37,8 @@ use super::entry::{Entry, Mode, Successor};
 use super::error::LockError;
 use super::etcd::Etcd;
 use super::names::LockId;
-use super::queue::{self, Ticket};
+use super::queue::Ticket;
+use super::receipt;
 use super::settings::Declared;
 
 /// How many keys behind it a holder reads with the read that grants it. A busy lock then
@@ -119,20 +120,21 @@ pub async fn release(
     chain: Option<&Chain>,
 ) -> Result<bool, LockError> {
     let Some(chain) = chain else {
-        return queue::remove(etcd, ticket).await;
+        return receipt::remove(etcd, ticket).await;
     };
     let resp = etcd.txn(hand_on(lock, ticket, chain)).await?;
     if resp.succeeded() {
         return Ok(true);
     }
     match resp.op_responses().into_iter().next() {
-        Some(TxnOpResponse::Txn(plain)) => Ok(plain.succeeded()),
+        Some(TxnOpResponse::Txn(plain)) => Ok(receipt::released(&plain, ticket)),
         _ => unreachable!("the plain release"),
     }
 }
 
 /// The handoff transaction: if the guards hold, delete the key and write the grant into the
-/// first successor's entry (keeping its lease); else delete the key if it is still ours.
+/// first successor's entry (keeping its lease); else the plain release (delete the key if it
+/// is still ours). Both leave the release receipt (see [`receipt`]).
 fn hand_on(lock: &LockId, ticket: &Ticket, chain: &Chain) -> Txn {
     let (first, rest) = chain.next.split_first().expect("a chain has a key");
     let grant = Entry {
@@ -140,10 +142,8 @@ fn hand_on(lock: &LockId, ticket: &Ticket, chain: &Chain) -> Txn {
         next: rest.to_vec(),
         ..first.entry.clone()
     };
-    let ours = || Compare::create_revision(ticket.key.as_str(), CompareOp::Equal, ticket.revision);
-    let delete = || TxnOp::delete(ticket.key.as_str(), None);
     let mut guards = vec![
-        ours(),
+        Compare::create_revision(ticket.key.as_str(), CompareOp::Equal, ticket.revision),
         Compare::mod_revision(first.key.as_str(), CompareOp::Equal, first.revision),
     ];
     guards.extend(chain.declared.unchanged(&lock.config_key()));
@@ -154,8 +154,8 @@ fn hand_on(lock: &LockId, ticket: &Ticket, chain: &Chain) -> Txn {
     );
     Txn::new()
         .when(guards)
-        .and_then([delete(), put])
-        .or_else([TxnOp::txn(Txn::new().when([ours()]).and_then([delete()]))])
+        .and_then(receipt::ops(ticket, vec![put]))
+        .or_else([TxnOp::txn(receipt::release(ticket))])
 }
 
 /// A grant handed to `ticket`, if `events` hold one: a write of its own key that records a

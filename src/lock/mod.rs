@@ -32,6 +32,7 @@ mod pending;
 mod position;
 pub mod protocol;
 mod queue;
+mod receipt;
 mod registry;
 mod released;
 mod session;

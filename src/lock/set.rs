@@ -10,6 +10,7 @@ use super::error::LockError;
 use super::etcd::{self, Etcd, Sent};
 use super::names::LockId;
 use super::queue::{self, Ticket};
+use super::receipt;
 use super::settings::Declared;
 
 /// One lock of a set as the request knows it: the lock, its settings as read, and its key.
@@ -146,23 +147,40 @@ const KEYS_PER_TXN: usize = 100;
 /// already gone (a withdrawal, a dead pod's holds and waits); a multi-lock set's keys leave
 /// their queues at one revision, as they entered them.
 pub async fn end_together(etcd: &Etcd, tickets: &[Ticket]) -> Result<Vec<bool>, LockError> {
+    together(etcd, tickets, queue::removal, |removed, _| removed.succeeded()).await
+}
+
+/// Runs `end(ticket)` for every ticket as in [`end_together`]; returns, for each ticket in
+/// order, what `ended` reads from its answer.
+async fn together(
+    etcd: &Etcd,
+    tickets: &[Ticket],
+    end: fn(&Ticket) -> Txn,
+    ended: fn(&TxnResponse, &Ticket) -> bool,
+) -> Result<Vec<bool>, LockError> {
     let mut order: Vec<usize> = (0..tickets.len()).collect();
     order.sort_by_key(|&i| tickets[i].revision);
-    let mut ended = vec![false; tickets.len()];
+    let mut out = vec![false; tickets.len()];
     for batch in order.rchunks(KEYS_PER_TXN) {
-        let removals = batch.iter().map(|&i| TxnOp::txn(queue::removal(&tickets[i])));
-        let resp = etcd
-            .txn(Txn::new().and_then(removals.collect::<Vec<_>>()))
-            .await?;
+        let ends = batch.iter().map(|&i| TxnOp::txn(end(&tickets[i])));
+        let resp = etcd.txn(Txn::new().and_then(ends.collect::<Vec<_>>())).await?;
         for (&i, op) in batch.iter().zip(resp.op_responses()) {
-            ended[i] = matches!(op, TxnOpResponse::Txn(removed) if removed.succeeded());
+            out[i] = matches!(op, TxnOpResponse::Txn(answer) if ended(&answer, &tickets[i]));
         }
     }
-    Ok(ended)
+    Ok(out)
 }
 
 /// Deletes the tickets' keys together ([`end_together`]); returns whether all of them were
 /// still there (false: one was already gone).
 pub async fn remove(etcd: &Etcd, tickets: &[Ticket]) -> Result<bool, LockError> {
     Ok(end_together(etcd, tickets).await?.into_iter().all(|ended| ended))
+}
+
+/// Releases a set's keys together, each leaving its release receipt (see
+/// [`receipt`](super::receipt)); returns whether this release deleted all of them (an
+/// earlier copy of it counts).
+pub async fn release(etcd: &Etcd, tickets: &[Ticket]) -> Result<bool, LockError> {
+    let released = together(etcd, tickets, receipt::release, receipt::released).await?;
+    Ok(released.into_iter().all(|released| released))
 }

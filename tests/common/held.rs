@@ -8,6 +8,10 @@
 //! dropped. Every other frame passes at once: a HEADERS frame cannot be held, since the
 //! header compression state is shared by a connection's streams, but a stream whose body is
 //! missing simply waits for it.
+//!
+//! Made with [`HeldRequests::answers`], the armed request passes at once and is applied, but
+//! every answer of its member comes `delay` late for the next `delay`: a member whose answer
+//! is late, past the engine's 500 ms hedge, after it did the work.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,6 +32,8 @@ pub struct HeldRequests {
     delay: Duration,
     /// Requests held back so far.
     held: Arc<Mutex<u32>>,
+    /// Whether the armed request passes and its member's answers are held back instead.
+    answers: bool,
 }
 
 impl HeldRequests {
@@ -37,6 +43,16 @@ impl HeldRequests {
             needle: Arc::default(),
             delay,
             held: Arc::default(),
+            answers: false,
+        }
+    }
+
+    /// Proxies where the armed request passes at once, and its member's answers are `delay`
+    /// late for the next `delay` (see the module's doc).
+    pub fn answers(delay: Duration) -> Self {
+        HeldRequests {
+            answers: true,
+            ..HeldRequests::new(delay)
         }
     }
 
@@ -56,18 +72,16 @@ impl HeldRequests {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let this = self.clone();
+        let late = Late::default(); // this member's answers are late until then
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
                 let Ok(server) = TcpStream::connect(&upstream).await else {
                     continue;
                 };
-                let ((client_rx, client_tx), (mut server_rx, server_tx)) =
+                let ((client_rx, client_tx), (server_rx, server_tx)) =
                     (client.into_split(), server.into_split());
-                tokio::spawn(this.clone().requests(client_rx, server_tx));
-                tokio::spawn(async move {
-                    let mut client_tx = client_tx;
-                    let _ = tokio::io::copy(&mut server_rx, &mut client_tx).await;
-                });
+                tokio::spawn(this.clone().requests(client_rx, server_tx, late.clone()));
+                tokio::spawn(answers(server_rx, client_tx, late.clone(), this.delay));
             }
         });
         url
@@ -75,7 +89,7 @@ impl HeldRequests {
 
     /// Copies the client's frames to the member, holding back the armed request's body. The
     /// member's side stays open until a held body has been delivered.
-    async fn requests(self, mut from: OwnedReadHalf, to: OwnedWriteHalf) {
+    async fn requests(self, mut from: OwnedReadHalf, to: OwnedWriteHalf, late: Late) {
         let to = Arc::new(tokio::sync::Mutex::new(to));
         let mut preface = [0; PREFACE];
         if from.read_exact(&mut preface).await.is_err() || to.lock().await.write_all(&preface).await.is_err()
@@ -87,7 +101,10 @@ impl HeldRequests {
             let (kind, stream) = (head[3], stream_id(&head));
             let held_stream = holding.filter(|(s, _)| *s == stream);
             if held_stream.is_none() && kind == DATA && self.claims(&payload) {
-                holding = Some((stream, Instant::now() + self.delay));
+                match self.answers {
+                    true => *late.lock().unwrap() = Some(Instant::now() + self.delay),
+                    false => holding = Some((stream, Instant::now() + self.delay)),
+                }
             }
             match (holding.filter(|(s, _)| *s == stream), kind) {
                 (Some(_), RST_STREAM) => {} // the cancel never arrives
@@ -122,6 +139,32 @@ impl HeldRequests {
             *self.held.lock().unwrap() += 1;
         }
         found
+    }
+}
+
+/// Until when a member's answers are late, if they are.
+type Late = Arc<Mutex<Option<Instant>>>;
+
+/// Copies the member's answers back, in order; those that come while it is late, `delay`
+/// after they came.
+async fn answers(mut from: OwnedReadHalf, mut to: OwnedWriteHalf, late: Late, delay: Duration) {
+    let (chunks, mut queued) = tokio::sync::mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+    tokio::spawn(async move {
+        let mut buf = vec![0; 64 * 1024];
+        while let Ok(n @ 1..) = from.read(&mut buf).await {
+            let now = Instant::now();
+            let is_late = late.lock().unwrap().is_some_and(|until| now < until);
+            let at = if is_late { now + delay } else { now };
+            if chunks.send((at, buf[..n].to_vec())).is_err() {
+                return;
+            }
+        }
+    });
+    while let Some((at, chunk)) = queued.recv().await {
+        sleep_until(at).await;
+        if to.write_all(&chunk).await.is_err() {
+            return;
+        }
     }
 }
 

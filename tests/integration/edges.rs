@@ -1,7 +1,8 @@
 //! The lock's life at its edges (issue #40's findings), on a real etcd: a lock removed and
 //! declared again keeps its token epoch, two clusters withdrawing at once leave nothing of the
-//! lock behind (both through the operator's door, `Store`), and a late copy of an enqueue does
-//! not hold the lock (sidecars on a 3-member etcd).
+//! lock behind (both through the operator's door, `Store`), and, for sidecars on a 3-member
+//! etcd, a late copy of an enqueue does not hold the lock and a release sent again past the
+//! hedge is answered by what its first copy did.
 
 use etcd_client::{EventType, WatchOptions};
 use podlock::lock::{LockId, Settings, Store};
@@ -151,4 +152,40 @@ async fn puts_of(etcd: &EtcdServer, prefix: &str) -> tokio::task::JoinHandle<Ins
             }
         }
     })
+}
+
+/// Finding 3: a release whose first copy went to a member that answers late (800 ms, past the
+/// 500 ms hedge) is sent again to another member, which finds the key already deleted by the
+/// first copy. Without the release receipt it was answered 410 `lock_lost`, with a `lost`
+/// event, though it had succeeded; fails so on the code before receipts with `release 0
+/// answered 410`.
+#[tokio::test]
+async fn a_release_sent_again_past_the_hedge_is_answered_released() {
+    let members = EtcdServer::cluster(3).await;
+    declare(&members[0].endpoint, &["ledger"]);
+    declare(&members[0].endpoint, &["audit"]);
+    let late = HeldRequests::answers(Duration::from_millis(800));
+    let mut endpoints = vec![];
+    for m in &members {
+        endpoints.push(late.proxy(&m.endpoint).await);
+    }
+    let s = Sidecar::start(&endpoints.join(","), "pod-a", &[]).await;
+    let rounds = 6;
+    for i in 0..rounds {
+        // Every other round a set of two locks, released in one transaction (`set::release`).
+        let with: &[&str] = if i % 2 == 0 { &[] } else { &["audit"] };
+        s.must_acquire("ledger", json!({"waitSeconds": 10, "with": with}))
+            .await;
+        late.arm(b"/podlock/v1/queue/default/ledger/");
+        let (status, body) = s.post("ledger", "release", json!({})).await;
+        assert_eq!(status, 200, "release {i} answered {status}: {body}");
+    }
+    let resent = s.metric("podlock_etcd_requests_resent_total").await;
+    eprintln!(
+        "{rounds} releases (3 of a set), each first sent to a member that answers 800 ms late: all 200; {resent} requests resent"
+    );
+    assert!(
+        resent >= f64::from(rounds) / 2.0,
+        "only {resent} requests were sent again: the late member was not used"
+    );
 }

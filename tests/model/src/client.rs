@@ -45,6 +45,7 @@ impl Protocol {
                     can(Step::HeartbeatMiss);
                 }
             }
+            Phase::Releasing { .. } => can(Step::Resend),
         }
     }
 
@@ -102,6 +103,7 @@ impl Protocol {
                 s.clients[c as usize].phase = Phase::Enqueue;
             }
             (Step::Read, Phase::Reading { ticket }) => self.read(s, c, ticket),
+            (Step::Resend, phase) => self.resend(s, c, phase),
             (_, Phase::Waiting(w)) => self.waiter_step(s, c, step, w),
             (
                 _,
@@ -160,10 +162,8 @@ impl Protocol {
                 self.record(s, c, ticket);
             }
             Step::Release => {
-                me.phase = Phase::Idle;
-                if !self.hand_on(s, c, ticket, &chain) {
-                    self.delete_all(s, c, ticket);
-                }
+                let own = self.release_copy(s, c, (ticket, session), &chain);
+                s.clients[c as usize].phase = self.after_release(ticket, session, own);
             }
             Step::Learn => {
                 me.phase = Phase::Idle;
@@ -285,7 +285,7 @@ impl Protocol {
     /// every guard holds, deletes its key and writes the grant of the first key of its chain
     /// (or, with [`Handoff::ReaderRun`], of the run of readers it starts), passing on the rest
     /// of the chain; returns whether it did (else the release is the plain guarded delete).
-    fn hand_on(&self, s: &mut State, c: u8, ticket: Rev, chain: &[Rev]) -> bool {
+    pub(crate) fn hand_on(&self, s: &mut State, c: u8, ticket: Rev, chain: &[Rev]) -> bool {
         let spec = self.spec.clients[c as usize];
         let (cache, l) = (s.clients[c as usize].cache, &s.locks[spec.lock as usize]);
         let writer = !spec.shared && self.guard_holds(&cache, l);

@@ -20,6 +20,7 @@ mod multi;
 mod props;
 mod rebuild;
 mod report;
+mod resend;
 mod runs;
 mod spec;
 mod state;

@@ -34,6 +34,8 @@ pub enum Step {
     Record,
     /// The app releases (or closes the hold's connection): guarded delete.
     Release,
+    /// The copy of a release the hedge sent again answers it (see [`crate::resend`]).
+    Resend,
     /// The hold's watch (or its session) tells it its key is gone.
     Learn,
     /// The deadline passes while waiting (or a connection-bound waiter's connection closes).
@@ -150,6 +152,7 @@ impl Protocol {
                 last_token: (0, 0),
                 changes: 0,
                 retired: false,
+                receipts: vec![],
             })
             .collect::<Vec<_>>();
         let locks_len = locks.len() as Rev;
@@ -182,6 +185,7 @@ impl Protocol {
             released_holder: false,
             revoked: false,
             late_landed: false,
+            resent_own: false,
             broken: None,
             etcd: locks_len,
             rebuilt: self.spec.rebuild.map(|_| {

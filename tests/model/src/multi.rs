@@ -150,11 +150,14 @@ impl Protocol {
     }
 
     /// Deletes `c`'s keys of create revision `ticket` in every lock it takes, in one
-    /// transaction (each guarded by create revision).
-    pub fn delete_all(&self, s: &mut State, c: u8, ticket: Rev) {
-        for l in self.spec.clients[c as usize].locks() {
-            s.delete(l, ticket);
-        }
+    /// transaction (each guarded by create revision); returns whether every one was still there.
+    pub fn delete_all(&self, s: &mut State, c: u8, ticket: Rev) -> bool {
+        // Every key goes, whether or not one before it was there (no short cut).
+        let deleted: Vec<bool> = self.spec.clients[c as usize]
+            .locks()
+            .map(|l| s.delete(l, ticket))
+            .collect();
+        deleted.into_iter().all(|d| d)
     }
 }
 

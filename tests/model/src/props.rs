@@ -94,6 +94,10 @@ pub fn properties() -> Vec<Property<Protocol>> {
             s.rebuilt.as_ref().is_some_and(|r| r.granted_recreated)
         }),
         Property::sometimes(LANDED, |_, s: &State| s.late_landed),
+        Property::always(crate::resend::ANSWERS, |_, s: &State| {
+            s.broken != Some(Broken::ReleaseAnswer)
+        }),
+        Property::sometimes(crate::resend::RESENT_OWN, |_, s: &State| s.resent_own),
     ]
 }
 
@@ -144,6 +148,9 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     }
     if spec.late_copies {
         out.push(LANDED);
+    }
+    if spec.resent_releases {
+        out.push(crate::resend::RESENT_OWN);
     }
     // Grants are handed on among single-lock writers only.
     let single = |l: usize| {
@@ -236,7 +243,11 @@ fn outlived(m: &Protocol, s: &State, c: u8) -> bool {
 
 /// Whether `c` is in an acquire: enqueueing, waiting or reading its position.
 fn waiting(s: &State, c: u8) -> bool {
-    !matches!(s.clients[c as usize].phase, Phase::Idle | Phase::Holding { .. })
+    let phase = &s.clients[c as usize].phase;
+    !matches!(
+        phase,
+        Phase::Idle | Phase::Holding { .. } | Phase::Releasing { .. }
+    )
 }
 
 /// A liveness property, per client: from every reachable state where the premise holds, a

@@ -110,6 +110,10 @@ fn phase(p: &Phase) -> String {
         Phase::Enqueue => "enqueueing".into(),
         Phase::Requeue { old } => format!("removing its old key #{old}, then enqueueing"),
         Phase::Reading { ticket } => format!("reading the position of #{ticket}"),
+        Phase::Releasing { ticket, own, .. } => {
+            let did = if *own { "deleted" } else { "found gone" };
+            format!("released #{ticket} ({did} by its first copy), awaiting the copy sent again")
+        }
         Phase::Holding {
             ticket,
             recorded,

@@ -42,6 +42,7 @@ pub(crate) fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8
         recreate: false,
         epoch_rule: EpochRule::WriteAhead,
         late_copies: false,
+        resent_releases: false,
         status_lag: false,
         handoff: Handoff::Exclusive,
         clusters: vec![],
@@ -464,7 +465,11 @@ fn rebuilds() -> Vec<Run> {
 
 /// Every run, in order.
 pub fn runs() -> Vec<Run> {
-    let more = [crate::multi::runs(), crate::clusters::runs()];
+    let more = [
+        crate::multi::runs(),
+        crate::clusters::runs(),
+        crate::resend::runs(),
+    ];
     [protocol(), handoff(), on_behalf(), bugs(), rebuilds()]
         .into_iter()
         .chain(more)

@@ -131,6 +131,13 @@ pub enum Bug {
     /// A late copy of an enqueue lands unnoticed (no guard watches for it): only the orphan
     /// sweep, which this run lacks, would remove it.
     LateCopyUnguarded,
+    /// A release's copy that finds its key gone answers `lost` without reading the receipt
+    /// (the engine before receipts, issue #40's finding 3): a release its own first copy made
+    /// is answered 410.
+    ReceiptIgnored,
+    /// A release's copy that finds its key gone answers `released`, as if its own first copy
+    /// had deleted it: a hold ended otherwise (its lease, an administrator) is called released.
+    GoneIsReleased,
 }
 
 /// One configuration to check.
@@ -168,6 +175,9 @@ pub struct Spec {
     /// Whether each plain client's first enqueue may be applied once more, late (a copy the
     /// hedge sent that reached its member after the answer, see `src/lock/late.rs`).
     pub late_copies: bool,
+    /// Whether a release's answer may be lost after its first copy applied, the copy the hedge
+    /// sent again then answering it (see [`crate::resend`]).
+    pub resent_releases: bool,
     /// How a release hands the lock on.
     pub handoff: Handoff,
     /// Whether the operator's status lags: it mirrors the queue as a step of its own (else

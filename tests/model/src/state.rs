@@ -92,6 +92,21 @@ pub struct Lock {
     /// Removed, its epoch kept in etcd while it has no settings (`/podlock/v1/retired/...`):
     /// the operator publishes it again under that epoch.
     pub retired: bool,
+    /// The release receipts in etcd: one per pod's session (lease), naming the key its last
+    /// release deleted (see [`crate::resend`]).
+    pub receipts: Vec<Receipt>,
+}
+
+/// A release receipt: the key the last release of a session deleted in a lock, bound to the
+/// session's lease (`/podlock/v1/queue/{ns}/.released/{lock}/{lease}` in the engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Receipt {
+    /// The pod whose sidecar released.
+    pub pod: u8,
+    /// Its session (lease): the receipt goes with the lease.
+    pub session: u8,
+    /// The create revision of the key the release deleted.
+    pub ticket: Rev,
 }
 
 /// What the operator keeps of a lock outside etcd, in its DistributedLock's status.
@@ -215,6 +230,15 @@ pub enum Phase {
         recorded: bool,
         chain: Vec<Rev>,
     },
+    /// Released: its first copy was applied (and deleted the key if `own`), but its answer was
+    /// lost; the copy the hedge sent again is to answer (see [`crate::resend`]). `overtaken`:
+    /// another release of its sidecar on the same lock was applied since.
+    Releasing {
+        ticket: Rev,
+        session: u8,
+        own: bool,
+        overtaken: bool,
+    },
 }
 
 /// A client: an app and the engine's acquire or hold for it.
@@ -242,7 +266,7 @@ impl Client {
         match &self.phase {
             Phase::Idle | Phase::Enqueue => None,
             Phase::Requeue { old: r } | Phase::Reading { ticket: r } => Some(*r),
-            Phase::Holding { ticket, .. } => Some(*ticket),
+            Phase::Holding { ticket, .. } | Phase::Releasing { ticket, .. } => Some(*ticket),
             Phase::Waiting(w) => Some(w.ticket),
         }
     }
@@ -257,6 +281,8 @@ pub enum Broken {
     TokenOrder,
     /// An operator ended the holds of a live pod.
     LiveRevoked,
+    /// A release answered otherwise than what its own copy did (see [`crate::resend`]).
+    ReleaseAnswer,
 }
 
 /// The whole model state.
@@ -281,6 +307,8 @@ pub struct State {
     pub revoked: bool,
     /// A late copy of an enqueue put its key back after the key had left the queue.
     pub late_landed: bool,
+    /// A release whose answer was lost was answered `released` by its copy sent again.
+    pub resent_own: bool,
     /// The first safety rule a grant broke.
     pub broken: Option<Broken>,
     /// etcd's revision: the one the next write comes after.
@@ -335,6 +363,7 @@ impl State {
             f(&mut lock.modrev);
             f(&mut lock.last_token.1);
             lock.queue.iter_mut().for_each(|k| k.each_rev(&mut f));
+            lock.receipts.iter_mut().for_each(|r| f(&mut r.ticket));
         }
         if let Some(r) = &mut self.rebuilt {
             r.status.iter_mut().for_each(|st| f(&mut st.token.1));
@@ -355,7 +384,9 @@ impl State {
             client.removals.iter_mut().for_each(&mut f);
             match &mut client.phase {
                 Phase::Idle | Phase::Enqueue => {}
-                Phase::Requeue { old: r } | Phase::Reading { ticket: r } => f(r),
+                Phase::Requeue { old: r }
+                | Phase::Reading { ticket: r }
+                | Phase::Releasing { ticket: r, .. } => f(r),
                 Phase::Holding { ticket, chain, .. } => {
                     f(ticket);
                     chain.iter_mut().for_each(&mut f);
@@ -401,6 +432,7 @@ impl State {
         let session = self.pods[pod as usize].session;
         for lock in &mut self.locks {
             (lock.queue).retain(|k| owners[k.owner as usize] != pod || k.session != session);
+            (lock.receipts).retain(|r| r.pod != pod || r.session != session);
         }
         self.pods[pod as usize].lease = false;
     }

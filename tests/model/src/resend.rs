@@ -1,0 +1,148 @@
+//! Releases sent again (issue #40, finding 3): the hedge (`src/lock/etcd.rs`) sends a release
+//! once more when its first copy goes unanswered for 500 ms. If that first copy was applied
+//! and only its answer was late, the copy sent again finds the key gone. Only a *receipt*
+//! tells that from a hold that ended otherwise (its lease, an administrator, the operator):
+//! the release's transaction, as it deletes the key, puts the key's create revision at
+//! `/podlock/v1/queue/{ns}/.released/{lock}/{lease}`, bound to the lease; a copy that finds the
+//! key gone reads it in the same transaction (`src/lock/handoff.rs`, `set.rs`).
+//!
+//! The receipt is one per lock and lease, overwritten by the next release of the same sidecar
+//! on that lock: a release answered after another release of its sidecar on the same lock
+//! answers `lost`, the cautious side. It goes with its lease, so a release whose session ended
+//! before its answer answers `lost` too (the sidecar then starts a new session in any case).
+
+use crate::model::Protocol;
+use crate::runs::{HOLDS, Run, spec};
+use crate::spec::{Bug, ClientSpec as C, Spec};
+use crate::state::{Broken, Phase, Receipt, Rev, State};
+
+/// Safety: a release answers `released` only if its own copy deleted its key (never for a hold
+/// that ended otherwise), and answers `lost` for a key its own copy deleted only when its
+/// receipt could not last: its lease ended, or its sidecar released the lock again meanwhile.
+pub const ANSWERS: &str = "answers: a release answers what its own copy did";
+
+/// Reached: a copy sent again answered `released` for its first copy's deletion.
+pub const RESENT_OWN: &str = "a resent release finds its own deletion";
+
+impl Protocol {
+    /// The first copy of `c`'s release is applied: hands the lock on or deletes its keys, and
+    /// with them writes the receipts. Returns whether it deleted every key of the hold.
+    pub(crate) fn release_copy(
+        &self,
+        s: &mut State,
+        c: u8,
+        (ticket, session): (Rev, u8),
+        chain: &[Rev],
+    ) -> bool {
+        let own = self.hand_on(s, c, ticket, chain) || self.delete_all(s, c, ticket);
+        if own && self.spec.resent_releases {
+            let pod = self.owners[c as usize];
+            for l in self.spec.clients[c as usize].locks() {
+                let receipts = &mut s.locks[l as usize].receipts;
+                receipts.retain(|r| (r.pod, r.session) != (pod, session));
+                receipts.push(Receipt { pod, session, ticket });
+                receipts.sort_unstable_by_key(|r| (r.pod, r.session));
+                self.overtake(s, c, l);
+            }
+        }
+        own
+    }
+
+    /// Marks every release of `c`'s sidecar on lock `l` still waiting for its answer as
+    /// overtaken by `c`'s.
+    fn overtake(&self, s: &mut State, c: u8, l: u8) {
+        let pod = self.owners[c as usize];
+        for (d, client) in s.clients.iter_mut().enumerate() {
+            let same =
+                d != c as usize && self.owners[d] == pod && self.spec.clients[d].locks().any(|x| x == l);
+            if let Phase::Releasing { overtaken, .. } = &mut client.phase
+                && same
+            {
+                *overtaken = true;
+            }
+        }
+    }
+
+    /// The copy sent again answers `c`'s release: its keys are gone (the first copy deleted
+    /// them, or something else had), so it answers by the receipts, which must name `ticket`
+    /// in every lock of the hold. The answer is judged against what the first copy did.
+    pub(crate) fn resend(&self, s: &mut State, c: u8, phase: Phase) {
+        let Phase::Releasing {
+            ticket,
+            session,
+            own,
+            overtaken,
+        } = phase
+        else {
+            unreachable!("no release to answer");
+        };
+        let pod = self.owners[c as usize];
+        let receipted = |l: u8| {
+            s.locks[l as usize]
+                .receipts
+                .contains(&Receipt { pod, session, ticket })
+        };
+        let released = match self.spec.bug {
+            Some(Bug::ReceiptIgnored) => false,
+            Some(Bug::GoneIsReleased) => true,
+            _ => self.spec.clients[c as usize].locks().all(receipted),
+        };
+        let p = &s.pods[pod as usize];
+        let lasted = p.lease && p.session == session && !overtaken;
+        if released && !own || !released && own && lasted {
+            s.broken.get_or_insert(Broken::ReleaseAnswer);
+        }
+        s.resent_own |= released && own;
+        s.clients[c as usize].phase = Phase::Idle;
+    }
+
+    /// The phase after a release whose first copy did `own`: its answer lost, waiting for the
+    /// copy sent again, in a run with resent releases; else done.
+    pub(crate) fn after_release(&self, ticket: Rev, session: u8, own: bool) -> Phase {
+        match self.spec.resent_releases {
+            true => Phase::Releasing {
+                ticket,
+                session,
+                own,
+                overtaken: false,
+            },
+            false => Phase::Idle,
+        }
+    }
+}
+
+/// The runs of resent releases: a mutex with two clients in one pod (one receipt for both)
+/// and one in another, direct handoff, a fault and an administrator's force release.
+pub fn runs() -> Vec<Run> {
+    let resent = |name, bug| Spec {
+        resent_releases: true,
+        releases: 1,
+        bug,
+        ..spec(
+            name,
+            vec![1],
+            vec![vec![]],
+            vec![C::new(0, 0).acquires(2), C::new(1, 0), C::new(0, 0).connection()],
+        )
+    };
+    vec![
+        Run {
+            spec: resent("resent releases", None),
+            about: "every release's answer lost after its first copy applied, the copy sent again \
+                    answering by the release receipt; two clients share a pod's receipt; a fault \
+                    and a force release end holds otherwise",
+            expect: HOLDS,
+        },
+        Run {
+            spec: resent("bug: release receipt ignored", Some(Bug::ReceiptIgnored)),
+            about: "the copy sent again answers lost whenever the key is gone (finding 3)",
+            expect: crate::runs::Expect::Finds(ANSWERS),
+        },
+        Run {
+            spec: resent("bug: a gone key counts as released", Some(Bug::GoneIsReleased)),
+            about: "the copy sent again answers released whenever the key is gone: a hold ended \
+                    by its lease or an administrator is called released",
+            expect: crate::runs::Expect::Finds(ANSWERS),
+        },
+    ]
+}
