@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::backoff::Backoff;
 use super::isolation::Isolation;
 use super::noticed::Noticed;
+use super::returned::Returned;
 use super::status_writer::StatusWriter;
 use crate::crd::DistributedLock;
 use crate::lock::{LockId, Store};
@@ -29,6 +30,8 @@ pub struct Context {
     pub isolation: Isolation,
     /// When each lock's unread etcd change was noticed.
     pub noticed: Arc<Noticed>,
+    /// The locks a restore brought keys back to, to move to a new epoch.
+    pub returned: Arc<Returned>,
     /// Writes each lock's status, latest state first.
     pub status: Arc<StatusWriter>,
     /// This cluster's name (`--cluster-name`; empty: the only one): the operator ends only

@@ -26,6 +26,9 @@ pub enum Renewal {
         /// `status.fencingToken`.
         token: Token,
     },
+    /// etcd brought back queue keys the operator's watch had seen end (see `returned`): a
+    /// restore with `--bump-revision`, whose revisions go on.
+    Returned,
     /// etcd's settings carry an epoch below one published before.
     OlderEpoch {
         /// The epoch in etcd.
@@ -50,6 +53,11 @@ impl fmt::Display for Renewal {
                  --bump-revision)",
                 token.revision()
             ),
+            Renewal::Returned => write!(
+                f,
+                "etcd brought back queue keys of holds or waits that had ended (etcd restored \
+                 from an older snapshot with --bump-revision)"
+            ),
             Renewal::OlderEpoch { found, published } => write!(
                 f,
                 "etcd has the lock's settings under epoch {found}, below epoch {published} it was \
@@ -69,13 +77,13 @@ pub struct Choice {
 }
 
 /// The epoch for a lock whose status is `status`, whose settings in etcd carry epoch `found`
-/// (`None`: etcd does not have them), etcd being at revision `revision`. A new epoch lies above
-/// every one published before and every token seen; etcd's own is kept while nothing says
-/// that etcd went back.
+/// (`None`: etcd does not have them), etcd being at revision `revision`, `returned` if etcd
+/// brought back keys of the lock that had ended. A new epoch lies above every one published
+/// before and every token seen; etcd's own is kept while nothing says that etcd went back.
 pub fn choose(
     status: Option<&DistributedLockStatus>,
     found: Option<u32>,
-    revision: i64,
+    (revision, returned): (i64, bool),
 ) -> Result<Choice, TokenError> {
     let token = status.and_then(|s| s.fencing_token).map(Token::from_raw);
     let published = status.and_then(|s| s.fencing_epoch);
@@ -86,6 +94,7 @@ pub fn choose(
         (Some(found), Some(published)) if found < published => Some(Renewal::OlderEpoch { found, published }),
         (Some(found), _) => match token {
             Some(token) if token.exceeds(found, revision) => Some(Renewal::WentBack { revision, token }),
+            _ if returned => Some(Renewal::Returned),
             _ => None,
         },
     };
@@ -109,13 +118,13 @@ mod tests {
     }
 
     fn choose_for(s: &DistributedLockStatus, found: Option<u32>, revision: i64) -> Choice {
-        choose(Some(s), found, revision).unwrap()
+        choose(Some(s), found, (revision, false)).unwrap()
     }
 
     #[test]
     fn a_new_lock_starts_at_epoch_0_and_a_live_one_keeps_its_epoch() {
         assert_eq!(
-            choose(None, None, 5).unwrap(),
+            choose(None, None, (5, false)).unwrap(),
             Choice {
                 epoch: 0,
                 renewal: None
@@ -185,6 +194,16 @@ mod tests {
     #[test]
     fn epochs_run_out_with_an_error_not_a_wrapped_token() {
         let last = status(Some(crate::lock::MAX_EPOCH), None);
-        assert!(choose(Some(&last), None, 1).is_err());
+        assert!(choose(Some(&last), None, (1, false)).is_err());
+    }
+
+    #[test]
+    fn keys_brought_back_move_a_lock_on_even_with_revisions_above_every_token() {
+        let seen = status(Some(0), Some((0, 500)));
+        let back = choose(Some(&seen), Some(0), (1_000_600, true)).unwrap();
+        assert_eq!((back.epoch, back.renewal), (1, Some(Renewal::Returned)));
+        let fresh = choose(None, Some(2), (40, true)).unwrap();
+        assert_eq!(fresh.epoch, 3, "no status: above etcd's own epoch");
+        assert_eq!(choose_for(&seen, Some(0), 1_000_600).renewal, None);
     }
 }

@@ -2,7 +2,8 @@
 //! (1) asks the controller to reconcile a lock whenever its keys change, so that status follows
 //! etcd within a second without polling, and (2) keeps an index of queue entries by pod for the
 //! pod-liveness check. A broken watch is re-established after a fresh read of every queue, and
-//! every lock is reconciled again, so nothing that happened in between is missed.
+//! every lock is reconciled again, so nothing that happened in between is missed; a key that
+//! read brings back after it had ended marks its lock (see [`returned`](super::returned)).
 
 use kube::runtime::reflector::ObjectRef;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -13,6 +14,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tracing::warn;
 
 use super::noticed::Noticed;
+use super::returned::{Known, Returned};
 use super::verdict::{Binding, PodEntry};
 use crate::crd::DistributedLock;
 use crate::lock::{Change, LockError, LockId, QueueEntry, Store};
@@ -179,11 +181,12 @@ pub struct Feeds {
 
 /// Watches the settings and queues of `namespace` (all when `None`): returns the feeds and the
 /// future that fills them (it runs until dropped). The pod index has the pods of `cluster`.
-/// Each change is marked in `noticed` (see [`Noticed`]).
+/// Each change is marked in `noticed` (see [`Noticed`]), and each lock a restore brought keys
+/// back to in `returned`.
 pub fn watch(
     store: Store,
     namespace: Option<&str>,
-    noticed: Arc<Noticed>,
+    (noticed, returned): (Arc<Noticed>, Arc<Returned>),
     cluster: &str,
 ) -> (Feeds, impl Future<Output = ()> + use<>) {
     let namespace = namespace.map(str::to_string);
@@ -201,13 +204,15 @@ pub fn watch(
         let out = Outputs {
             index: &index,
             noticed: &noticed,
+            returned: &returned,
             changed: &changed,
             resync: &resync,
             pods: &pods,
         };
         let mut pauses = Pauses::new(retry::rewatch());
+        let mut known = Known::default();
         loop {
-            if let Err(e) = follow(&store, namespace.as_deref(), &out, &mut pauses).await {
+            if let Err(e) = follow(&store, namespace.as_deref(), &out, (&mut pauses, &mut known)).await {
                 warn!(error = %e, "etcd watch broke; re-reading and re-watching");
             }
             if changed.is_closed() {
@@ -223,6 +228,7 @@ pub fn watch(
 struct Outputs<'a> {
     index: &'a PodIndex,
     noticed: &'a Noticed,
+    returned: &'a Returned,
     changed: &'a mpsc::Sender<ObjectRef<DistributedLock>>,
     resync: &'a mpsc::Sender<()>,
     pods: &'a mpsc::Sender<PodKey>,
@@ -238,15 +244,16 @@ struct Outputs<'a> {
 const COALESCE: Duration = Duration::from_millis(100);
 
 /// Reads every queue, then follows changes until the watch breaks (or the controller is gone:
-/// then `Ok`). A watch that opens starts a new run of `pauses`: only failing again and again
-/// backs off further.
+/// then `Ok`), keeping `known` up to date. A watch that opens starts a new run of `pauses`: only
+/// failing again and again backs off further.
 async fn follow(
     store: &Store,
     namespace: Option<&str>,
     out: &Outputs<'_>,
-    pauses: &mut Pauses,
+    (pauses, known): (&mut Pauses, &mut Known),
 ) -> Result<(), LockError> {
     let (entries, revision) = store.entries(namespace).await?;
+    known.reread(&entries, revision, out.returned);
     out.index.clear();
     entries.into_iter().for_each(|e| drop(out.index.put(e)));
     let _ = out.resync.try_send(());
@@ -275,11 +282,15 @@ async fn follow(
             out.noticed.mark(&lock, now);
             match change {
                 Change::Put(e) => {
+                    known.put(&e);
                     if let Some(pod) = out.index.put(*e) {
                         let _ = out.pods.send(pod).await;
                     }
                 }
-                Change::Removed { key, .. } => out.index.remove(&key),
+                Change::Removed { key, .. } => {
+                    known.remove(&key);
+                    out.index.remove(&key);
+                }
                 Change::Settings(_) => {}
             }
             changed.insert(ObjectRef::new(&lock.name).within(&lock.namespace));

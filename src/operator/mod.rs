@@ -22,6 +22,7 @@ mod readiness;
 mod reconcile;
 mod reconcile_error;
 pub mod release;
+mod returned;
 mod status_writer;
 mod status_writes;
 mod verdict;
@@ -227,6 +228,7 @@ fn context(
         backoff: backoff::Backoff::default(),
         isolation: isolation::Isolation::new(args.etcd.has_credentials(), ca, owner, &args.cluster_name),
         noticed: Arc::default(),
+        returned: Arc::default(),
         cluster: args.cluster_name.clone(),
         status: Arc::new(status_writer::StatusWriter::new(
             metrics.clone(),
@@ -290,7 +292,8 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: D
     if let Err(e) = remove_orphans(&locks, &ctx.store, ns, &ctx.cluster).await {
         warn!(error = %e, "could not clean up etcd keys of deleted locks; will retry when leading again");
     }
-    let (feeds, pump) = etcd_watch::watch(ctx.store.clone(), ns, ctx.noticed.clone(), &ctx.cluster);
+    let marks = (ctx.noticed.clone(), ctx.returned.clone());
+    let (feeds, pump) = etcd_watch::watch(ctx.store.clone(), ns, marks, &ctx.cluster);
     let liveness = liveness::run(
         ctx.client.clone(),
         ctx.store.clone(),

@@ -38,6 +38,7 @@ pub async fn settings(
     for _ in 0..ATTEMPTS {
         let state = ctx.store.lock_state(id, spec.max_holders).await?;
         if state.settings.is_some() && !may_publish(&state.publisher, &ctx.cluster) {
+            ctx.returned.done(id); // the publisher's operator sees the restore for itself
             return Ok(state);
         }
         let found = state.epoch();
@@ -45,7 +46,8 @@ pub async fn settings(
             epoch: choice.epoch,
             ..spec
         };
-        let mut choice = choose(id, status.as_ref(), found, state.revision)?;
+        let at = (state.revision, ctx.returned.pending(id));
+        let mut choice = choose(id, status.as_ref(), found, at)?;
         if state.settings == Some(want(choice)) {
             return Ok(state);
         }
@@ -54,7 +56,7 @@ pub async fn settings(
             // the API server has it, not on a cache that may lag the operator's last write.
             status = api.get_status(&dl.name_any()).await?.status;
             fresh = true;
-            choice = choose(id, status.as_ref(), found, state.revision)?;
+            choice = choose(id, status.as_ref(), found, at)?;
         }
         let want = want(choice);
         if state.settings == Some(want) {
@@ -66,6 +68,7 @@ pub async fn settings(
         let renew = choice.renewal.is_some();
         let over = state.settings_revision;
         if let Some(ended) = ctx.store.publish(id, &want, &ctx.cluster, over, renew).await? {
+            ctx.returned.done(id);
             announce(ctx, dl, id, &want, choice, ended).await;
         }
     }
@@ -77,9 +80,9 @@ fn choose(
     id: &LockId,
     status: Option<&DistributedLockStatus>,
     found: Option<u32>,
-    revision: i64,
+    at: (i64, bool),
 ) -> Result<Choice, Error> {
-    epoch::choose(status, found, revision).map_err(|source| {
+    epoch::choose(status, found, at).map_err(|source| {
         Error::Lock(LockError::Token {
             lock: id.clone(),
             source,

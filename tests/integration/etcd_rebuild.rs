@@ -220,6 +220,54 @@ async fn a_restore_with_bump_revision_keeps_the_epoch() {
     );
 }
 
+/// Finding 2 of the edges review, as a user met it: pod-a holds, pod-b waits; a snapshot; a
+/// releases and b is granted; etcd restored from the snapshot with `--bump-revision`. a's key
+/// came back at the head of the queue on a's live lease: the fence check called a's old token
+/// current beside b's, until a's orphan sweep removed the key. Now the operator, whose watch had
+/// seen that key end, moves the lock to a new epoch. Fails on the code before with `no
+/// NewFencingEpoch Event`.
+#[tokio::test]
+async fn a_restore_that_brings_back_a_released_hold_moves_the_lock_to_a_new_epoch() {
+    let (plane, ns, mut etcd, op) = with_operator("etcd-brought-back").await;
+    let a = Sidecar::start(&etcd.endpoint, "pod-a", &["--namespace", &ns]).await;
+    let b = Sidecar::start(&etcd.endpoint, "pod-b", &["--namespace", &ns]).await;
+    let first = a.must_acquire(LOCK, json!({})).await;
+    let waiter = tokio::spawn(async move {
+        let token = b.must_acquire(LOCK, json!({"waitSeconds": 20})).await;
+        (b, token)
+    });
+    while a.get(&format!("/v1/locks/{LOCK}")).await.1["waiters"] != 1 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let snapshot = dir.path().join("held.db");
+    etcd.snapshot(&snapshot);
+    let (status, body) = a.post(LOCK, "release", json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let (b, second) = waiter.await.unwrap();
+    let bump = ["--bump-revision", "1000000", "--mark-compacted"];
+    etcd.restore(&snapshot, &bump).await;
+    let restored = Instant::now();
+    let bumped = wait_for_new_epoch(plane, &ns).await;
+    let fence = a.get(&format!("/v1/locks/{LOCK}/fence?token={first}")).await.1;
+    assert_eq!(
+        fence["current"], false,
+        "token {first} after the restore: {fence}"
+    );
+    let (status, body) = b.post(LOCK, "heartbeat", json!({})).await;
+    assert_eq!(status, 410, "b's hold of the old epoch: {body}");
+    let after = b.must_acquire(LOCK, json!({"waitSeconds": 5})).await;
+    eprintln!(
+        "a held {first}, b waited; snapshot; b granted {second}; restored with --bump-revision: \
+         a new epoch {bumped:?} after etcd came back ({:?} in all); the first token \
+         after {after}",
+        restored.elapsed()
+    );
+    assert!(after > second && after >> 40 == 1, "token {after}");
+    let notes = epoch_events(plane, &ns);
+    assert!(notes.contains("brought back"), "{notes}\n{}", op.log());
+}
+
 /// Waits until the operator has published the lock under a new epoch (its Event comes after
 /// the write to etcd); returns how long that took.
 async fn wait_for_new_epoch(plane: &ControlPlane, ns: &str) -> Duration {

@@ -90,7 +90,7 @@ impl Protocol {
             },
             EpochRule::WriteAhead => {
                 let known = status.epoch.max(status.token.0);
-                if gone || lock.epoch < known || went_back {
+                if gone || lock.epoch < known || went_back || status.returned {
                     known + 1
                 } else {
                     lock.epoch
@@ -107,7 +107,7 @@ impl Protocol {
         let epoch = self.epoch_for(lock, &status, s.etcd);
         let publish = lock.modrev == 0 || epoch != lock.epoch;
         let status = &mut s.rebuilt().status[l as usize];
-        status.unreconciled = false;
+        (status.unreconciled, status.returned) = (false, false);
         if !publish {
             return;
         }
@@ -141,8 +141,14 @@ impl Protocol {
             let pod = &s.pods[self.owners[k.owner as usize] as usize];
             pod.lease && pod.session == k.session
         };
+        let noticed = self.spec.bug != Some(Bug::ReturnedUndetected);
         for (l, (max, modrev, epoch, queue, retired)) in snap.locks.into_iter().enumerate() {
-            let queue = queue.into_iter().filter(|k| live(s, k)).collect();
+            let queue: Vec<Key> = queue.into_iter().filter(|k| live(s, k)).collect();
+            // The operator's watch saw every key of the queue before the restore: one it had
+            // seen end (any other) came back.
+            let before = &s.locks[l].queue;
+            let back = queue.iter().any(|k| !before.iter().any(|b| b.create == k.create));
+            s.rebuilt.as_deref_mut().expect("rebuilt").status[l].returned = back && noticed;
             let lock = &mut s.locks[l];
             (lock.max, lock.modrev, lock.epoch, lock.queue) = (max, modrev, epoch, queue);
             lock.retired = retired;

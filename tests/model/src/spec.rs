@@ -131,6 +131,10 @@ pub enum Bug {
     /// A late copy of an enqueue lands unnoticed (no guard watches for it): only the orphan
     /// sweep, which this run lacks, would remove it.
     LateCopyUnguarded,
+    /// The operator does not notice keys a restore brought back (the engine before issue #40's
+    /// finding 2): after a restore with `--bump-revision`, a released hold is named as holding
+    /// until its sidecar's orphan sweep removes it.
+    ReturnedUndetected,
     /// A release's copy that finds its key gone answers `lost` without reading the receipt
     /// (the engine before receipts, issue #40's finding 3): a release its own first copy made
     /// is answered 410.

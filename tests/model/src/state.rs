@@ -119,6 +119,9 @@ pub struct Status {
     pub token: Token,
     /// etcd was restored from a snapshot, and the operator has not reconciled the lock since.
     pub unreconciled: bool,
+    /// The restore brought back a key the operator's etcd watch had seen end (its memory, not
+    /// the DistributedLock's): the operator moves the lock to a new epoch when it reconciles.
+    pub returned: bool,
     /// The DistributedLock was created anew: its status records nothing yet (no
     /// `fencingEpoch`, no `fencingToken`), until the operator publishes it.
     pub fresh: bool,
