@@ -158,6 +158,16 @@ async fn a_tenants_key_on_another_namespaces_lease_never_revokes_that_lease() {
     assert_eq!(status, 200, "{first}");
     assert_eq!(victim.post("shared", "release", json!({})).await.0, 200);
     let lease = first["leaseId"].as_i64().unwrap();
+    // The release left its receipt on the lease (src/lock/receipt.rs), a key of y's beside which
+    // etcd lets x attach nothing. A hold that ended otherwise (a missed heartbeat, a give-up)
+    // leaves none: remove it, as root, to stand for that.
+    let root = etcd_client::ConnectOptions::new().with_user("root", "root-secret");
+    let mut admin = etcd_client::Client::connect([&etcd.endpoint], Some(root))
+        .await
+        .unwrap();
+    let receipts = etcd_client::DeleteOptions::new().with_prefix();
+    let receipt = format!("/podlock/v1/queue/{y}/.released/");
+    admin.delete(receipt, Some(receipts)).await.unwrap();
 
     // A tenant of x, with x's credentials only: a key under its own prefix, naming its own pod
     // (alive for now), attached to y's empty lease (etcd allows that while the lease has no key
@@ -185,10 +195,6 @@ async fn a_tenants_key_on_another_namespaces_lease_never_revokes_that_lease() {
     assert_eq!(again["leaseId"].as_i64(), Some(lease), "{again}");
     // The tenant's pod "fails": the operator ends that pod's holds, and must not take y's with it.
     set_status(&pods, "decoy", "Failed", SystemTime::now()).await;
-    let root_opts = etcd_client::ConnectOptions::new().with_user("root", "root-secret");
-    let mut admin = etcd_client::Client::connect([&etcd.endpoint], Some(root_opts))
-        .await
-        .unwrap();
     let gone = wait_until(Duration::from_secs(5), || {
         let mut admin = admin.clone();
         let key = key.clone();

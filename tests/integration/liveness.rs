@@ -176,7 +176,8 @@ async fn a_client_gone_while_its_enqueue_is_in_flight_leaves_no_key() {
     assert_eq!(s.post("inflight", "release", json!({})).await.0, 200);
     let prefix = WatchOptions::new().with_prefix();
     let mut client = etcd.client().await;
-    let mut changes = client.watch("/podlock/v1/queue/", Some(prefix)).await.unwrap();
+    let queue = "/podlock/v1/queue/default/inflight/"; // not the release receipt beside it
+    let mut changes = client.watch(queue, Some(prefix)).await.unwrap();
     changes.message().await.unwrap(); // created
     etcd.signal(libc::SIGSTOP);
     let url = format!("{}/v1/locks/inflight/acquire", s.addr);
@@ -210,7 +211,7 @@ async fn a_client_gone_while_its_enqueue_is_in_flight_leaves_no_key() {
     .await;
     let put = put.expect("etcd applied the enqueue sent before the client went away");
     deleted.unwrap_or_else(|_| panic!("{put} was not removed within 2 s"));
-    assert_eq!(etcd.count("/podlock/v1/queue/").await, 0);
+    assert_eq!(etcd.count(queue).await, 0);
 }
 
 #[tokio::test]

@@ -187,7 +187,7 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     // Every client is gone: released, or disconnected while waiting. Keys of killed sidecars
     // go with their leases, within the TTL (plus etcd's expiry check).
     let drained = wait_until(TTL + Duration::from_secs(3), || async {
-        rig.etcd[0].count("/podlock/v1/queue/").await == 0
+        orphans::contenders(&rig.etcd[0]).await == 0
     })
     .await;
     for s in &mut rig.sidecars {

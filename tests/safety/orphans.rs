@@ -110,9 +110,25 @@ async fn unknown_keys(
     let resp = timeout(Duration::from_millis(500), read).await.ok()?.ok()?;
     let keys = resp.kvs().iter().filter_map(|kv| {
         let key = String::from_utf8(kv.key().to_vec()).ok()?;
-        Some((key, kv.create_revision()))
+        Some((key, kv.create_revision())).filter(|(key, _)| !is_receipt(key))
     });
     Some(keys.filter(|k| !entries.iter().any(|e| lists(e, k))).collect())
+}
+
+/// How many contenders' keys etcd has (release receipts left out): 0 once every client is gone.
+pub async fn contenders(etcd: &crate::common::EtcdServer) -> usize {
+    let opts = etcd_client::GetOptions::new().with_prefix().with_keys_only();
+    let Ok(resp) = etcd.client().await.get("/podlock/v1/queue/", Some(opts)).await else {
+        return usize::MAX;
+    };
+    let keys = resp.kvs().iter().filter_map(|kv| kv.key_str().ok());
+    keys.filter(|key| !is_receipt(key)).count()
+}
+
+/// Whether `key` is a release receipt (`.../queue/{namespace}/.released/...`, see
+/// `src/lock/receipt.rs`), which lies beside the queues and is no contender's key.
+fn is_receipt(key: &str) -> bool {
+    key.split('/').nth(5).is_some_and(|lock| lock.starts_with('.'))
 }
 
 /// Whether a registry entry is the one behind `key`: a hold with its token, or a wait of its
@@ -154,6 +170,14 @@ mod tests {
             &json!({"lock": "counter", "holderId": "w3", "state": "waiting"}),
             &key
         ));
+    }
+
+    #[test]
+    fn a_release_receipt_is_no_contenders_key() {
+        assert!(is_receipt(
+            "/podlock/v1/queue/safety/.released/rw/47c3a21efa52e7c1"
+        ));
+        assert!(!is_receipt("/podlock/v1/queue/safety/rw/47c3a21efa52e7c1/w1"));
     }
 
     #[test]
