@@ -62,11 +62,19 @@ pub enum Kind {
     /// the hold, its client is told `lost`, the next waiter is granted, and a stalled holder's
     /// late write is rejected by fencing.
     ForceRelease,
+    /// The next request on the mutex's queue (an enqueue, a grant's record, a release) is
+    /// applied by its member at once, but that member answers everything 1.5 s late for the
+    /// next 1.5 s: the sidecar sends it again to another member after 500 ms (the hedge), whose
+    /// copy finds the first copy's work done (a release answers by its receipt).
+    LateAnswers,
 }
+
+/// How late a member answers after [`Kind::LateAnswers`].
+pub const LATE: Duration = Duration::from_millis(1500);
 
 impl Kind {
     /// Every kind, in the order the loop injects them.
-    pub const CYCLE: [Kind; 16] = [
+    pub const CYCLE: [Kind; 17] = [
         Kind::LeaderKill,
         Kind::SidecarKill,
         Kind::PoolLowered,
@@ -83,6 +91,7 @@ impl Kind {
         Kind::PodDeleted,
         Kind::ForceRelease,
         Kind::LockDeleted,
+        Kind::LateAnswers,
     ];
 
     /// How soon after it a newly granted hold must have written: the TTL plus 1 s. A stalled
@@ -123,6 +132,7 @@ impl Kind {
             Kind::PoolLowered => "semaphore maxHolders 2 -> 1, waiters queued",
             Kind::PoolRaised => "semaphore maxHolders 1 -> 2, waiters queued",
             Kind::ForceRelease => "force release (kubectl annotate)",
+            Kind::LateAnswers => "etcd member answers 1.5 s late",
         }
     }
 }
@@ -167,6 +177,11 @@ impl Rig {
             Kind::PodDeleted => self.delete_pod(round).await,
             Kind::ForceRelease => self.force_release(round).await,
             Kind::PoolLowered | Kind::PoolRaised => self.set_pool_limit(kind).await,
+            Kind::LateAnswers => {
+                self.late
+                    .arm(format!("/podlock/v1/queue/{NAMESPACE}/{COUNTER}/").as_bytes());
+                (0, now())
+            }
         };
         Some(Fault {
             kind,

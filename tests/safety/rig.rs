@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::clusters::{self, Cluster};
+use super::faults::LATE;
 use super::objects::{NAMESPACE, apply_lock, published_limit};
 use super::worker::Slot;
 use super::{COUNTER, POOL, POOL_SLOTS, RW, SIDECARS, WORKERS};
+use crate::common::held::HeldRequests;
 use crate::common::kube::{other_cluster, running_pod, with_crd};
 use crate::common::members::leader_of;
 use crate::common::netns::MemberNet;
@@ -22,8 +24,13 @@ pub struct Rig {
     pub etcd: Vec<EtcdServer>,
     /// The members' network, where one can be partitioned.
     pub net: MemberNet,
-    /// Their client URLs, comma-separated, as the sidecars get them.
+    /// Their client URLs, comma-separated.
     pub endpoints: String,
+    /// The proxies in front of them, as the sidecars get them, comma-separated: a member can
+    /// be made to answer late ([`Kind::LateAnswers`](super::faults::Kind::LateAnswers)).
+    pub proxied: String,
+    /// What makes a member behind its proxy answer late.
+    pub late: HeldRequests,
     /// The two clusters: east publishes the locks, west declares them too.
     pub clusters: [Cluster; 2],
     /// Pod `i`'s uid now (a pod made again has a new one).
@@ -64,10 +71,17 @@ impl Rig {
         for (lock, limit) in locks {
             apply_lock(west.plane, lock, limit).await;
         }
+        let late = HeldRequests::answers(LATE);
+        let mut proxies = vec![];
+        for m in &etcd {
+            proxies.push(late.proxy(&m.endpoint).await);
+        }
         let mut rig = Rig {
             etcd,
             net,
             endpoints,
+            proxied: proxies.join(","),
+            late,
             clusters: [east, west],
             uids: vec![],
             sidecars: vec![],
@@ -119,7 +133,7 @@ impl Rig {
             "--cluster",
             cluster,
         ];
-        Sidecar::start(&self.endpoints, &format!("w{i}"), &args).await
+        Sidecar::start(&self.proxied, &format!("w{i}"), &args).await
     }
 
     /// How many workers take the mutex (the first ones): the victims of process faults.
