@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use super::apis;
 use super::client::{Grant, LockClient};
 use super::history::{History, OpKind, Outcome};
+use super::register::Register;
 use super::{COUNTER, TTL, now};
 use crate::common::wait_until;
 
@@ -123,10 +124,20 @@ async fn abandon(c: &LockClient, addr: &str) {
     c.end_or_beat(addr, "release").await;
 }
 
-/// One worker: its slot, its recording client, and the fenced store if it writes.
+/// Where a mutex worker writes: the fenced counter's URL, and the register it writes to after a
+/// fence check ([`Register`]).
+#[derive(Clone)]
+pub struct Stores {
+    /// The fenced counter.
+    pub fenced: String,
+    /// The register that keeps no token.
+    pub register: Arc<Register>,
+}
+
+/// One worker: its slot, its recording client, and the stores if it writes.
 struct Worker {
     slot: Arc<Slot>,
-    store: Option<String>,
+    store: Option<Stores>,
     c: LockClient,
 }
 
@@ -141,6 +152,10 @@ impl Worker {
     /// for. Returns the write, and when the hold was last confirmed (a heartbeat answered).
     async fn work(&self, addr: &str, g: &Grant, lost: Lost<'_>) -> (Option<WriteRecord>, f64) {
         let slot = &self.slot;
+        let checked = match &self.store {
+            Some(_) => self.fence_check(addr, g.token).await,
+            None => false,
+        };
         let paused = slot.stall.swap(false, Ordering::Relaxed);
         if paused {
             slot.stalling.store(true, Ordering::Relaxed);
@@ -151,8 +166,13 @@ impl Worker {
             slot.stalling.store(false, Ordering::Relaxed);
         }
         let mut confirmed = g.call;
+        if let Some(store) = self.store.as_ref().filter(|_| checked) {
+            store.register.write(g.token); // checked before the pause: it does not check again
+        }
         let write = match &self.store {
-            Some(store) if paused || lost().is_none() => Some(self.write(store, g.token, paused).await),
+            Some(store) if paused || lost().is_none() => {
+                Some(self.write(&store.fenced, g.token, paused).await)
+            }
             Some(_) => None,
             None => {
                 let half = Duration::from_millis(10 + g.token.rem_euclid(5) as u64 * 8);
@@ -182,6 +202,16 @@ impl Worker {
             sleep(Duration::from_millis(300)).await;
             self.c.end_or_beat(addr, "heartbeat").await;
         }
+    }
+
+    /// Whether the sidecar at `addr` calls `token` current for the counter (the fence check).
+    async fn fence_check(&self, addr: &str, token: i64) -> bool {
+        let url = format!("{addr}/v1/locks/{COUNTER}/fence?token={token}");
+        let Ok(resp) = self.c.http.get(url).send().await else {
+            return false;
+        };
+        let body: Option<Value> = resp.json().await.ok();
+        body.is_some_and(|b| b["current"] == true)
     }
 
     /// Increments the counter at `store` with `token`.
@@ -291,11 +321,12 @@ impl Spec {
 }
 
 /// Runs worker `i` as `spec` says until `stop`, hold after hold, recording every call in
-/// `history`. With a `store`, each hold increments its fenced counter once.
+/// `history`. With a `store`, each hold increments its fenced counter once, and writes to its
+/// register if a fence check before calls its token current.
 pub async fn run(
     (i, spec): (usize, Spec),
     slot: Arc<Slot>,
-    store: Option<String>,
+    store: Option<Stores>,
     history: Arc<History>,
     stop: CancellationToken,
 ) {
