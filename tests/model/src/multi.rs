@@ -188,6 +188,26 @@ pub fn runs() -> Vec<Run> {
             expect: HOLDS,
         },
         Run {
+            spec: Spec {
+                lock_deletion: true,
+                ..crossed("multi-lock, a lock deleted", [2, 1], None, false)
+            },
+            about: "lock 0 a semaphore of 2, the mutex deleted (and declared again) as the fault: \
+                    a waiting set's key in the deleted lock goes with it, and its other key is \
+                    removed in the background",
+            expect: HOLDS,
+        },
+        Run {
+            spec: Spec {
+                releases: 1,
+                ..crossed("multi-lock, force release", [2, 1], None, false)
+            },
+            about: "the same locks, an administrator's force release besides the fault: it may \
+                    end a set's key in one lock (the set then loses both) but never picks a set \
+                    key that holds nothing yet",
+            expect: HOLDS,
+        },
+        Run {
             spec: crossed(
                 "bug: multi-lock records early",
                 [2, 1],
