@@ -82,3 +82,41 @@ fn clients(client: Client, members: Vec<Client>) -> Arc<Clients> {
         members: Arc::new(Members::new(members)),
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use etcd_client::Channel;
+    use tonic::transport::Endpoint;
+
+    /// A client that never connects (nothing is sent through it here).
+    async fn idle() -> Client {
+        let channel = Endpoint::from_static("http://127.0.0.1:1").connect_lazy();
+        Client::from_channel(Channel::Tonic(channel), None).await.unwrap()
+    }
+
+    fn refused_password() -> etcd_client::Error {
+        let message = "etcdserver: authentication failed, invalid user ID or password";
+        etcd_client::Error::GRpcStatus(tonic::Status::invalid_argument(message))
+    }
+
+    #[tokio::test]
+    async fn only_a_refusal_of_the_current_clients_wakes_whoever_waits_for_one() {
+        let link = Link::new(idle().await, vec![]);
+        let old = link.current();
+        let waiting = link.clone();
+        let waiter = tokio::spawn(async move { waiting.refused().await });
+        tokio::task::yield_now().await; // it waits now
+        link.replace(idle().await, vec![]);
+        link.notice(&old, &refused_password());
+        let unavailable = etcd_client::Error::GRpcStatus(tonic::Status::unavailable("no leader"));
+        link.notice(&link.current(), &unavailable);
+        tokio::task::yield_now().await;
+        assert!(
+            !waiter.is_finished(),
+            "woken by old clients' refusal or a failure of etcd's"
+        );
+        link.notice(&link.current(), &refused_password());
+        assert_eq!(waiter.await.unwrap(), Refusal::Password);
+    }
+}
