@@ -61,6 +61,12 @@ impl EtcdArgs {
         Ok(clients)
     }
 
+    /// The clients of [`connect`](Self::connect) and [`connect_each`](Self::connect_each),
+    /// reading the credentials and the CA file anew.
+    pub async fn connect_all(&self) -> anyhow::Result<(Client, Vec<Client>)> {
+        Ok((self.connect().await?, self.connect_each().await?))
+    }
+
     /// Whether podlock talks to etcd as a user (etcd auth): from the flags or a credentials
     /// directory. Namespace isolation hangs on this, not on `--etcd-user` alone.
     pub fn has_credentials(&self) -> bool {

@@ -64,6 +64,15 @@ pub fn rewatch() -> Policy {
     doubling(Duration::from_millis(200), Duration::from_secs(5))
 }
 
+/// A sidecar connecting anew after etcd refused its clients (its password or etcd's CA
+/// changed, see `sidecar::reconnect`): from 1 s, up to 30 s while etcd keeps refusing. The new
+/// credentials reach the pod's files within a minute or so of the operator writing them, and
+/// each try costs etcd a password check (bcrypt, milliseconds of CPU): with every pod of a
+/// cluster trying at once, 30 s keeps that load low and the wait after the files change short.
+pub fn reconnect() -> Policy {
+    doubling(Duration::from_secs(1), Duration::from_secs(30))
+}
+
 /// One run of retries under a policy, for a loop that paces itself rather than retrying one
 /// call (a keepalive, a lock's requeue, a re-list); a new run starts from the first
 /// pause again.
@@ -105,6 +114,11 @@ mod tests {
     #[test]
     fn etcd_requests_double_from_100_ms_to_2_s() {
         assert_pauses(etcd(), &[100, 200, 400, 800, 1600, 2000, 2000]);
+    }
+
+    #[test]
+    fn reconnects_double_from_1_s_to_30_s() {
+        assert_pauses(reconnect(), &[1000, 2000, 4000, 8000, 16000, 30000, 30000]);
     }
 
     #[test]

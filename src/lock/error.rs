@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::entry::{HolderInfo, Mode};
 use super::names::{InvalidName, LockId};
+use super::refusal::Refusal;
 use super::token::TokenError;
 
 /// Why a lock operation did not succeed.
@@ -245,6 +246,11 @@ impl EtcdFailure {
         match e {
             etcd_client::Error::GRpcStatus(s) => match s.code() {
                 Code::PermissionDenied | Code::Unauthenticated => EtcdFailure::Refused,
+                // A password refused as the token was renewed, a user or role etcd does not
+                // know: credentials wrong or rotated, which are 403s as much as a denial is.
+                Code::InvalidArgument | Code::FailedPrecondition if Refusal::of(e).is_some() => {
+                    EtcdFailure::Refused
+                }
                 Code::InvalidArgument if s.message().contains("revision of auth store is old") => {
                     EtcdFailure::AuthOutdated
                 }
@@ -355,6 +361,9 @@ mod tests {
             "{no_leader:?}"
         );
         assert!(matches!(denied, LockError::Forbidden(_)), "{denied:?}");
+        let password = "etcdserver: authentication failed, invalid user ID or password";
+        let refused = from(Code::InvalidArgument, password);
+        assert!(matches!(refused, LockError::Forbidden(_)), "{refused:?}");
         assert!(
             matches!(starting, LockError::Unavailable(Unavailable::Unreachable(_))),
             "{starting:?}"

@@ -1,6 +1,6 @@
 //! A thin wrapper over the etcd client that counts requests and watch events, so benchmarks
 //! can show that etcd work per release stays flat as a queue grows, and sends each request to a
-//! member that answers (see [`Members`]). Watches are in [`watch`](super::watch).
+//! member that answers (see [`Members`](super::members::Members)). Watches are in [`watch`](super::watch).
 
 use etcd_client::{Client, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn, TxnOpResponse, TxnResponse};
 use std::collections::VecDeque;
@@ -14,7 +14,7 @@ use tokio::time::{Instant, timeout_at};
 
 use super::error::EtcdFailure;
 use super::error::{LockError, Unavailable};
-use super::members::Members;
+use super::link::{Clients, Link};
 
 /// How long a read or transaction may go unanswered before it is sent once more, the earlier
 /// attempts still running. A write that reaches a follower just after the leader died is
@@ -56,11 +56,11 @@ pub struct Stats {
 }
 
 /// An etcd client with counters, which sends each new request and watch to a member that
-/// answers (see [`Members`]).
+/// answers (see [`Members`](super::members::Members)), through clients that can be replaced
+/// (see [`Link`]).
 #[derive(Clone)]
 pub struct Etcd {
-    pub(super) client: Client,
-    pub(super) members: Arc<Members>,
+    pub(super) link: Link,
     pub(super) stats: Arc<Stats>,
 }
 
@@ -74,15 +74,19 @@ impl Etcd {
     /// new requests and watches.
     pub fn with_members(client: Client, members: Vec<Client>) -> Self {
         Etcd {
-            client,
-            members: Arc::new(Members::new(members)),
+            link: Link::new(client, members),
             stats: Arc::default(),
         }
     }
 
     /// The underlying client, for what this wrapper does not cover.
-    pub fn client(&self) -> &Client {
-        &self.client
+    pub fn client(&self) -> Client {
+        self.link.current().client.clone()
+    }
+
+    /// The clients, replaceable.
+    pub fn link(&self) -> &Link {
+        &self.link
     }
 
     /// The counters.
@@ -91,10 +95,11 @@ impl Etcd {
     }
 
     /// Runs `request` hedged (see [`hedged`]), counting every attempt. Each attempt goes to a
-    /// member picked by [`Members`]; one sent again marks the member of the attempt before it
-    /// suspect (it failed, or did not answer within [`HEDGE`]), so the next request avoids it.
+    /// member picked by [`Members`](super::members::Members); one sent again marks the member
+    /// of the attempt before it suspect (it failed, or did not answer within [`HEDGE`]), so the next request avoids it.
     /// An attempt refused for an outdated auth token ([`EtcdFailure::AuthOutdated`]) gets a
-    /// new one and is sent again like any transient failure.
+    /// new one and is sent again like any transient failure; a refusal of the clients
+    /// themselves is noted on the [`Link`].
     async fn retrying<T, F: Future<Output = Result<T, etcd_client::Error>>>(
         &self,
         request: impl Fn(Client) -> F,
@@ -107,24 +112,28 @@ impl Etcd {
         &self,
         request: impl Fn(Client) -> F,
     ) -> Sent<T> {
-        let previous = Mutex::new(None);
+        // The member the last attempt went to, and the clients it was one of.
+        let previous: Mutex<Option<(Option<usize>, Arc<Clients>)>> = Mutex::new(None);
         hedged(&self.stats, || {
             let mut previous = previous.lock().unwrap();
-            if let Some(member) = *previous {
-                self.members
-                    .suspect(member, "a request failed or went unanswered");
+            if let Some((member, clients)) = &*previous {
+                clients
+                    .members
+                    .suspect(*member, "a request failed or went unanswered");
             }
-            let (member, client) = self.members.pick(&self.client);
-            *previous = Some(member);
+            let clients = self.link.current();
+            let (member, client) = clients.pick();
+            *previous = Some((member, clients.clone()));
             let answer = request(client.clone());
             async move {
                 let answer = answer.await;
-                if let Err(e) = &answer
-                    && EtcdFailure::of(e) == EtcdFailure::AuthOutdated
-                {
-                    // Sent again (see `hedged`) with the new token; a failed renewal shows
-                    // in the next attempt's answer.
-                    let _ = client.refresh_token().await;
+                if let Err(e) = &answer {
+                    self.link.notice(&clients, e);
+                    if EtcdFailure::of(e) == EtcdFailure::AuthOutdated {
+                        // Sent again (see `hedged`) with the new token; a failed renewal shows
+                        // in the next attempt's answer.
+                        let _ = client.refresh_token().await;
+                    }
                 }
                 answer
             }

@@ -24,6 +24,7 @@ mod held;
 mod hold;
 mod keys;
 mod late;
+mod link;
 mod members;
 mod model;
 mod multi;
@@ -33,6 +34,7 @@ mod position;
 pub mod protocol;
 mod queue;
 mod receipt;
+mod refusal;
 mod registry;
 mod released;
 mod session;
@@ -50,12 +52,14 @@ pub use entry::{Entry, HolderInfo, Mode, PodRef, rfc3339};
 pub use error::{LockError, Unavailable};
 pub use etcd::Stats;
 pub use fence::FenceCheck;
+pub use link::Link;
 pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo, LockToken};
 pub use names::{
     InvalidName, LockId, check_container, check_dns_subdomain, check_holder_id, cluster_name,
     unique_holder_id,
 };
 pub use queue::QueueState;
+pub use refusal::Refusal;
 pub use settings::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
 pub use shared::{Withdrawn, may_publish};
 pub use store::{LockState, NamespacePassword, Revoked, RoundTripError, Store};
@@ -114,6 +118,11 @@ impl Engine {
     /// The etcd client with its counters.
     pub(crate) fn etcd(&self) -> &Etcd {
         &self.0.etcd
+    }
+
+    /// The engine's etcd clients, for whoever can build new ones when etcd refuses them.
+    pub fn link(&self) -> &Link {
+        self.0.etcd.link()
     }
 
     /// How much etcd work this engine caused.

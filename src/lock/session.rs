@@ -18,7 +18,8 @@ use tracing::{info, warn};
 
 use super::error::{LockError, Unavailable};
 use super::etcd::Etcd;
-use super::members::{Members, Route};
+use super::link::{Clients, Link};
+use super::members::Route;
 use crate::retry::{self, Pauses};
 
 /// How long one keepalive round trip may take before it counts as failed and is sent again on
@@ -114,8 +115,7 @@ impl Sessions {
         session.confirm(sent);
         info!(lease = format_args!("{id:x}"), ttl, "session started");
         tokio::spawn(keep_alive(
-            self.etcd.client().clone(),
-            self.etcd.members.clone(),
+            self.etcd.link().clone(),
             session.clone(),
             self.keepalive_failures.clone(),
         ));
@@ -144,11 +144,12 @@ impl Sessions {
 /// Keeps `session`'s lease alive every TTL/3 until etcd says it is gone or the last confirmed
 /// keepalive is older than the TTL; then marks the session lost and revokes the lease, in case
 /// etcd still has it (a leader change can extend TTLs). The stream goes to a member that
-/// answers (see [`Members`]); a member that fails or leaves a keepalive unanswered is marked
+/// answers (see [`Members`](super::members::Members)), of the clients current when it opens
+/// (see [`Link`]); a member that fails or leaves a keepalive unanswered is marked
 /// suspect, so that neither the next keepalive nor the sidecar's watches and requests go back
 /// to it, and a member that watches or requests found silent is not chosen for the next stream.
-async fn keep_alive(client: Client, members: Arc<Members>, session: Arc<Session>, failures: Arc<AtomicU64>) {
-    let mut route: Option<Route> = None;
+async fn keep_alive(link: Link, session: Arc<Session>, failures: Arc<AtomicU64>) {
+    let mut route: Option<(Arc<Clients>, Route)> = None;
     let period = Duration::from_millis(u64::from(session.ttl) * 1000 / 3);
     let mut stream = None;
     let mut next = Instant::now() + period;
@@ -163,7 +164,13 @@ async fn keep_alive(client: Client, members: Arc<Members>, session: Arc<Session>
         }
         let sent = Instant::now();
         let limit = keepalive_timeout(session.ttl);
-        let (member, via) = route.get_or_insert_with(|| members.pick(&client)).clone();
+        let (clients, (member, via)) = route
+            .get_or_insert_with(|| {
+                let clients = link.current();
+                let picked = clients.pick();
+                (clients, picked)
+            })
+            .clone();
         let failure = match timeout(limit, renew(&via, session.id, &mut stream)).await {
             Ok(Ok(ttl)) if ttl > 0 => {
                 session.confirm(sent);
@@ -181,14 +188,15 @@ async fn keep_alive(client: Client, members: Arc<Members>, session: Arc<Session>
             }
         };
         failures.fetch_add(1, Ordering::Relaxed);
-        members.suspect(member, failure);
+        clients.members.suspect(member, failure);
         (stream, route) = (None, None);
         next = Instant::now() + pauses.next_pause();
     };
     warn!(lease = format_args!("{:x}", session.id), reason, "session lost");
     session.lost.cancel();
     // Best effort: if etcd still has the lease, revoke it so no key outlives our belief.
-    let _ = timeout(Duration::from_secs(5), client.clone().lease_revoke(session.id)).await;
+    let mut client = link.current().client.clone();
+    let _ = timeout(Duration::from_secs(5), client.lease_revoke(session.id)).await;
 }
 
 type KeepAlive = (etcd_client::LeaseKeeper, etcd_client::LeaseKeepAliveStream);

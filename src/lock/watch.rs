@@ -46,11 +46,12 @@ impl Etcd {
             .ok_or_else(|| LockError::Invalid("nothing to watch".into()))?;
         // Opening the stream waits for the member's answer: bounded, as a stalled member never
         // gives one (the watch's own silence check starts only once it is open).
-        let (member, client) = self.members.pick(&self.client);
+        let clients = self.link.current();
+        let (member, client) = clients.pick();
         let mut client = client.watch_client();
         let open = client.watch(first.key.clone(), first.options());
         let Ok(opened) = timeout(2 * WATCH_SILENCE, open).await else {
-            self.members.suspect(member, "it did not open a watch");
+            clients.members.suspect(member, "it did not open a watch");
             return Err(LockError::Unavailable(Unavailable::MemberStalled {
                 what: "did not open a watch",
                 within: 2 * WATCH_SILENCE,
@@ -65,7 +66,7 @@ impl Etcd {
         let mut watch = KeyWatch {
             stream,
             stats: self.stats.clone(),
-            members: self.members.clone(),
+            members: clients.members.clone(),
             member,
             start_revision: 0,
             fired: false,

@@ -5,6 +5,7 @@ mod connection;
 mod error;
 mod events;
 mod fence;
+mod reconnect;
 mod request;
 mod start;
 
@@ -106,11 +107,11 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<()> {
     serve(started, listener, health).await
 }
 
-/// Connects to etcd and builds the engine and the handlers' state.
+/// Connects to etcd and builds the engine and the handlers' state; connects anew whenever etcd
+/// refuses the engine's clients (see [`reconnect`]).
 async fn start(args: &SidecarArgs) -> anyhow::Result<(Engine, AppState)> {
     let pod_name = args.pod_name.clone().unwrap_or_else(hostname);
-    let client = args.etcd.connect().await?;
-    let members = args.etcd.connect_each().await?;
+    let (client, members) = args.etcd.connect_all().await?;
     let pod = PodRef {
         namespace: args.namespace.clone(),
         name: pod_name.clone(),
@@ -118,6 +119,7 @@ async fn start(args: &SidecarArgs) -> anyhow::Result<(Engine, AppState)> {
         cluster: args.cluster.clone(),
     };
     let engine = Engine::new(client, members, pod, args.standalone);
+    tokio::spawn(reconnect::run(engine.link().clone(), args.etcd.clone()));
     let metrics = SidecarMetrics::new();
     spawn_hold_metrics(&engine, &metrics);
     let state = AppState {

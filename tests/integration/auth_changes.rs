@@ -1,14 +1,15 @@
 //! etcd's auth store changes under running sidecars: a new namespace provisioned, an operator
 //! restarted (a `helm upgrade`). Each change of a user, role or permission moves etcd's auth
 //! revision on, and etcd refuses a request whose token was checked at an older one ("revision
-//! of auth store is old"); a password change ends every token of its user. Holds must live on.
+//! of auth store is old"); a password change ends every token of its user. Holds must live on,
+//! and a sidecar whose password changed (in etcd and in its mounted Secret) locks again.
 
 use serde_json::json;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::kube::{Operator, with_crd};
-use crate::common::{bin_dir, wait_until};
+use crate::common::{EtcdServer, Sidecar, bin_dir, wait_until};
 use crate::isolation::{ISOLATED, credentials, declare_shared, isolated, sidecar_with, takes_with};
 
 /// etcd's auth revision (`etcdctl auth status`, as root).
@@ -92,6 +93,53 @@ async fn a_sidecar_carries_on_while_etcds_auth_changes() {
     }
     churn.abort();
     eprintln!("{rounds} acquire-release rounds while etcd's auth changed");
+}
+
+/// A sidecar reads its credentials from a directory (the mounted Secret, which the kubelet
+/// refreshes in place). Its password changes in etcd, then, a little later, in its files (as
+/// after a reinstall on a new etcd, #41): refused meanwhile, it connects anew with the new
+/// password and locks again, with no restart, and its log says why it connected anew.
+#[tokio::test]
+async fn a_sidecar_locks_again_once_its_password_changes_in_etcd_and_in_its_files() {
+    let etcd = EtcdServer::start().await;
+    etcd.enable_auth("root-secret").await;
+    let root = etcd_client::ConnectOptions::new().with_user("root", "root-secret");
+    let mut root = etcd_client::Client::connect([etcd.endpoint.as_str()], Some(root))
+        .await
+        .unwrap();
+    root.user_add("app", "old-secret", None).await.unwrap();
+    root.user_grant_role("app", "root").await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let password = |p: &str| std::fs::write(dir.path().join("password"), p).unwrap();
+    std::fs::write(dir.path().join("username"), "app").unwrap();
+    password("old-secret");
+    let args = [
+        "--standalone",
+        "--etcd-credentials-dir",
+        dir.path().to_str().unwrap(),
+    ];
+    let pod = Sidecar::start(&etcd.endpoint, "pod", &args).await;
+    pod.must_acquire("l", json!({})).await;
+    assert_eq!(pod.post("l", "release", json!({})).await.0, 200);
+
+    root.user_change_password("app", "new-secret").await.unwrap();
+    let (status, body) = pod.post("l", "acquire", json!({})).await;
+    assert_ne!(status, 200, "acquired with a password etcd no longer has: {body}");
+    tokio::time::sleep(Duration::from_secs(2)).await; // the kubelet takes its time too
+    password("new-secret");
+    let took = wait_until(Duration::from_secs(30), || async {
+        pod.post("l", "acquire", json!({})).await.0 == 200
+    })
+    .await
+    .unwrap_or_else(|e| panic!("no lock with the new password ({e}):\n{}", pod.log()));
+    let log = pod.log();
+    let why: Vec<&str> = log.lines().filter(|l| l.contains("connecting anew")).collect();
+    eprintln!("locked again {took:?} after the new password was written; the sidecar:");
+    why.iter().for_each(|l| eprintln!("  {l}"));
+    assert!(
+        why.iter().any(|l| l.contains("password")),
+        "no cause logged:\n{log}"
+    );
 }
 
 /// Replicas and the webhook provision a new namespace at the same moment: each finds the role

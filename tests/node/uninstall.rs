@@ -3,8 +3,10 @@
 //! them is deleted, which must complete (no finalizer waits for an operator that is gone), and
 //! no Secret of podlock's may be left anywhere. The other namespace is kept, with the Secret an
 //! older podlock left behind (no owner, the credentials of the etcd that is gone): after the
-//! install, on a new etcd with a new CA and new passwords, a new injected pod there takes its
-//! lock with curl, with no step by hand, and the operator says why it wrote the Secret again.
+//! install, on a new etcd with a new CA and new passwords, the pod that held the lock there
+//! through the uninstall takes it again without a restart (its sidecar reads the rewritten
+//! Secret's files anew), a new injected pod takes it too, both with curl and no step by hand,
+//! and the operator says why it wrote the Secret again.
 
 use std::time::{Duration, Instant};
 
@@ -44,15 +46,20 @@ fn take_the_lock(node: &Node, ns: &str, pod: &str) -> String {
         "--timeout=120s",
     ]);
     assert!(ok, "pod {ns}/{pod} not Ready: {err}");
-    let curl = r#"curl -s -XPOST "$PODLOCK_ADDR/v1/locks/held/acquire?waitSeconds=10""#;
-    let grant = retry(Duration::from_secs(60), || {
-        let (_, out, err) = node.kubectl(&["exec", "-n", ns, pod, "-c", "app", "--", "sh", "-c", curl]);
-        out.contains("fencingToken")
-            .then_some(out.clone())
-            .ok_or(format!("{out}{err}"))
+    call_the_lock(node, ns, pod, "acquire?waitSeconds=10", Duration::from_secs(60))
+}
+
+/// Has pod `pod` of `ns` make `call` on lock `held` with curl through its sidecar until it
+/// succeeds, for up to `within`; returns the answer.
+fn call_the_lock(node: &Node, ns: &str, pod: &str, call: &str, within: Duration) -> String {
+    let curl = format!(r#"curl -s -w ' %{{http_code}}' -XPOST "$PODLOCK_ADDR/v1/locks/held/{call}""#);
+    let answer = retry(within, || {
+        let (_, out, err) = node.kubectl(&["exec", "-n", ns, pod, "-c", "app", "--", "sh", "-c", &curl]);
+        let body = out.trim_end().strip_suffix(" 200");
+        body.map(str::to_string).ok_or(format!("{out}{err}"))
     });
     let (_, sidecar, _) = node.kubectl(&["logs", "-n", ns, pod, "-c", "podlock", "--tail", "20"]);
-    grant.unwrap_or_else(|e| panic!("{ns}/{pod} could not take its lock: {e}\nits sidecar:\n{sidecar}"))
+    answer.unwrap_or_else(|e| panic!("{ns}/{pod}: {call} on its lock failed: {e}\nits sidecar:\n{sidecar}"))
 }
 
 /// Before the uninstall: both namespaces' locks held by their injected pods. Returns the kept
@@ -128,10 +135,31 @@ pub fn no_secret_of_podlocks_is_left(node: &Node, after: &str) {
     );
 }
 
-/// After the install again on fresh etcd volumes: a new injected pod of the kept namespace,
-/// whose Secret still had the old etcd's credentials, takes the lock, and the operator logged
-/// why it wrote that Secret again.
+/// After the install again on fresh etcd volumes: the kept namespace's pod from before the
+/// uninstall, never restarted, takes the lock again once its sidecar has read the rewritten
+/// Secret (the kubelet updates its files within about a minute), then releases it; a new
+/// injected pod takes it too, and the operator logged why it wrote that Secret again.
 pub fn the_kept_namespace_locks_again(node: &Node) {
+    let started = Instant::now();
+    let acquire = "acquire?waitSeconds=10";
+    let grant = call_the_lock(node, KEPT, "holder", acquire, Duration::from_secs(240));
+    eprintln!(
+        "after helm install on fresh etcd volumes: {KEPT}/holder, created before the uninstall, \
+         holds again after {:.0} s: {grant}",
+        started.elapsed().as_secs_f64()
+    );
+    let restarts = "jsonpath={.status.initContainerStatuses[*].restartCount} {.status.containerStatuses[*].restartCount}";
+    let (_, restarts, _) = node.kubectl(&["get", "pod", "holder", "-n", KEPT, "-o", restarts]);
+    assert_eq!(
+        restarts.trim(),
+        "0 0",
+        "{KEPT}/holder's containers were restarted"
+    );
+    let (_, sidecar, _) = node.kubectl(&["logs", "-n", KEPT, "holder", "-c", "podlock"]);
+    for line in sidecar.lines().filter(|l| l.contains("anew")) {
+        eprintln!("{KEPT}/holder's sidecar: {}", line.trim());
+    }
+    call_the_lock(node, KEPT, "holder", "release", Duration::from_secs(10));
     let grant = take_the_lock(node, KEPT, "after");
     eprintln!("after helm install on fresh etcd volumes: {KEPT}/after holds: {grant}");
     let logs = operator_logs(node, 400);

@@ -22,7 +22,7 @@ impl Store {
     /// its queues, and nothing else. Grants only what is missing: every grant moves etcd's auth
     /// revision on, which outdates the token of every client (each must authenticate again).
     pub async fn ensure_role(&self, namespace: &str, role: &str) -> Result<(), LockError> {
-        let mut c = self.0.client().clone();
+        let mut c = self.0.client();
         let granted = match c.role_get(role).await {
             Ok(got) => got.permissions(),
             Err(_) => match c.role_add(role).await {
@@ -81,7 +81,7 @@ impl Store {
     /// Changes nothing etcd already has (a restarted operator provisions again): every change
     /// moves etcd's auth revision on and outdates the token of every client.
     pub async fn set_user(&self, user: &str, password: &str, role: &str) -> Result<(), LockError> {
-        let mut c = self.0.client().clone();
+        let mut c = self.0.client();
         let roles = match c.user_get(user).await {
             Ok(got) => {
                 let (name, given) = (user.to_string(), password.to_string());
@@ -109,7 +109,7 @@ impl Store {
     /// Adds user `root` with `password` (or sets its password), gives it the root role and
     /// turns etcd auth on. Only possible while auth is off; every step may be repeated.
     pub async fn enable_auth(&self, password: &str) -> Result<(), LockError> {
-        let mut c = self.0.client().clone();
+        let mut c = self.0.client();
         match c.user_get("root").await {
             Ok(user) => {
                 c.user_change_password("root", password).await?;

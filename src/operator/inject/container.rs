@@ -2,8 +2,7 @@
 
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, ExecAction, KeyToPath, ObjectFieldSelector,
-    Probe, ResourceRequirements, SeccompProfile, SecretKeySelector, SecretVolumeSource, SecurityContext,
-    Volume, VolumeMount,
+    Probe, ResourceRequirements, SeccompProfile, SecretVolumeSource, SecurityContext, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
@@ -17,29 +16,36 @@ pub(super) struct Options {
     pub heartbeat: Option<u32>,
 }
 
-/// Where the sidecar finds etcd's CA (from the namespace's credentials Secret).
-const CA_DIR: &str = "/etc/podlock/etcd";
-/// The pod volume with it.
-const CA_VOLUME: &str = "podlock-etcd-ca";
+/// Where the sidecar finds its etcd credentials and etcd's CA (the namespace's Secret).
+const ETCD_DIR: &str = "/etc/podlock/etcd";
+/// The pod volume with them.
+const ETCD_VOLUME: &str = "podlock-etcd";
 
-/// The pod volume with etcd's CA from the namespace's credentials Secret, with etcd TLS.
-/// Optional, like the credentials: a pod started before its namespace has them still starts,
-/// and its sidecar says why it cannot reach etcd.
-pub(super) fn ca_volume(tpl: &SidecarTemplate) -> Option<Volume> {
-    let secret = tpl.credentials_secret.as_ref().filter(|_| tpl.etcd_ca)?;
-    let ca = KeyToPath {
-        key: "ca.crt".into(),
-        path: "ca.crt".into(),
-        mode: None,
-    };
+/// The pod volume with the namespace's credentials Secret: the etcd user name and password,
+/// and with etcd TLS etcd's CA. Files, not environment variables: the kubelet rewrites them
+/// when the operator rewrites the Secret (a reinstall on a new etcd), and the sidecar reads
+/// them again when etcd refuses its old ones, so the pod locks again without a restart.
+/// Optional: a pod started before its namespace has a Secret still starts, and its sidecar
+/// says why it cannot reach etcd until the files appear.
+pub(super) fn etcd_volume(tpl: &SidecarTemplate) -> Option<Volume> {
+    let secret = tpl.credentials_secret.as_ref()?;
+    let ca = tpl.etcd_ca.then_some("ca.crt");
+    let items = ["username", "password"]
+        .into_iter()
+        .chain(ca)
+        .map(|key| KeyToPath {
+            key: key.into(),
+            path: key.into(),
+            mode: None,
+        });
     let source = SecretVolumeSource {
         secret_name: Some(secret.clone()),
         optional: Some(true),
-        items: Some(vec![ca]),
+        items: Some(items.collect()),
         default_mode: None,
     };
     Some(Volume {
-        name: CA_VOLUME.into(),
+        name: ETCD_VOLUME.into(),
         secret: Some(source),
         ..Volume::default()
     })
@@ -130,10 +136,10 @@ pub(super) fn sidecar(tpl: &SidecarTemplate, options: &Options) -> Container {
             ..Default::default()
         })),
         security_context: Some(restricted()),
-        volume_mounts: ca_volume(tpl).map(|_| {
+        volume_mounts: etcd_volume(tpl).map(|_| {
             vec![VolumeMount {
-                name: CA_VOLUME.into(),
-                mount_path: CA_DIR.into(),
+                name: ETCD_VOLUME.into(),
+                mount_path: ETCD_DIR.into(),
                 read_only: Some(true),
                 ..Default::default()
             }]
@@ -214,27 +220,11 @@ fn sidecar_env(tpl: &SidecarTemplate, options: &Options) -> Vec<EnvVar> {
     if let Some(level) = &tpl.log_level {
         env.push(env_var("PODLOCK_LOG", level.clone()));
     }
-    let Some(secret) = &tpl.credentials_secret else {
-        return env;
-    };
-    if tpl.etcd_ca {
-        env.push(env_var("PODLOCK_ETCD_CA_FILE", format!("{CA_DIR}/ca.crt")));
-    }
-    for (var, key) in [
-        ("PODLOCK_ETCD_USER", "username"),
-        ("PODLOCK_ETCD_PASSWORD", "password"),
-    ] {
-        // Optional: a namespace without locks has no Secret yet; its sidecar then reports 403.
-        let secret_key_ref = SecretKeySelector {
-            name: secret.clone(),
-            key: key.into(),
-            optional: Some(true),
-        };
-        let source = EnvVarSource {
-            secret_key_ref: Some(secret_key_ref),
-            ..Default::default()
-        };
-        env.push(from(var, source));
+    if tpl.credentials_secret.is_some() {
+        env.push(env_var("PODLOCK_ETCD_CREDENTIALS_DIR", ETCD_DIR.into()));
+        if tpl.etcd_ca {
+            env.push(env_var("PODLOCK_ETCD_CA_FILE", format!("{ETCD_DIR}/ca.crt")));
+        }
     }
     env
 }

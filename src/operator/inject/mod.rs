@@ -165,7 +165,7 @@ fn inject(tpl: &SidecarTemplate, namespace_injects: bool, pod: &Value) -> Result
     labels.insert(INSTANCE_LABEL.into(), tpl.instance.clone().into());
     let pod_spec = ensure_object(&mut mutated, "/spec");
     give_containers_their_env(pod_spec, options.port);
-    if let Some(volume) = container::ca_volume(tpl) {
+    if let Some(volume) = container::etcd_volume(tpl) {
         let volumes = pod_spec.entry("volumes").or_insert(Value::Array(vec![]));
         if let Some(volumes) = volumes.as_array_mut() {
             volumes.push(serde_json::to_value(volume).expect("a volume serializes"));

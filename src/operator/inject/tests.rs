@@ -245,18 +245,64 @@ fn with_etcd_tls_the_sidecar_gets_the_ca_from_its_namespaces_secret() {
         etcd_ca: true,
         ..tpl()
     };
-    let p = mutate(&tpl, "Pod", true, "app", false, &pod(json!({INJECT: "true"})))
-        .unwrap()
-        .patch
-        .unwrap();
-    let mut out = pod(json!({INJECT: "true"}));
-    json_patch::patch(&mut out, &p).unwrap();
+    let out = injected_pod(&tpl);
     assert_eq!(out["spec"]["volumes"][0]["secret"]["secretName"], "podlock-etcd");
     assert_eq!(out["spec"]["volumes"][0]["secret"]["optional"], true);
     let sc = &out["spec"]["initContainers"][0];
     assert_eq!(sc["volumeMounts"][0]["mountPath"], "/etc/podlock/etcd");
     let env = sc["env"].as_array().unwrap();
     assert!(env.contains(&json!({"name": "PODLOCK_ETCD_CA_FILE", "value": "/etc/podlock/etcd/ca.crt"})));
+}
+
+/// The sidecar reads its etcd user and password as files of the namespace's Secret, which the
+/// kubelet refreshes in place: an environment variable would keep a pod on the password it
+/// started with, locked out after a reinstall on a new etcd until it is restarted (#41).
+#[test]
+fn the_sidecar_reads_its_etcd_credentials_from_the_mounted_secret_not_its_environment() {
+    for etcd_ca in [false, true] {
+        let tpl = SidecarTemplate {
+            credentials_secret: Some("podlock-etcd".into()),
+            etcd_ca,
+            ..tpl()
+        };
+        let out = injected_pod(&tpl);
+        let sc = &out["spec"]["initContainers"][0];
+        let env = sc["env"].as_array().unwrap();
+        let names: Vec<&str> = env.iter().filter_map(|e| e["name"].as_str()).collect();
+        assert!(
+            !names.contains(&"PODLOCK_ETCD_PASSWORD") && !names.contains(&"PODLOCK_ETCD_USER"),
+            "credentials in the environment (etcd TLS {etcd_ca}): {names:?}"
+        );
+        let dir = json!({"name": "PODLOCK_ETCD_CREDENTIALS_DIR", "value": "/etc/podlock/etcd"});
+        assert!(env.contains(&dir), "etcd TLS {etcd_ca}: {names:?}");
+        let volume = &out["spec"]["volumes"][0];
+        assert_eq!(volume["secret"]["secretName"], "podlock-etcd");
+        // Optional: a pod created before its namespace has a Secret still starts.
+        assert_eq!(volume["secret"]["optional"], true);
+        let keys: Vec<&str> = volume["secret"]["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|i| i["key"].as_str())
+            .collect();
+        let expected = if etcd_ca {
+            vec!["username", "password", "ca.crt"]
+        } else {
+            vec!["username", "password"]
+        };
+        assert_eq!(keys, expected);
+        let mount = &sc["volumeMounts"][0];
+        assert_eq!(
+            (&mount["name"], &mount["mountPath"]),
+            (&volume["name"], &json!("/etc/podlock/etcd"))
+        );
+        assert_eq!(mount["readOnly"], true);
+    }
+    let without = injected_pod(&tpl());
+    assert!(
+        without["spec"]["volumes"].is_null(),
+        "a volume without a Secret: {without}"
+    );
 }
 
 #[test]
@@ -358,6 +404,11 @@ fn the_sidecars_resources_and_log_level_are_the_operators_to_set() {
 
 /// The sidecar `tpl` injects into an annotated pod.
 fn injected_sidecar(tpl: &SidecarTemplate) -> Value {
+    injected_pod(tpl)["spec"]["initContainers"][0].clone()
+}
+
+/// An annotated pod as `tpl` injects it.
+fn injected_pod(tpl: &SidecarTemplate) -> Value {
     let annotated = || pod(json!({INJECT: "true"}));
     let p = mutate(tpl, "Pod", true, "app", false, &annotated())
         .unwrap()
@@ -365,5 +416,5 @@ fn injected_sidecar(tpl: &SidecarTemplate) -> Value {
         .unwrap();
     let mut out = annotated();
     json_patch::patch(&mut out, &p).unwrap();
-    out["spec"]["initContainers"][0].clone()
+    out
 }
