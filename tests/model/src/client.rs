@@ -21,6 +21,10 @@ impl Protocol {
             Phase::Enqueue => can(Step::Enqueue),
             Phase::Requeue { .. } => can(Step::Requeue),
             Phase::Reading { .. } => can(Step::Read),
+            Phase::Waiting(w) if spec.also.is_some() => {
+                self.set_steps(s, w, &mut can);
+                can(Step::GiveUp);
+            }
             Phase::Waiting(w) => {
                 // A read woken by an event, or by a broken watch without one.
                 can(if self.woken(s, c, w) {
@@ -104,6 +108,8 @@ impl Protocol {
             }
             (Step::Read, Phase::Reading { ticket }) => self.read(s, c, ticket),
             (Step::Resend, phase) => self.resend(s, c, phase),
+            (Step::WakeLock(l) | Step::RewatchLock(l), Phase::Waiting(w)) => self.read_lock(s, c, w, l),
+            (Step::SetRecord, Phase::Waiting(w)) => self.set_record(s, c, w),
             (_, Phase::Waiting(w)) => self.waiter_step(s, c, step, w),
             (
                 _,
@@ -233,9 +239,6 @@ impl Protocol {
 
     /// The position read: its own key, the settings and the keys ahead, in one transaction.
     fn read(&self, s: &mut State, c: u8, ticket: Rev) {
-        if self.spec.clients[c as usize].also.is_some() {
-            return self.read_multi(s, c, ticket);
-        }
         let lock = self.spec.clients[c as usize].lock;
         let l = &s.locks[lock as usize];
         let me = &mut s.clients[c as usize];

@@ -106,6 +106,7 @@ pub fn decide(model: &Protocol, state: &State, at: (u8, Rev), max: u8) -> Result
         at: state.etcd,
         wakes,
         behind,
+        turns: vec![],
     })
 }
 

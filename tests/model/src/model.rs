@@ -36,6 +36,13 @@ pub enum Step {
     Release,
     /// The copy of a release the hedge sent again answers it (see [`crate::resend`]).
     Resend,
+    /// A multi-lock set reads its position in one of its locks, woken by an event there (or
+    /// with a read due).
+    WakeLock(u8),
+    /// The same without an event (a broken watch).
+    RewatchLock(u8),
+    /// A multi-lock set admitted on every lock records its grant on all its keys.
+    SetRecord,
     /// The hold's watch (or its session) tells it its key is gone.
     Learn,
     /// The deadline passes while waiting (or a connection-bound waiter's connection closes).
@@ -104,7 +111,10 @@ impl Action {
     /// are not: a property must hold however many of them happened before, without them.
     pub fn good(&self) -> bool {
         match self {
-            Action::Client(_, step) => !matches!(step, Step::Rewatch | Step::GiveUp | Step::HeartbeatMiss),
+            Action::Client(_, step) => !matches!(
+                step,
+                Step::Rewatch | Step::RewatchLock(_) | Step::GiveUp | Step::HeartbeatMiss
+            ),
             Action::Expire(_)
             | Action::Revoke(..)
             | Action::Republish(..)

@@ -131,8 +131,11 @@ fn phase(p: &Phase) -> String {
                 Some((c, _, _)) => format!("; may record c{c}'s grant"),
                 None => String::new(),
             };
+            let turns: String = (w.turns.iter())
+                .map(|t| format!("; lock {} {:?} @{}", t.lock, t.turn, t.at))
+                .collect();
             format!(
-                "waits with #{} (read @{}) for [{}]{behalf}",
+                "waits with #{} (read @{}) for [{}]{behalf}{turns}",
                 w.ticket,
                 w.at,
                 wakes.join(", ")

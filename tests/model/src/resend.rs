@@ -14,7 +14,19 @@
 use crate::model::Protocol;
 use crate::runs::{HOLDS, Run, spec};
 use crate::spec::{Bug, ClientSpec as C, Spec};
-use crate::state::{Broken, Phase, Receipt, Rev, State};
+use crate::state::{Broken, Phase, Rev, State};
+
+/// A release receipt: the key the last release of a session deleted in a lock, bound to the
+/// session's lease (`/podlock/v1/queue/{ns}/.released/{lock}/{lease}` in the engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Receipt {
+    /// The pod whose sidecar released.
+    pub pod: u8,
+    /// Its session (lease): the receipt goes with the lease.
+    pub session: u8,
+    /// The create revision of the key the release deleted.
+    pub ticket: Rev,
+}
 
 /// Safety: a release answers `released` only if its own copy deleted its key (never for a hold
 /// that ended otherwise), and answers `lost` for a key its own copy deleted only when its

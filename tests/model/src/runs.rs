@@ -1,7 +1,7 @@
 //! The configurations checked, and what each must come to.
 
-use crate::props::{ADMITTED, BELIEF, DRAINS, FENCING, GRANTED, LIMIT, MODES, VIEWS, WINDOW};
-use crate::spec::{Bug, ClientSpec as C, EpochRule, Handoff, OnBehalf, Rebuild, Spec};
+use crate::props::{ADMITTED, BELIEF, DRAINS, FENCING, GRANTED, LIMIT, MODES, VIEWS};
+use crate::spec::{Bug, ClientSpec as C, EpochRule, Handoff, OnBehalf, Spec};
 
 /// What a run must come to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -325,156 +325,6 @@ fn bugs() -> Vec<Run> {
     ]
 }
 
-/// etcd wiped, or restored from an earlier snapshot, under a lock two pods take in turn, and
-/// the operator publishing the lock again (docs/operations.md, "Backup and restore"); then the
-/// rule's parts taken away, each of which the checker must find missing.
-fn rebuilds() -> Vec<Run> {
-    let rebuilt = |name, rebuild, epoch_rule, status_lag, bug| Spec {
-        rebuild: Some(rebuild),
-        epoch_rule,
-        status_lag,
-        bug,
-        faults: 0,
-        ..spec(
-            name,
-            vec![1],
-            vec![vec![]],
-            vec![C::new(0, 0).acquires(2), C::new(1, 0)],
-        )
-    };
-    let (wipe, bumped) = (Rebuild::Wipe, Rebuild::Restore { bump_revision: true });
-    let restore = Rebuild::Restore { bump_revision: false };
-    let rule = EpochRule::WriteAhead;
-    vec![
-        Run {
-            spec: rebuilt("etcd wiped", wipe, rule, true, None),
-            about: "etcd wiped and started again empty; the operator publishes the lock again \
-                    under a new epoch (its status behind etcd)",
-            expect: HOLDS,
-        },
-        Run {
-            spec: rebuilt("etcd restored with --bump-revision", bumped, rule, true, None),
-            about: "etcd restored from an earlier snapshot, its revisions bumped past every earlier \
-                    one: the keys of holds released after the snapshot come back, and the \
-                    operator, which had seen them end, moves the lock to a new epoch (finding 2 \
-                    of the edges review); until its reconcile the views name them",
-            expect: HOLDS,
-        },
-        Run {
-            spec: rebuilt(
-                "bug: returned keys undetected",
-                bumped,
-                rule,
-                true,
-                Some(Bug::ReturnedUndetected),
-            ),
-            about: "the same, the operator not noticing the keys that came back (the engine before \
-                    finding 2's fix): every view names a released hold until the orphan sweep",
-            expect: Expect::Fails(&[VIEWS]),
-        },
-        Run {
-            spec: rebuilt(
-                "etcd restored without --bump-revision",
-                restore,
-                rule,
-                false,
-                None,
-            ),
-            about: "etcd restored from an earlier snapshot without a bump: the operator, its status \
-                    current, sees the revision went back and bumps the epoch; grants before it \
-                    reconciles can go below earlier tokens (the views name released holds brought \
-                    back until then too: the restore window)",
-            expect: Expect::Fails(&[WINDOW]),
-        },
-        Run {
-            spec: rebuilt(
-                "etcd restored without --bump-revision, status behind",
-                restore,
-                rule,
-                true,
-                None,
-            ),
-            about: "the same, with the operator's status behind etcd: grants made after the snapshot \
-                    that never reached the status go undetected",
-            expect: Expect::Fails(&[FENCING, WINDOW]),
-        },
-        Run {
-            spec: Spec {
-                recreate: true,
-                ..rebuilt(
-                    "etcd wiped, lock deleted and created again",
-                    wipe,
-                    rule,
-                    true,
-                    None,
-                )
-            },
-            about: "etcd wiped, then the DistributedLock deleted and created again: its removal \
-                    keeps its epoch in etcd, the new object's status is empty, and the operator \
-                    publishes it under the kept epoch",
-            expect: HOLDS,
-        },
-        Run {
-            spec: Spec {
-                recreate: true,
-                ..rebuilt(
-                    "bug: deletion forgets the epoch",
-                    wipe,
-                    rule,
-                    true,
-                    Some(Bug::DeleteForgetsEpoch),
-                )
-            },
-            about: "the removal takes the epoch with the settings (finding 1 of the edges review): \
-                    the lock created again after a wipe moved it to epoch 1 is published under 0",
-            expect: Expect::Finds(FENCING),
-        },
-        Run {
-            spec: rebuilt("bug: no epoch", wipe, EpochRule::Off, true, None),
-            about: "the lock published again after a wipe with the epoch it had (none)",
-            expect: Expect::Finds(FENCING),
-        },
-        Run {
-            spec: rebuilt(
-                "bug: epoch from the status token",
-                wipe,
-                EpochRule::StatusToken,
-                true,
-                None,
-            ),
-            about: "the new epoch taken from status.fencingToken alone, which lags etcd",
-            expect: Expect::Finds(FENCING),
-        },
-        Run {
-            spec: rebuilt(
-                "bug: guard by revision",
-                wipe,
-                rule,
-                true,
-                Some(Bug::GuardByRevision),
-            ),
-            about: "the enqueue's guard compares the settings' mod revision, which the new etcd can repeat",
-            expect: Expect::Finds(FENCING),
-        },
-        Run {
-            spec: rebuilt("bug: restore not detected", restore, EpochRule::Off, false, None),
-            about: "the operator does not compare etcd's revision with status.fencingToken",
-            expect: Expect::Finds(FENCING),
-        },
-        Run {
-            spec: rebuilt(
-                "bug: bump keeps the queue",
-                restore,
-                rule,
-                false,
-                Some(Bug::BumpKeepsQueue),
-            ),
-            about: "the epoch bumped, but keys enqueued under the old one left in the queue",
-            expect: Expect::Finds(FENCING),
-        },
-    ]
-}
-
 /// Every run, in order.
 pub fn runs() -> Vec<Run> {
     let more = [
@@ -482,7 +332,7 @@ pub fn runs() -> Vec<Run> {
         crate::clusters::runs(),
         crate::resend::runs(),
     ];
-    [protocol(), handoff(), on_behalf(), bugs(), rebuilds()]
+    [protocol(), handoff(), on_behalf(), bugs(), crate::rebuild::runs()]
         .into_iter()
         .chain(more)
         .flatten()

@@ -117,6 +117,9 @@ pub enum Bug {
     /// A multi-lock waiter records its grant (`acquiredAt`) in each lock as soon as it is
     /// admitted there, before it is admitted on every lock.
     MultiRecordsEarly,
+    /// A multi-lock set's grant record is guarded by its keys only, not by the settings each
+    /// of its turns was decided under (`set::record` guards both).
+    SetRecordUnguarded,
     /// The views of who holds count holders by position (the leading run of one mode within
     /// `maxHolders`), as status, `GET` and a force release did before the one rule: a hold
     /// granted before a lowering is missing, and a key behind an unrecorded grant is named.

@@ -12,6 +12,9 @@
 /// An etcd revision (0: none).
 pub type Rev = u16;
 
+pub use crate::multi::{SetTurn, Turn};
+pub use crate::resend::Receipt;
+
 /// A fencing token: the lock's epoch when its key was enqueued, then the key's create revision
 /// (`Token` in the engine: `epoch * 2^40 + revision`; (0, 0): none).
 pub type Token = (u8, Rev);
@@ -95,18 +98,6 @@ pub struct Lock {
     /// The release receipts in etcd: one per pod's session (lease), naming the key its last
     /// release deleted (see [`crate::resend`]).
     pub receipts: Vec<Receipt>,
-}
-
-/// A release receipt: the key the last release of a session deleted in a lock, bound to the
-/// session's lease (`/podlock/v1/queue/{ns}/.released/{lock}/{lease}` in the engine).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Receipt {
-    /// The pod whose sidecar released.
-    pub pod: u8,
-    /// Its session (lease): the receipt goes with the lease.
-    pub session: u8,
-    /// The create revision of the key the release deleted.
-    pub ticket: Rev,
 }
 
 /// What the operator keeps of a lock outside etcd, in its DistributedLock's status.
@@ -207,6 +198,8 @@ pub struct Wait {
     pub wakes: Vec<(u8, Rev, bool)>,
     /// The unrecorded grant ahead it waits behind, by name, which it may record.
     pub behind: Option<Name>,
+    /// A multi-lock set's turn on each of its locks, each read on its own (empty for one lock).
+    pub turns: Vec<SetTurn>,
 }
 
 /// A queue key's name: its owner, the session (lease) in it, and the holder id's generation.
@@ -398,6 +391,12 @@ impl State {
                     f(&mut w.ticket);
                     f(&mut w.at);
                     w.wakes.iter_mut().for_each(|(_, r, _)| f(r));
+                    for t in &mut w.turns {
+                        f(&mut t.at);
+                        if let Turn::Admitted(cached) = &mut t.turn {
+                            f(&mut cached.modrev);
+                        }
+                    }
                 }
             }
         }
