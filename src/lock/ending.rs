@@ -22,7 +22,8 @@ use super::set;
 impl Engine {
     /// Releases a hold: deletes its key (guarded by its create revision) and ends it. A key
     /// found already gone, or a session already lost, means the hold had ended without this
-    /// sidecar knowing yet: that is a loss (410 and a `lost` event), never a success.
+    /// sidecar knowing yet: that is a loss (410 and a `lost` event), never a success. A key that
+    /// this release's own first copy deleted is told apart by its receipt (see `receipt`).
     pub async fn release(&self, lock: &LockId, holder: &str) -> Result<(), LockError> {
         let hold = self.0.registry.get_held(lock, holder)?;
         self.end_released(hold).await
