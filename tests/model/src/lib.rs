@@ -24,6 +24,7 @@ mod resend;
 mod runs;
 mod spec;
 mod state;
+mod view;
 mod world;
 
 use std::collections::BTreeSet;

@@ -1,5 +1,5 @@
 //! The model's state: an abstract etcd (locks' settings keys and queue keys with their create
-//! and mod revisions, pods' leases) and each client's view of it.
+//! and mod revisions, pods' leases); each client's view of it is in [`crate::view`].
 //!
 //! Revisions are renumbered after every step, keeping their order ([`State::normalize`]): the
 //! protocol only compares them, so two states that differ only in how far the counter has run
@@ -12,8 +12,9 @@
 /// An etcd revision (0: none).
 pub type Rev = u16;
 
-pub use crate::multi::{SetTurn, Turn};
+pub use crate::multi::Turn;
 pub use crate::resend::Receipt;
+pub use crate::view::{Cached, Client, Name, Phase, Wait};
 
 /// A fencing token: the lock's epoch when its key was enqueued, then the key's create revision
 /// (`Token` in the engine: `epoch * 2^40 + revision`; (0, 0): none).
@@ -163,109 +164,6 @@ pub struct Pod {
     pub lease: bool,
     /// Whether the pod died (its clients act no more; its lease expires).
     pub crashed: bool,
-}
-
-/// A lock's settings as a client last read them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Cached {
-    /// `maxHolders`.
-    pub max: u8,
-    /// The settings key's mod revision (0: the lock was not found).
-    pub modrev: Rev,
-    /// The settings' token epoch.
-    pub epoch: u8,
-}
-
-impl Cached {
-    /// The settings of `lock` as etcd has them now.
-    pub fn of(lock: &Lock) -> Self {
-        Cached {
-            max: lock.max,
-            modrev: lock.modrev,
-            epoch: lock.epoch,
-        }
-    }
-}
-
-/// What a waiter read and what wakes it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Wait {
-    /// Its key's create revision.
-    pub ticket: Rev,
-    /// The revision of its last read.
-    pub at: Rev,
-    /// The keys it watches (lock, create revision; true: any change, false: deletion).
-    pub wakes: Vec<(u8, Rev, bool)>,
-    /// The unrecorded grant ahead it waits behind, by name, which it may record.
-    pub behind: Option<Name>,
-    /// A multi-lock set's turn on each of its locks, each read on its own (empty for one lock).
-    pub turns: Vec<SetTurn>,
-}
-
-/// A queue key's name: its owner, the session (lease) in it, and the holder id's generation.
-pub type Name = (u8, u8, u8);
-
-/// Where a client's current acquire or hold is.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum Phase {
-    /// No acquire in progress.
-    Idle,
-    /// About to send the enqueue transaction.
-    Enqueue,
-    /// Removing a key of its own holder id found in the way (or given up), then enqueueing.
-    Requeue { old: Rev },
-    /// Waiting for an event on what it watches.
-    Waiting(Wait),
-    /// About to read its position again.
-    Reading { ticket: Rev },
-    /// Holding (from its grant decision on); `recorded`: its grant record was written or
-    /// tried; `chain`: the keys behind it that it knows, to hand the lock on to.
-    Holding {
-        ticket: Rev,
-        session: u8,
-        recorded: bool,
-        chain: Vec<Rev>,
-    },
-    /// Released: its first copy was applied (and deleted the key if `own`), but its answer was
-    /// lost; the copy the hedge sent again is to answer (see [`crate::resend`]). `overtaken`:
-    /// another release of its sidecar on the same lock was applied since.
-    Releasing {
-        ticket: Rev,
-        session: u8,
-        own: bool,
-        overtaken: bool,
-    },
-}
-
-/// A client: an app and the engine's acquire or hold for it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct Client {
-    /// Its acquire or hold.
-    pub phase: Phase,
-    /// The settings its sidecar cached.
-    pub cache: Cached,
-    /// Those of the other lock of a multi-lock acquire.
-    pub also_cache: Option<Cached>,
-    /// Acquires it has yet to make.
-    pub left: u8,
-    /// Its holder id's generation.
-    pub holder: u8,
-    /// Keys its sidecar is removing in the background (create revisions).
-    pub removals: Vec<Rev>,
-    /// The late copy of its first enqueue (in a run with late copies).
-    pub late: crate::late::Late,
-}
-
-impl Client {
-    /// The create revision of the key its acquire or hold is about, if any.
-    pub fn ticket(&self) -> Option<Rev> {
-        match &self.phase {
-            Phase::Idle | Phase::Enqueue => None,
-            Phase::Requeue { old: r } | Phase::Reading { ticket: r } => Some(*r),
-            Phase::Holding { ticket, .. } | Phase::Releasing { ticket, .. } => Some(*ticket),
-            Phase::Waiting(w) => Some(w.ticket),
-        }
-    }
 }
 
 /// A grant that broke a safety rule as it was made (kept, so the property sees it).
