@@ -1,6 +1,7 @@
 //! A thin wrapper over the etcd client that counts requests and watch events, so benchmarks
 //! can show that etcd work per release stays flat as a queue grows, and sends each request to a
-//! member that answers (see [`Members`](super::members::Members)). Watches are in [`watch`](super::watch).
+//! member that answers (see [`Members`](super::members::Members)). Watches are in
+//! [`watch`](super::watch).
 
 use etcd_client::{Client, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn, TxnOpResponse, TxnResponse};
 use std::collections::VecDeque;
@@ -96,7 +97,8 @@ impl Etcd {
 
     /// Runs `request` hedged (see [`hedged`]), counting every attempt. Each attempt goes to a
     /// member picked by [`Members`](super::members::Members); one sent again marks the member
-    /// of the attempt before it suspect (it failed, or did not answer within [`HEDGE`]), so the next request avoids it.
+    /// of the attempt before it suspect (it failed, or did not answer within [`HEDGE`]), so
+    /// the next request avoids it.
     /// An attempt refused for an outdated auth token ([`EtcdFailure::AuthOutdated`]) gets a
     /// new one and is sent again like any transient failure; a refusal of the clients
     /// themselves is noted on the [`Link`].

@@ -26,9 +26,10 @@ use super::queue::Ticket;
 /// The release of `ticket`'s key: if it still has its create revision, deletes it and puts
 /// the receipt ([`ops`]); else reads the receipt. See [`released`].
 pub fn release(ticket: &Ticket) -> Txn {
+    let receipt = receipt_key(ticket); // parsed once: every release builds this
     let ours = Compare::create_revision(ticket.key.as_str(), CompareOp::Equal, ticket.revision);
-    let release = Txn::new().when([ours]).and_then(ops(ticket, vec![]));
-    match receipt_key(ticket) {
+    let release = (Txn::new().when([ours])).and_then(with_receipt(ticket, vec![], receipt.as_deref()));
+    match receipt {
         Some(receipt) => release.or_else([TxnOp::get(receipt, None)]),
         None => release, // not a key the engine writes: no receipt
     }
@@ -37,9 +38,14 @@ pub fn release(ticket: &Ticket) -> Txn {
 /// What a release that finds `ticket`'s key in place does: deletes it, does `more` (a
 /// handoff's grant), and puts the receipt.
 pub fn ops(ticket: &Ticket, more: Vec<TxnOp>) -> Vec<TxnOp> {
+    with_receipt(ticket, more, receipt_key(ticket).as_deref())
+}
+
+/// [`ops`], the receipt key given.
+fn with_receipt(ticket: &Ticket, more: Vec<TxnOp>, receipt: Option<&str>) -> Vec<TxnOp> {
     let mut ops = vec![TxnOp::delete(ticket.key.as_str(), None)];
     ops.extend(more);
-    if let Some(receipt) = receipt_key(ticket) {
+    if let Some(receipt) = receipt {
         let lease = PutOptions::new().with_lease(ticket.lease);
         ops.push(TxnOp::put(receipt, ticket.revision.to_string(), Some(lease)));
     }

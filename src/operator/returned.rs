@@ -8,7 +8,7 @@
 //! sweep removes it.
 //!
 //! The operator's etcd watch can tell. It follows every queue key, so it knows which keys are
-//! alive as far as it has followed etcd: up to [`Known::upto`], a revision below which no key
+//! alive as far as it has followed etcd: up to a revision (`Known`'s `upto`) below which no key
 //! can be created any more. When the watch breaks (as it does when etcd restarts) it reads every
 //! queue again. A key read then whose create revision lies at or below `upto` and which it did
 //! not know alive had ended before, and etcd has no way to create it again: etcd went back. Its
