@@ -274,9 +274,7 @@ impl EtcdServer {
     /// Wipes its data and starts it again, empty, at the same address: a bundled etcd
     /// reinstalled with fresh volumes. Its revisions start again from 1.
     pub async fn wipe(&mut self) {
-        self.stop();
-        self.remove_data();
-        self.resume().await;
+        Self::rebuild(std::slice::from_mut(self), Rebuild::Wipe).await;
     }
 
     /// Saves a snapshot of its data to `file` (`etcdctl snapshot save`).
@@ -293,8 +291,33 @@ impl EtcdServer {
     /// Replaces its data with `snapshot` (`etcdutl snapshot restore`, with `extra` flags such
     /// as `--bump-revision`) and starts it again at the same address.
     pub async fn restore(&mut self, snapshot: &std::path::Path, extra: &[&str]) {
-        self.stop();
-        self.remove_data();
+        let how = Rebuild::Restore(snapshot, extra);
+        Self::rebuild(std::slice::from_mut(self), how).await;
+    }
+
+    /// Stops every member of a cluster, rebuilds each one's data as `how` says, and starts
+    /// them again at the same addresses; returns once each is healthy. A cluster is rebuilt
+    /// whole: a member wiped or restored alone would not rejoin its peers.
+    pub async fn rebuild(members: &mut [EtcdServer], how: Rebuild<'_>) {
+        for m in members.iter_mut() {
+            m.stop();
+        }
+        for m in members.iter() {
+            std::fs::remove_dir_all(m.dir.path().join("data")).unwrap();
+            if let Rebuild::Restore(snapshot, extra) = how {
+                m.restore_data(snapshot, extra);
+            }
+        }
+        for m in members.iter_mut() {
+            m.spawn();
+        }
+        for m in members.iter() {
+            m.wait_healthy().await;
+        }
+    }
+
+    /// Its data directory made from `snapshot` (`etcdutl snapshot restore`).
+    fn restore_data(&self, snapshot: &std::path::Path, extra: &[&str]) {
         let out = Command::new(bin_dir().join("etcdutl"))
             .args(["snapshot", "restore"])
             .arg(snapshot)
@@ -308,12 +331,6 @@ impl EtcdServer {
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(out.status.success(), "etcdutl snapshot restore: {err}");
-        self.resume().await;
-    }
-
-    fn remove_data(&self) {
-        assert!(self.netns.is_none(), "a member of its own network namespace");
-        std::fs::remove_dir_all(self.dir.path().join("data")).unwrap();
     }
 
     /// Turns on etcd auth with a `root` user whose password is `password`.
@@ -323,6 +340,16 @@ impl EtcdServer {
         c.user_grant_role("root", "root").await.unwrap();
         c.auth_enable().await.unwrap();
     }
+}
+
+/// How [`EtcdServer::rebuild`] makes a cluster's data again.
+#[derive(Clone, Copy)]
+pub enum Rebuild<'a> {
+    /// Every member empty: etcd reinstalled with fresh volumes, revisions from 1 again.
+    Wipe,
+    /// Every member from one snapshot, with `etcdutl snapshot restore`'s extra flags (such as
+    /// `--bump-revision`).
+    Restore(&'a std::path::Path, &'a [&'a str]),
 }
 
 impl Drop for EtcdServer {

@@ -13,29 +13,52 @@
 //!   a release handed its grant to (`handed`, direct handoff) is admitted at that revision;
 //! * every token a client was granted is the create revision of a key of its lock and holder
 //!   id that was admitted at a revision after the client asked (later than every revision the
-//!   watch had delivered by then) and before it was deleted.
+//!   watch had delivered by then) and before it was deleted, and whose entry names the
+//!   token's epoch.
+//!
+//! A fault that rebuilds etcd (wiped, or restored from a snapshot) starts a new era of
+//! revisions ([`record`]): each era is replayed on its own, a restored one from the keys etcd
+//! held when it came back, and a grant must fit a key of one era.
 
-use etcd_client::{EventType, WatchOptions};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
-use tokio::time::{sleep, timeout};
+use std::collections::HashSet;
 
 use super::history::{Op, OpKind, Outcome};
-use super::now;
-use super::objects::NAMESPACE;
+use lock::{Era, Key};
+
+mod lock;
+mod record;
+#[cfg(test)]
+mod tests;
+
+pub use record::record;
+
+/// The bits of a fencing token below its epoch (`epoch * 2^40 + revision`).
+const REVISION_BITS: u32 = 40;
 
 /// One event of the log.
 #[derive(Debug, Clone)]
 pub struct Event {
+    /// The era of etcd it belongs to: 0 until etcd is first rebuilt.
+    pub era: usize,
     /// Its revision.
     pub revision: i64,
+    /// The key's create revision (0 for a deletion).
+    pub created: i64,
     /// The key.
     pub key: String,
     /// Its value, `None` for a deletion.
     pub value: Option<Value>,
+    /// Whether it is a key etcd held when a restored era began, not a change.
+    pub seeded: bool,
+}
+
+/// When the watch delivered a response, and its newest revision.
+#[derive(Debug, Clone, Copy)]
+pub struct Arrival {
+    pub at: f64,
+    pub era: usize,
+    pub revision: i64,
 }
 
 /// The log as the watch delivered it, and when each revision arrived.
@@ -43,160 +66,14 @@ pub struct Event {
 pub struct Log {
     /// Every event.
     pub events: Vec<Event>,
-    /// (when, revision): each response's newest revision, on arrival.
-    pub arrivals: Vec<(f64, i64)>,
+    /// Each response's newest revision, on arrival.
+    pub arrivals: Vec<Arrival>,
 }
 
-/// Watches every podlock key from revision 1 until it has delivered revision `end` (set by
-/// the caller when it is done: until then `i64::MAX`), watching again from the next revision
-/// whenever the stream breaks (a member killed, stalled or cut off).
-pub async fn record(endpoints: String, end: Arc<AtomicI64>) -> Log {
-    let endpoints: Vec<&str> = endpoints.split(',').collect();
-    let log = Mutex::new(Log::default());
-    let mut next = 1;
-    while next <= end.load(Ordering::Relaxed) {
-        let watched = async {
-            let mut etcd = etcd_client::Client::connect(&endpoints, None).await?;
-            let opts = WatchOptions::new().with_prefix().with_start_revision(next);
-            let mut stream = etcd.watch("/podlock/v1/", Some(opts)).await?;
-            while next <= end.load(Ordering::Relaxed) {
-                // Waits a while at most: the end may be set while no event comes.
-                let Ok(resp) = timeout(Duration::from_millis(200), stream.message()).await else {
-                    continue;
-                };
-                match resp? {
-                    Some(resp) => next = next.max(take(&log, &resp) + 1),
-                    None => break,
-                }
-            }
-            Ok::<_, etcd_client::Error>(())
-        };
-        if watched.await.is_err() {
-            sleep(Duration::from_millis(100)).await;
-        }
-    }
-    log.into_inner().unwrap()
-}
-
-/// Adds a watch response's events to the log; its newest revision.
-fn take(log: &Mutex<Log>, resp: &etcd_client::WatchResponse) -> i64 {
-    let mut log = log.lock().unwrap();
-    let mut newest = 0;
-    for ev in resp.events() {
-        let Some(kv) = ev.kv() else { continue };
-        newest = newest.max(kv.mod_revision());
-        log.events.push(Event {
-            revision: kv.mod_revision(),
-            key: String::from_utf8_lossy(kv.key()).into(),
-            value: match ev.event_type() {
-                EventType::Put => serde_json::from_slice(kv.value()).ok(),
-                EventType::Delete => None,
-            },
-        });
-    }
-    if newest > 0 {
-        log.arrivals.push((now(), newest));
-    }
-    newest
-}
-
-/// A queue key of the replay.
-#[derive(Debug, Clone)]
-struct Key {
-    holder: String,
-    pod: String,
-    shared: bool,
-    granted: bool,
-    /// The revision at which a release handed it its grant.
-    handed: Option<i64>,
-    admitted: Option<i64>,
-    deleted: Option<i64>,
-}
-
-/// One lock's state at a revision: its `maxHolders` (none while undeclared), the values it took
-/// (revision, value), and its keys by create revision.
-#[derive(Debug, Default)]
-struct Lock {
-    limit: Option<u32>,
-    limits: Vec<(i64, u32)>,
-    keys: BTreeMap<i64, Key>,
-}
-
-impl Lock {
-    /// Admits the keys the rule makes holders now.
-    fn admit(&mut self, revision: i64) {
-        let Some(limit) = self.limit else { return };
-        let live: Vec<i64> = (self.keys.iter())
-            .filter(|(_, k)| k.deleted.is_none())
-            .map(|(c, _)| *c)
-            .collect();
-        for (i, c) in live.iter().enumerate() {
-            let ahead: Vec<&Key> = live[..i].iter().map(|a| &self.keys[a]).collect();
-            let k = &self.keys[c];
-            let holder = if k.shared {
-                ahead.iter().all(|a| a.shared && a.granted)
-            } else {
-                ahead.len() < limit as usize && ahead.iter().all(|a| !a.shared && a.granted)
-            };
-            if holder && k.admitted.is_none() {
-                self.keys.get_mut(c).unwrap().admitted = Some(revision);
-            }
-        }
-    }
-
-    /// The keys handed their grant at `revision` that the rule does not admit.
-    fn unadmitted_handoffs(&self, name: &str, revision: i64) -> Vec<String> {
-        (self.keys.iter())
-            .filter(|(_, k)| k.handed == Some(revision) && k.admitted.is_none())
-            .map(|(c, _)| format!("{name}: key {c} handed its grant at revision {revision} unadmitted"))
-            .collect()
-    }
-
-    /// What is wrong with the admitted keys at `revision`, if anything.
-    fn check(&self, name: &str, revision: i64) -> Option<String> {
-        let admitted: Vec<(&i64, &Key)> = (self.keys.iter())
-            .filter(|(_, k)| k.deleted.is_none() && k.admitted.is_some())
-            .collect();
-        let oldest = admitted.iter().filter_map(|(_, k)| k.admitted).min()?;
-        let before = self.limits.iter().rev().find(|(r, _)| *r <= oldest);
-        let since = self.limits.iter().filter(|(r, _)| *r > oldest);
-        let bound = before
-            .into_iter()
-            .chain(since)
-            .map(|(_, l)| *l)
-            .max()
-            .unwrap_or(1);
-        // Shared keys share, however many; exclusive ones, up to maxHolders; never both.
-        let exclusive = admitted.iter().filter(|(_, k)| !k.shared).count();
-        let over = exclusive > bound as usize || (exclusive > 0 && exclusive < admitted.len());
-        over.then(|| {
-            let tokens: Vec<&i64> = admitted.iter().map(|(c, _)| *c).collect();
-            format!("{name} at revision {revision}: keys {tokens:?} admitted together (maxHolders {bound})")
-        })
-    }
-}
-
-/// The lock and the rest of a key of the checker's namespace: `config`, or the queue's
-/// `{lease}/{holder}`.
-fn parse(key: &str) -> Option<(&str, &str, Option<&str>)> {
-    let rest = key.strip_prefix("/podlock/v1/")?;
-    let (kind, rest) = rest.split_once('/')?;
-    let rest = rest.strip_prefix(NAMESPACE)?.strip_prefix('/')?;
-    match kind {
-        // A lock's settings key; not a force release's note (`config/{ns}/.released/...`).
-        "config" if !rest.contains('/') => Some((rest, "config", None)),
-        "queue" => {
-            let (lock, tail) = rest.split_once('/')?;
-            Some((lock, "queue", tail.split_once('/').map(|(_, holder)| holder)))
-        }
-        _ => None,
-    }
-}
-
-/// The replay: each lock's keys as the log left them, and what was wrong on the way.
+/// The replay: each era's locks as the log left them, and what was wrong on the way.
 #[derive(Debug, Default)]
 pub struct Replay {
-    locks: HashMap<String, Lock>,
+    eras: Vec<Era>,
     /// Violations, in words.
     pub violations: Vec<String>,
     /// Revisions replayed, and keys admitted.
@@ -209,85 +86,44 @@ pub struct Replay {
     pub handed_slots: usize,
 }
 
-/// Replays `log` in revision order.
+/// Replays `log`, each era in revision order.
 pub fn replay(log: &Log) -> Replay {
     let mut events = log.events.clone();
-    events.sort_by_key(|e| e.revision);
-    events.dedup_by(|a, b| a.revision == b.revision && a.key == b.key);
+    events.sort_by_key(|e| (e.era, e.revision));
+    events.dedup_by(|a, b| (a.era, a.revision, &a.key) == (b.era, b.revision, &b.key));
     let mut r = Replay::default();
-    let mut created: HashMap<String, i64> = HashMap::new();
-    for same in events.chunk_by(|a, b| a.revision == b.revision) {
-        let revision = same[0].revision;
-        for e in same {
-            apply(&mut r, &mut created, e);
+    for era in events.chunk_by(|a, b| a.era == b.era) {
+        r.eras.resize_with(era[0].era + 1, Era::default);
+        let locks = r.eras.last_mut().unwrap();
+        for same in era.chunk_by(|a, b| a.revision == b.revision) {
+            let revision = same[0].revision;
+            for e in same {
+                let found = locks.apply(e);
+                r.violations.extend(found.violation);
+                r.handed_slots += usize::from(found.handed_slot);
+            }
+            for (name, lock) in &mut locks.locks {
+                lock.admit(revision);
+                r.violations.extend(lock.check(name, revision));
+                r.violations.extend(lock.unadmitted_handoffs(name, revision));
+            }
+            r.revisions += 1;
         }
-        for (name, lock) in &mut r.locks {
-            lock.admit(revision);
-            r.violations.extend(lock.check(name, revision));
-            r.violations.extend(lock.unadmitted_handoffs(name, revision));
-        }
-        r.revisions += 1;
     }
-    r.admitted = (r.locks.values().flat_map(|l| l.keys.values()))
-        .filter(|k| k.admitted.is_some())
-        .count();
-    r.handed = (r.locks.values().flat_map(|l| l.keys.values()))
-        .filter(|k| k.handed.is_some())
-        .count();
+    let keys = || (r.eras.iter()).flat_map(|e| e.locks.values().flat_map(|l| l.keys.values()));
+    r.admitted = keys().filter(|k| k.admitted.is_some()).count();
+    r.handed = keys().filter(|k| k.was_handed()).count();
     r
-}
-
-/// Applies one event; a grant recorded by a key not admitted is a violation.
-fn apply(r: &mut Replay, created: &mut HashMap<String, i64>, e: &Event) {
-    let Some((name, kind, holder)) = parse(&e.key) else {
-        return;
-    };
-    let lock = r.locks.entry(name.into()).or_default();
-    if kind == "config" {
-        lock.limit = e
-            .value
-            .as_ref()
-            .and_then(|v| v["maxHolders"].as_u64())
-            .map(|l| l as u32);
-        lock.limits.extend(lock.limit.map(|l| (e.revision, l)));
-        return;
-    }
-    let Some(v) = &e.value else {
-        if let Some(k) = created.remove(&e.key).and_then(|c| lock.keys.get_mut(&c)) {
-            k.deleted = Some(e.revision);
-        }
-        return;
-    };
-    let c = *created.entry(e.key.clone()).or_insert(e.revision);
-    let k = lock.keys.entry(c).or_insert_with(|| Key {
-        holder: holder.unwrap_or_default().into(),
-        pod: v["pod"]["name"].as_str().unwrap_or_default().into(),
-        shared: v["mode"] == "shared",
-        granted: false,
-        handed: None,
-        admitted: None,
-        deleted: None,
-    });
-    if v["handed"] == true && k.handed.is_none() {
-        k.handed = Some(e.revision);
-        r.handed_slots += usize::from(lock.limit.is_some_and(|l| l > 1));
-    }
-    k.granted = v["acquiredAt"].is_string();
-    if k.granted && k.admitted.is_none() {
-        r.violations.push(format!(
-            "{name}: key {c} recorded its grant at revision {} unadmitted",
-            e.revision
-        ));
-    }
 }
 
 impl Replay {
     /// One line for the report, of a log of `events` events in which `grants` were found.
     pub fn summary(&self, events: usize, grants: usize) -> String {
         format!(
-            "etcd's log: {events} events over {} revisions replayed, {} queue keys admitted ({} \
-             handed their grant by a release, {} of them a semaphore's slot), {grants} grants found \
-             admitted in it; violations: {}",
+            "etcd's log: {events} events in {} eras over {} revisions replayed, {} queue keys \
+             admitted ({} handed their grant by a release, {} of them a semaphore's slot), \
+             {grants} grants found admitted in it; violations: {}",
+            self.eras.len(),
             self.revisions,
             self.admitted,
             self.handed,
@@ -297,38 +133,28 @@ impl Replay {
     }
 
     /// Checks every grant of the history against the replay: its token names a key of its
-    /// lock, pod and holder id, admitted after the newest revision the watch had delivered
-    /// when the client asked (for a grant again of a hold, alive then), before its deletion.
-    pub fn check_grants(&mut self, ops: &[Op], arrivals: &[(f64, i64)]) -> usize {
-        let delivered: Vec<i64> = (arrivals.iter())
-            .scan(0, |top, (_, r)| {
-                *top = (*top).max(*r);
-                Some(*top)
-            })
-            .collect();
-        let mut seen = std::collections::HashSet::new();
+    /// lock, pod, holder id and epoch, in some era, admitted after the newest revision of that
+    /// era the watch had delivered when the client asked (for a grant again of a hold, alive
+    /// then), before its deletion.
+    pub fn check_grants(&mut self, ops: &[Op], arrivals: &[Arrival]) -> usize {
+        let delivered = Delivered::new(arrivals);
+        let mut seen = HashSet::new();
         let mut checked = 0;
-        for op in ops
-            .iter()
-            .filter(|o| o.kind == OpKind::Acquire && o.outcome == Outcome::Ok)
-        {
-            let n = arrivals.partition_point(|(t, _)| *t <= op.call);
-            let asked = n.checked_sub(1).map_or(0, |i| delivered[i]);
+        let grants = (ops.iter()).filter(|o| o.kind == OpKind::Acquire && o.outcome == Outcome::Ok);
+        for op in grants {
             let again = !seen.insert((op.lock, op.token));
-            let key = self.locks.get(op.lock).and_then(|l| l.keys.get(&op.token));
-            let (pod, holder) = op.client.split_once('/').unwrap_or_default();
-            let fits = key.is_some_and(|k| {
-                let alive = k.deleted.is_none_or(|d| d > asked);
-                k.holder == holder
-                    && k.pod == pod
-                    && alive
-                    && (again || op.token > asked)
-                    && k.admitted.is_some()
+            let fits = (self.eras.iter().enumerate()).any(|(era, locks)| {
+                let asked = delivered.by(era, op.call);
+                let key = locks
+                    .locks
+                    .get(op.lock)
+                    .and_then(|l| l.keys.get(&revision(op.token)));
+                key.is_some_and(|k| fits(k, op, asked, again))
             });
             checked += 1;
             if !fits {
                 self.violations.push(format!(
-                    "{} granted token {} to {} (asked after revision {asked}): {key:?}",
+                    "{} granted token {} to {}: no key of any era fits it",
                     op.lock, op.token, op.client
                 ));
             }
@@ -337,114 +163,49 @@ impl Replay {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
+/// The revision part of a fencing token.
+fn revision(token: i64) -> i64 {
+    token & ((1 << REVISION_BITS) - 1)
+}
 
-    const QUEUE: &str = "/podlock/v1/queue/safety/m/00000000000000aa/";
+/// The newest revision of each era the watch had delivered, over time.
+struct Delivered {
+    /// Per era: arrival times, and the newest revision delivered by each.
+    eras: Vec<(Vec<f64>, Vec<i64>)>,
+}
 
-    fn put(revision: i64, key: &str, value: Value) -> Event {
-        Event {
-            revision,
-            key: key.into(),
-            value: Some(value),
+impl Delivered {
+    fn new(arrivals: &[Arrival]) -> Self {
+        let mut eras: Vec<(Vec<f64>, Vec<i64>)> = vec![];
+        for a in arrivals {
+            eras.resize_with(eras.len().max(a.era + 1), Default::default);
+            let (times, newest) = &mut eras[a.era];
+            let top = newest.last().copied().unwrap_or(0).max(a.revision);
+            times.push(a.at);
+            newest.push(top);
         }
+        Delivered { eras }
     }
 
-    fn entry(holder: &str, granted: bool) -> Event {
-        let mut v = json!({"holderId": holder, "pod": {"name": "w0"}});
-        if granted {
-            v["acquiredAt"] = json!("2026-01-01T00:00:00Z");
-        }
-        put(0, &format!("{QUEUE}{holder}"), v)
-    }
-
-    /// A mutex `m` declared at revision 1, then `events` at revisions 2, 3, ...
-    fn log(events: Vec<Event>) -> Log {
-        let config = put(1, "/podlock/v1/config/safety/m", json!({"maxHolders": 1}));
-        let events = (events.into_iter().enumerate())
-            .map(|(i, e)| Event {
-                revision: i as i64 + 2,
-                ..e
-            })
-            .chain([config])
-            .collect();
-        Log {
-            events,
-            arrivals: vec![],
-        }
-    }
-
-    fn delete(holder: &str) -> Event {
-        Event {
-            value: None,
-            ..entry(holder, false)
-        }
-    }
-
-    #[test]
-    fn a_grant_handed_out_of_turn_is_caught() {
-        let handed = |holder, revision| {
-            let mut e = entry(holder, false);
-            e.value.as_mut().unwrap()["handed"] = json!(true);
-            Event { revision, ..e }
+    /// The newest revision of `era` delivered by `t` (0: none).
+    fn by(&self, era: usize, t: f64) -> i64 {
+        let Some((times, newest)) = self.eras.get(era) else {
+            return 0;
         };
-        // a's release (revision 5) hands the lock to c, past b still waiting.
-        let mut past = log(vec![
-            entry("a", false),
-            entry("b", false),
-            entry("c", false),
-            delete("a"),
-        ]);
-        past.events.push(handed("c", 5));
-        let r = replay(&past);
-        assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
-        // In turn: to b, in the transaction that deletes a (revision 4).
-        let mut next = log(vec![entry("a", false), entry("b", false), delete("a")]);
-        next.events.push(handed("b", 4));
-        let r = replay(&next);
-        assert!(r.violations.is_empty(), "{:?}", r.violations);
-        assert_eq!(r.handed, 1);
+        let n = times.partition_point(|at| *at <= t);
+        n.checked_sub(1).map_or(0, |i| newest[i])
     }
+}
 
-    #[test]
-    fn a_grant_recorded_out_of_turn_is_caught() {
-        // b records its grant while a, ahead of it, is still there.
-        let r = replay(&log(vec![entry("a", false), entry("b", false), entry("b", true)]));
-        assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
-        // In turn: a goes first.
-        let r = replay(&log(vec![
-            entry("a", false),
-            entry("b", false),
-            delete("a"),
-            entry("b", true),
-        ]));
-        assert!(r.violations.is_empty(), "{:?}", r.violations);
-    }
-
-    #[test]
-    fn a_granted_token_must_name_a_key_admitted_after_the_client_asked() {
-        let mut r = replay(&log(vec![entry("a", false), entry("b", false)]));
-        let grant = |token: i64, holder: &str| Op {
-            lock: "m",
-            client: format!("w0/{holder}"),
-            row: 0,
-            kind: OpKind::Acquire,
-            api: "acquire",
-            mode: Some("exclusive"),
-            granted: None,
-            outcome: Outcome::Ok,
-            token,
-            limit: 0,
-            call: 10.0,
-            ret: Some(11.0),
-        };
-        assert_eq!(r.check_grants(&[grant(2, "a")], &[(9.0, 1)]), 1);
-        assert!(r.violations.is_empty(), "{:?}", r.violations);
-        // b's key was never admitted; a's existed before the client asked.
-        r.check_grants(&[grant(3, "b")], &[(9.0, 1)]);
-        r.check_grants(&[grant(2, "a")], &[(9.0, 3)]);
-        assert_eq!(r.violations.len(), 2, "{:?}", r.violations);
-    }
+/// Whether `key` can be the one `op` was granted, the client having asked once the watch had
+/// delivered revision `asked` of its era.
+fn fits(key: &Key, op: &Op, asked: i64, again: bool) -> bool {
+    let (pod, holder) = op.client.split_once('/').unwrap_or_default();
+    let alive = key.deleted.is_none_or(|d| d > asked);
+    key.holder == holder
+        && key.pod == pod
+        && key.epoch == op.token >> REVISION_BITS
+        && alive
+        && (again || revision(op.token) > asked)
+        && key.admitted.is_some()
 }

@@ -1,0 +1,172 @@
+//! The replay's checks, on logs made by hand.
+
+use super::*;
+use serde_json::json;
+
+const QUEUE: &str = "/podlock/v1/queue/safety/m/00000000000000aa/";
+
+fn put(revision: i64, key: &str, value: Value) -> Event {
+    Event {
+        era: 0,
+        revision,
+        created: 0,
+        key: key.into(),
+        value: Some(value),
+        seeded: false,
+    }
+}
+
+fn entry(holder: &str, granted: bool) -> Event {
+    let mut v = json!({"holderId": holder, "pod": {"name": "w0"}});
+    if granted {
+        v["acquiredAt"] = json!("2026-01-01T00:00:00Z");
+    }
+    put(0, &format!("{QUEUE}{holder}"), v)
+}
+
+/// A mutex `m` declared at revision 1, then `events` at revisions 2, 3, ...
+fn log(events: Vec<Event>) -> Log {
+    let config = put(1, "/podlock/v1/config/safety/m", json!({"maxHolders": 1}));
+    let mut created = std::collections::HashMap::new();
+    let events = (events.into_iter().enumerate())
+        .map(|(i, e)| {
+            let revision = i as i64 + 2;
+            let first = *created.entry(e.key.clone()).or_insert(revision);
+            let created = if e.value.is_some() { first } else { 0 };
+            Event {
+                revision,
+                created,
+                ..e
+            }
+        })
+        .chain([config])
+        .collect();
+    Log {
+        events,
+        arrivals: vec![],
+    }
+}
+
+fn arrived(at: f64, revision: i64) -> Arrival {
+    Arrival { at, era: 0, revision }
+}
+
+/// A grant of `token` to holder `holder` of pod w0, asked at 10.0.
+fn grant(token: i64, holder: &str) -> Op {
+    Op {
+        lock: "m",
+        client: format!("w0/{holder}"),
+        row: 0,
+        kind: OpKind::Acquire,
+        api: "acquire",
+        mode: Some("exclusive"),
+        granted: None,
+        outcome: Outcome::Ok,
+        token,
+        limit: 0,
+        call: 10.0,
+        ret: Some(11.0),
+    }
+}
+
+fn delete(holder: &str) -> Event {
+    Event {
+        value: None,
+        ..entry(holder, false)
+    }
+}
+
+#[test]
+fn a_grant_handed_out_of_turn_is_caught() {
+    let handed = |holder, revision, created| {
+        let mut e = entry(holder, false);
+        e.value.as_mut().unwrap()["handed"] = json!(true);
+        Event {
+            revision,
+            created,
+            ..e
+        }
+    };
+    // a's release (revision 5) hands the lock to c, past b still waiting.
+    let mut past = log(vec![
+        entry("a", false),
+        entry("b", false),
+        entry("c", false),
+        delete("a"),
+    ]);
+    past.events.push(handed("c", 5, 4));
+    let r = replay(&past);
+    assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
+    // In turn: to b, in the transaction that deletes a (revision 4).
+    let mut next = log(vec![entry("a", false), entry("b", false), delete("a")]);
+    next.events.push(handed("b", 4, 3));
+    let r = replay(&next);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    assert_eq!(r.handed, 1);
+}
+
+#[test]
+fn a_grant_recorded_out_of_turn_is_caught() {
+    // b records its grant while a, ahead of it, is still there.
+    let r = replay(&log(vec![entry("a", false), entry("b", false), entry("b", true)]));
+    assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
+    // In turn: a goes first.
+    let r = replay(&log(vec![
+        entry("a", false),
+        entry("b", false),
+        delete("a"),
+        entry("b", true),
+    ]));
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+}
+
+#[test]
+fn a_granted_token_must_name_a_key_admitted_after_the_client_asked() {
+    let mut r = replay(&log(vec![entry("a", false), entry("b", false)]));
+    assert_eq!(r.check_grants(&[grant(2, "a")], &[arrived(9.0, 1)]), 1);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    // b's key was never admitted; a's existed before the client asked.
+    r.check_grants(&[grant(3, "b")], &[arrived(9.0, 1)]);
+    r.check_grants(&[grant(2, "a")], &[arrived(9.0, 3)]);
+    assert_eq!(r.violations.len(), 2, "{:?}", r.violations);
+}
+
+/// After a restore, the era starts from the keys etcd holds (seeded, granted ones included);
+/// a grant of a seeded key fits in that era; a token whose epoch is not its key's fits nowhere.
+#[test]
+fn a_restored_era_starts_from_its_seeded_keys_and_tokens_carry_their_epoch() {
+    let mut events = log(vec![entry("a", false), entry("a", true)]).events;
+    let seeded = |holder, created, epoch: i64| {
+        let mut e = entry(holder, holder == "a");
+        e.value.as_mut().unwrap()["epoch"] = json!(epoch);
+        Event {
+            era: 1,
+            revision: 1_000_010,
+            created,
+            seeded: true,
+            ..e
+        }
+    };
+    let config = put(1_000_010, "/podlock/v1/config/safety/m", json!({"maxHolders": 1}));
+    events.extend([
+        Event {
+            era: 1,
+            seeded: true,
+            ..config
+        },
+        seeded("a", 2, 1),
+        seeded("b", 3, 1),
+    ]);
+    let mut r = replay(&Log {
+        events,
+        arrivals: vec![],
+    });
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    let arrivals = [arrived(9.0, 2)];
+    let epoch1 = 1 << REVISION_BITS;
+    assert_eq!(r.check_grants(&[grant(epoch1 + 2, "a")], &arrivals), 1);
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    // b waits behind a in the restored era; a's key under epoch 2 was never enqueued.
+    r.check_grants(&[grant(epoch1 + 3, "b"), grant(2 * epoch1 + 2, "a")], &arrivals);
+    assert_eq!(r.violations.len(), 2, "{:?}", r.violations);
+}
