@@ -78,22 +78,24 @@ pub fn analyze(holds: &[HoldRecord], writes: &[AcceptedWrite], faults: &[Fault])
 }
 
 /// How long after `f` the lock it hit made progress: a change of the semaphore's `maxHolders`,
-/// its next grant; any other fault, the first accepted write of a hold granted after it.
+/// its next grant; any other fault, the first accepted write of a hold granted after it (after
+/// a rebuilt etcd came back).
 fn recovery(f: &Fault, holds: &[HoldRecord], writes: &[AcceptedWrite]) -> Option<f64> {
     if f.kind.max_holders().is_some() {
         let next = holds.iter().filter(|h| h.lock == POOL && h.granted > f.at);
         return next.map(|h| h.granted - f.at).reduce(f64::min);
     }
+    let from = f.recovery_from();
     let later = |w: &&AcceptedWrite| {
         holds
             .iter()
-            .any(|h| h.lock == COUNTER && h.token == w.token && h.granted > f.at)
+            .any(|h| h.lock == COUNTER && h.token == w.token && h.granted > from)
     };
     writes
         .iter()
-        .filter(|w| w.at > f.at)
+        .filter(|w| w.at > from)
         .find(later)
-        .map(|w| w.at - f.at)
+        .map(|w| w.at - from)
 }
 
 /// The store's log against the workers' writes.

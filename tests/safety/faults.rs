@@ -67,6 +67,13 @@ pub enum Kind {
     /// next 1.5 s: the sidecar sends it again to another member after 500 ms (the hedge), whose
     /// copy finds the first copy's work done (a release answers by its receipt).
     LateAnswers,
+    /// etcd restored from a snapshot taken 1.5 s before, with `--bump-revision` and
+    /// `--mark-compacted`, every member at once: holds released since come back, and the
+    /// operator moves the lock to a new epoch ([`rebuild`](super::rebuild)).
+    Restored,
+    /// etcd wiped, every member at once; once the operator has published the lock again (under
+    /// a new epoch), its DistributedLock deleted and created again ([`rebuild`](super::rebuild)).
+    Wiped,
 }
 
 /// How late a member answers after [`Kind::LateAnswers`].
@@ -74,7 +81,7 @@ pub const LATE: Duration = Duration::from_millis(1500);
 
 impl Kind {
     /// Every kind, in the order the loop injects them.
-    pub const CYCLE: [Kind; 17] = [
+    pub const CYCLE: [Kind; 19] = [
         Kind::LeaderKill,
         Kind::SidecarKill,
         Kind::PoolLowered,
@@ -91,7 +98,9 @@ impl Kind {
         Kind::PodDeleted,
         Kind::ForceRelease,
         Kind::LockDeleted,
+        Kind::Restored,
         Kind::LateAnswers,
+        Kind::Wiped,
     ];
 
     /// How soon after it a newly granted hold must have written: the TTL plus 1 s. A stalled
@@ -99,9 +108,17 @@ impl Kind {
     /// leader (etcd's election timeout is 1 s), so with a 2 s TTL the holds whose last
     /// keepalive came early are lost, and their successors need new leases from the new leader.
     /// A partitioned leader costs the same.
+    /// After a rebuilt etcd (counted from its return), one more: every sidecar's session is
+    /// new (a wipe) or its hold ended by the new epoch (a restore).
     pub fn recovery_limit(self) -> Duration {
         let election = matches!(self, Kind::LeaderStall | Kind::LeaderPartition) as u64;
-        TTL + Duration::from_secs(1 + election)
+        let rebuilt = self.rebuilds() as u64;
+        TTL + Duration::from_secs(1 + election + rebuilt)
+    }
+
+    /// Whether it rebuilds etcd: its recovery counts from when etcd came back.
+    pub fn rebuilds(self) -> bool {
+        matches!(self, Kind::Restored | Kind::Wiped)
     }
 
     /// The semaphore's `maxHolders` it sets, if it sets it.
@@ -133,6 +150,8 @@ impl Kind {
             Kind::PoolRaised => "semaphore maxHolders 1 -> 2, waiters queued",
             Kind::ForceRelease => "force release (kubectl annotate)",
             Kind::LateAnswers => "etcd member answers 1.5 s late",
+            Kind::Restored => "etcd restored from a snapshot, --bump-revision",
+            Kind::Wiped => "etcd wiped, DistributedLock deleted and created again",
         }
     }
 }
@@ -148,6 +167,13 @@ pub struct Fault {
     pub at: f64,
     /// When the victim ran again (SIGCONT, or the restarted member serving).
     pub until: f64,
+}
+
+impl Fault {
+    /// When its lock's recovery starts: for a rebuilt etcd, when it came back.
+    pub fn recovery_from(&self) -> f64 {
+        if self.kind.rebuilds() { self.until } else { self.at }
+    }
 }
 
 impl Rig {
@@ -182,6 +208,8 @@ impl Rig {
                     .arm(format!("/podlock/v1/queue/{NAMESPACE}/{COUNTER}/").as_bytes());
                 (0, now())
             }
+            Kind::Restored => self.restore_etcd().await,
+            Kind::Wiped => self.wipe_etcd().await,
         };
         Some(Fault {
             kind,
@@ -319,7 +347,7 @@ pub async fn run(rig: &mut Rig, seconds: f64) -> Vec<Fault> {
         faults.push(fault);
         // The checker reports a fault after which progress did not resume.
         let _ = wait_until(Duration::from_secs(20), || async {
-            rig.progressed_since(fault.at)
+            rig.progressed_since(fault.recovery_from())
         })
         .await;
     }

@@ -28,7 +28,10 @@
 //! 1 on its DistributedLock while it is full and waiters queue, and later raised back to 2; an
 //! etcd member that applies the next request on the mutex's queue at once but answers 1.5 s late
 //! (the sidecars reach etcd through proxies, [`crate::common::held`]): the hedge sends that
-//! request again to another member, whose copy finds the first copy's work done.
+//! request again to another member, whose copy finds the first copy's work done; etcd restored
+//! whole from a snapshot 1.5 s old with `--bump-revision` (released holds come back), and etcd
+//! wiped whole, then the DistributedLock deleted and created again ([`rebuild`]): tokens must
+//! rise across both.
 //! The locks are DistributedLocks that two clusters share ([`clusters`]): two control planes,
 //! each with its operator on the checker's etcd (`--cluster-name east` and `west`), each
 //! declaring every lock; each sidecar belongs to a Pod of one of them (two of them west's), so
@@ -73,6 +76,7 @@ mod linearizability;
 mod objects;
 mod orphans;
 mod overlap;
+mod rebuild;
 mod register;
 mod report;
 mod rig;

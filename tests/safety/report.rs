@@ -151,7 +151,7 @@ pub fn slow_recoveries(a: &Analysis, ops: &[Op], start: f64) -> String {
         } else {
             COUNTER
         };
-        let (from, to) = (f.at - 3.0, f.at + limit + 2.0);
+        let (from, to) = (f.at - 3.0, f.recovery_from() + limit + 2.0);
         out += &format!(
             "\n  {lock}'s operations around the {} at {:.3}:",
             f.kind.name(),
