@@ -18,12 +18,12 @@
 use serde::Serialize;
 
 use super::Engine;
-use super::entry::HolderInfo;
 use super::error::LockError;
-use super::names::LockId;
 use super::protocol::Queued;
-use super::queue::{self, LockRead};
-use super::settings::MAX_HOLDERS;
+use super::protocol::entry::HolderInfo;
+use super::protocol::names::LockId;
+use super::txn::queue::{self, LockRead};
+use super::txn::settings::MAX_HOLDERS;
 
 /// Keys read beyond the lock's slots at the head of its queue: room for its first waiter and
 /// for shared holders past the slots (a reader-writer lock's readers). When every key read

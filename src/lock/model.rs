@@ -3,9 +3,9 @@
 use serde::Serialize;
 use std::time::Duration;
 
-use super::entry::{HolderInfo, Mode, rfc3339};
-use super::held::Hold;
-use super::names::LockId;
+use super::protocol::entry::{HolderInfo, Mode, rfc3339};
+use super::protocol::names::LockId;
+use super::state::held::Hold;
 
 /// What an acquire asks for.
 #[derive(Debug, Clone)]
@@ -28,7 +28,7 @@ pub struct AcquireRequest {
     /// a hold of the same holder id, nor be taken over.
     pub connection_bound: bool,
     /// Further locks of the namespace to take as one with `lock` (a multi-lock acquire, see
-    /// [`multi`](super::multi)); empty: `lock` alone.
+    /// [`multi`](super::acquire::multi)); empty: `lock` alone.
     pub with: Vec<LockId>,
 }
 
