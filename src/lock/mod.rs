@@ -30,8 +30,7 @@ mod txn;
 pub use error::{LockError, Unavailable};
 pub use etcd::Stats;
 pub use etcd::link::Link;
-pub use fence::FenceCheck;
-pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo, LockToken};
+pub use model::{AcquireRequest, EventKind, FenceCheck, Grant, HoldEvent, LocalEntry, LockInfo, LockToken};
 pub use protocol::entry::{Entry, HolderInfo, Mode, PodRef, rfc3339};
 pub use protocol::names::{
     InvalidName, LockId, check_container, check_dns_subdomain, check_holder_id, cluster_name,

@@ -3,9 +3,8 @@
 use serde::Serialize;
 use std::time::Duration;
 
-use super::protocol::entry::{HolderInfo, Mode, rfc3339};
+use super::protocol::entry::{HolderInfo, Mode};
 use super::protocol::names::LockId;
-use super::state::held::Hold;
 
 /// What an acquire asks for.
 #[derive(Debug, Clone)]
@@ -71,28 +70,6 @@ pub struct LockToken {
     pub lock: String,
     /// The hold's fencing token on that lock.
     pub fencing_token: i64,
-}
-
-impl Grant {
-    pub(crate) fn of(hold: &Hold) -> Self {
-        Grant {
-            lock: hold.lock.clone(),
-            holder_id: hold.holder_id.clone(),
-            fencing_token: hold.token(),
-            lease_id: hold.ticket.lease,
-            ttl_seconds: hold.session.ttl,
-            heartbeat_timeout_seconds: hold.heartbeat.as_secs() as u32,
-            acquired_at: rfc3339(hold.acquired_at),
-            mode: hold.mode,
-            handed_on: false,
-            locks: (hold.set.iter())
-                .map(|(lock, token)| LockToken {
-                    lock: lock.name.clone(),
-                    fencing_token: token.get(),
-                })
-                .collect(),
-        }
-    }
 }
 
 /// What happened to one of this sidecar's holds.
@@ -163,4 +140,21 @@ pub struct LocalEntry {
     /// The token of a held lock.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fencing_token: Option<i64>,
+}
+
+/// The answer of a fence check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FenceCheck {
+    /// The lock (`lock` and `namespace` in JSON).
+    #[serde(flatten)]
+    pub lock: LockId,
+    /// The token asked about.
+    pub token: i64,
+    /// Whether `token` is one of `holders`' tokens.
+    pub current: bool,
+    /// The lock's holders at `revision`, in queue order (none when it is free or undeclared).
+    pub holders: Vec<HolderInfo>,
+    /// The etcd revision the answer was read at.
+    pub revision: i64,
 }

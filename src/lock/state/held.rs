@@ -8,7 +8,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::lock::etcd::session::Session;
+use crate::lock::model::{Grant, LockToken};
 use crate::lock::protocol::entry::Mode;
+use crate::lock::protocol::entry::rfc3339;
 use crate::lock::protocol::names::LockId;
 use crate::lock::protocol::token::Token;
 use crate::lock::txn::handoff::Chain;
@@ -95,5 +97,27 @@ impl Hold {
         }
         self.deadline.send_replace(Instant::now() + self.heartbeat);
         SystemTime::now() + self.heartbeat
+    }
+}
+
+impl Grant {
+    pub(crate) fn of(hold: &Hold) -> Self {
+        Grant {
+            lock: hold.lock.clone(),
+            holder_id: hold.holder_id.clone(),
+            fencing_token: hold.token(),
+            lease_id: hold.ticket.lease,
+            ttl_seconds: hold.session.ttl,
+            heartbeat_timeout_seconds: hold.heartbeat.as_secs() as u32,
+            acquired_at: rfc3339(hold.acquired_at),
+            mode: hold.mode,
+            handed_on: false,
+            locks: (hold.set.iter())
+                .map(|(lock, token)| LockToken {
+                    lock: lock.name.clone(),
+                    fencing_token: token.get(),
+                })
+                .collect(),
+        }
     }
 }
