@@ -25,8 +25,8 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tracing::{info, warn};
 
-use super::owner;
 use super::webhook::WebhookArgs;
+use crate::operator::owner;
 
 /// A self-made serving certificate's lifetime, and how long before its end it is made again.
 const LEAF_DAYS: i64 = 365;

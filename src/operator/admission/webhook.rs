@@ -24,9 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
-use super::context::Context;
-use super::inject::{self, SidecarTemplate};
-use super::readiness::Readiness;
+use crate::operator::context::Context;
+use crate::operator::inject::{self, SidecarTemplate};
+use crate::operator::readiness::Readiness;
 use k8s_openapi::api::core::v1::ResourceRequirements;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
     LabelSelector, LabelSelectorRequirement, ObjectMeta, OwnerReference,
@@ -156,7 +156,7 @@ pub async fn keep_configuration(
     owner: Option<OwnerReference>,
 ) {
     let api: Api<MutatingWebhookConfiguration> = Api::all(client);
-    let params = super::owner::server_side_apply();
+    let params = crate::operator::owner::server_side_apply();
     loop {
         let bundle = ca.borrow_and_update().clone();
         let config = configuration(

@@ -3,7 +3,7 @@
 //! its lease TTL. The pod's sidecar, if still alive, sees its key deleted and reports `lost`.
 //!
 //! It watches pods labelled `podlock.io/sidecar=true` (the injection webhook sets it), and each
-//! other pod that holds or waits on its own (see [`super::named_pods`]); never every pod of
+//! other pod that holds or waits on its own (see [`named_pods`]); never every pod of
 //! the cluster. It acts only on positive evidence: a watch event, or a successful read that finds the pod gone.
 //! An unreachable API server releases nothing. A pod watch can lag behind etcd, so "another
 //! uid under this name" from the cache is checked by a fresh read before anything ends: the
@@ -12,6 +12,12 @@
 //! It trusts etcd keys, not values: an entry's namespace is its key's (which etcd's
 //! per-namespace roles confine), holds end by deleting their keys (guarded by create
 //! revision), and a lease is revoked only when every key on it is in the dead pod's namespace.
+
+pub(super) mod etcd_watch;
+mod named_pods;
+pub(super) mod noticed;
+pub(super) mod returned;
+mod verdict;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -23,13 +29,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tracing::{info, warn};
 
-use super::etcd_watch::{PodIndex, PodKey};
-use super::inject::SIDECAR_LABEL;
-use super::named_pods::{NamedPods, Seen};
-use super::verdict::PodEntry;
-pub use super::verdict::{Reason, verdict};
 use crate::lock::{self, Revoked};
 use crate::metrics::OperatorMetrics;
+use crate::operator::inject::SIDECAR_LABEL;
+use etcd_watch::{PodIndex, PodKey};
+use named_pods::{NamedPods, Seen};
+use verdict::PodEntry;
+pub use verdict::{Reason, verdict};
 
 /// Watches pods and ends the holds of dead ones, until the pods stream ends.
 pub async fn run(

@@ -18,8 +18,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use std::collections::BTreeMap;
 use std::time::SystemTime;
 
-use super::inject::SIDECAR_CONTAINER;
 use crate::lock::LockId;
+use crate::operator::inject::SIDECAR_CONTAINER;
 
 /// One queue entry (hold or wait) of a pod.
 #[derive(Debug, Clone)]

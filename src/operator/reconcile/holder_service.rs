@@ -13,8 +13,8 @@ use kube::api::{Api, DeleteParams, Patch, Preconditions};
 use kube::{Resource, ResourceExt};
 use tracing::info;
 
-use super::owner::server_side_apply;
 use crate::crd::{DistributedLock, Holder, HolderService, HolderServiceStatus};
+use crate::operator::owner::server_side_apply;
 
 /// The label on every Service and EndpointSlice the operator makes for a lock; it watches only
 /// objects that carry it (the owner reference names the lock).

@@ -1,6 +1,11 @@
 //! The reconciler: publishes each DistributedLock's settings to etcd, mirrors its queue into
 //! `status`, and deletes its etcd keys when the object is deleted (finalizer).
 
+mod epoch;
+pub(super) mod holder_service;
+mod publish;
+pub mod release;
+
 use kube::ResourceExt;
 use kube::api::Api;
 use kube::runtime::controller::Action;
@@ -10,13 +15,13 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 use tracing::{info, warn};
 
-use super::context::{Context, event, lock_id};
-use super::holder_service::{self, Followed};
-use super::reconcile_error::Error;
 use crate::crd::{Condition, DistributedLock, DistributedLockStatus, Holder, HolderServiceStatus};
 use crate::lock::rfc3339;
 use crate::lock::{LockId, LockState, Settings, Withdrawn};
 use crate::metrics::{OperatorMetrics, RECONCILED};
+use crate::operator::context::{Context, event, lock_id};
+use crate::operator::reconcile_error::Error;
+use holder_service::Followed;
 
 /// The finalizer that makes deletion wait until the lock's etcd keys are gone.
 pub const FINALIZER: &str = "podlock.io/cleanup";
@@ -82,13 +87,13 @@ pub fn error_policy(dl: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) 
 /// Acts on a force release (`podlock.io/release`), publishes the lock's settings to etcd and
 /// mirrors its queue into `status`.
 async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) -> Result<Action, Error> {
-    super::release::handle(dl, api, ctx).await?;
+    release::handle(dl, api, ctx).await?;
     let id = lock_id(dl);
     ctx.isolation
         .ensure(&ctx.client, &ctx.store, &id.namespace)
         .await
         .map_err(|e| Error::Isolation(e.into()))?;
-    let state = match super::publish::settings(ctx, api, dl, &id).await {
+    let state = match publish::settings(ctx, api, dl, &id).await {
         Ok(state) => state,
         Err(e @ Error::Kube(_)) => return Err(e),
         Err(e) => {

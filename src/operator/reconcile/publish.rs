@@ -9,11 +9,11 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::context::{Context, event};
 use super::epoch::{self, Choice};
-use super::reconcile_error::Error;
 use crate::crd::{DistributedLock, DistributedLockStatus};
 use crate::lock::{LockError, LockId, LockState, Settings, Token, may_publish};
+use crate::operator::context::{Context, event};
+use crate::operator::reconcile_error::Error;
 
 /// How many times a publish is tried while the settings change under it (another replica, or
 /// `podlock declare`): each try reads them again and decides again.

@@ -20,10 +20,10 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use tracing::info;
 
-use super::context::{Context, event, lock_id};
-use super::reconcile_error::Error;
 use crate::crd::{DistributedLock, remove_if_still};
 use crate::lock::{QueueEntry, check_holder_id};
+use crate::operator::context::{Context, event, lock_id};
+use crate::operator::reconcile_error::Error;
 
 /// The annotation that asks for a release.
 pub const ANNOTATION: &str = "podlock.io/release";

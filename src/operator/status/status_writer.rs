@@ -13,14 +13,14 @@ use std::time::Instant;
 use tokio::sync::Notify;
 use tracing::warn;
 
-use super::backoff::Backoff;
 use super::event_limit::EventLimit;
-use super::events;
-use super::reconcile_error::Error;
 use super::status_writes::{Ended, Outcome, Pending, Writes};
 use crate::crd::{DistributedLock, DistributedLockStatus};
 use crate::lock::LockId;
 use crate::metrics::OperatorMetrics;
+use crate::operator::backoff::Backoff;
+use crate::operator::events;
+use crate::operator::reconcile_error::Error;
 
 /// How many status writes are under way at most: enough to keep a slow API server busy,
 /// few enough that a backlog waits here, in the slots, where newer states replace older ones.
@@ -211,7 +211,7 @@ async fn patch_status(
         types: TypeMeta::resource::<DistributedLock>(),
         status,
     };
-    let params = super::owner::server_side_apply();
+    let params = crate::operator::owner::server_side_apply();
     api.patch_status(&id.name, &params, &Patch::Apply(&apply)).await?;
     Ok(())
 }
