@@ -12,7 +12,7 @@ use std::time::Duration;
 use tower::ServiceExt;
 use tracing::{info, warn};
 
-use super::SidecarArgs;
+use super::args::SidecarArgs;
 use super::error::ApiError;
 use crate::lock::Engine;
 
@@ -40,7 +40,7 @@ impl Started {
     pub async fn connect(self, args: SidecarArgs) {
         let mut pause = Duration::from_millis(200);
         let (engine, state) = loop {
-            match super::start(&args).await {
+            match super::state::start(&args).await {
                 Ok(started) => break started,
                 Err(e) => warn!(
                     error = format!("{e:#}"),
@@ -53,8 +53,8 @@ impl Started {
         };
         let running = Running {
             engine,
-            api: super::router(state.clone()),
-            health: super::health_router().with_state(state),
+            api: super::routes::router(state.clone()),
+            health: super::routes::health_router().with_state(state),
         };
         if self.0.set(running).is_ok() {
             info!("connected to etcd; the API serves");
