@@ -17,7 +17,7 @@
 
 use super::Engine;
 use super::error::LockError;
-use super::model::FenceCheck;
+use super::messages::FenceCheck;
 use super::protocol::Queued;
 use super::protocol::entry::HolderInfo;
 use super::protocol::names::LockId;

@@ -19,7 +19,7 @@ mod error;
 mod etcd;
 mod fence;
 mod life;
-mod model;
+mod messages;
 pub mod protocol;
 mod refusal;
 mod state;
@@ -30,7 +30,9 @@ mod txn;
 pub use error::{LockError, Unavailable};
 pub use etcd::Stats;
 pub use etcd::link::Link;
-pub use model::{AcquireRequest, EventKind, FenceCheck, Grant, HoldEvent, LocalEntry, LockInfo, LockToken};
+pub use messages::{
+    AcquireRequest, EventKind, FenceCheck, Grant, HoldEvent, LocalEntry, LockInfo, LockToken,
+};
 pub use protocol::entry::{Entry, HolderInfo, Mode, PodRef, rfc3339};
 pub use protocol::names::{
     InvalidName, LockId, check_container, check_dns_subdomain, check_holder_id, cluster_name,
@@ -39,7 +41,7 @@ pub use protocol::names::{
 pub use protocol::token::{MAX_EPOCH, REVISION_LIMIT, Token, TokenError, next_epoch};
 pub use refusal::Refusal;
 pub use store::changes::{Change, Changes, QueueEntry};
-pub use store::shared::{Withdrawn, may_publish};
+pub use store::clusters::{Withdrawn, may_publish};
 pub use store::{LockState, NamespacePassword, Revoked, RoundTripError, Store};
 pub use txn::queue::QueueState;
 pub use txn::settings::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
@@ -53,7 +55,7 @@ use etcd::Etcd;
 use etcd::session::Sessions;
 use protocol::keys;
 use state::events;
-use state::held::Hold;
+use state::hold::Hold;
 use state::registry::Registry;
 use txn::queue;
 use txn::settings::{self, Declared};

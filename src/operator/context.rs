@@ -9,7 +9,7 @@ use super::backoff::Backoff;
 use super::isolation::Isolation;
 use super::liveness::noticed::Noticed;
 use super::liveness::returned::Returned;
-use super::status::status_writer::StatusWriter;
+use super::status::writer::StatusWriter;
 use crate::crd::DistributedLock;
 use crate::lock::{LockId, Store};
 use crate::metrics::OperatorMetrics;

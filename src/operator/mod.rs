@@ -225,7 +225,7 @@ fn context(
         noticed: Arc::default(),
         returned: Arc::default(),
         cluster: args.cluster_name.clone(),
-        status: Arc::new(status::status_writer::StatusWriter::new(
+        status: Arc::new(status::writer::StatusWriter::new(
             metrics.clone(),
             client.clone(),
             recorder.clone(),

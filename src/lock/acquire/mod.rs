@@ -15,13 +15,13 @@ use crate::lock::Engine;
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::session::Session;
 use crate::lock::life::detached;
-use crate::lock::life::hold::{self, MarkWhen};
-use crate::lock::model::{AcquireRequest, EventKind, Grant};
+use crate::lock::life::monitor::{self, MarkWhen};
+use crate::lock::messages::{AcquireRequest, EventKind, Grant};
 use crate::lock::protocol::entry::{Entry, Mode, Successor, rfc3339};
 use crate::lock::protocol::names::{LockId, check_holder_id};
 use crate::lock::protocol::position::{Position, Standing};
 use crate::lock::protocol::token::Token;
-use crate::lock::state::held::Hold;
+use crate::lock::state::hold::Hold;
 use crate::lock::state::registry::{Claimed, SlotKey};
 use crate::lock::txn::handoff::Chain;
 use crate::lock::txn::queue::{self, Enqueued, Ticket};
@@ -118,9 +118,9 @@ impl Engine {
     pub(super) async fn regrant(&self, hold: &Arc<Hold>) -> Result<Option<Grant>, LockError> {
         let ours = queue::is_ours(&self.0.etcd, &hold.ticket).await?;
         if hold.session.is_lost() {
-            self.end_lost(hold, hold::SESSION_LOST).await;
+            self.end_lost(hold, monitor::SESSION_LOST).await;
         } else if !ours {
-            self.end_lost(hold, hold::KEY_DELETED).await;
+            self.end_lost(hold, monitor::KEY_DELETED).await;
         }
         // Answer from the registry as it is now: the hold may have ended during the read.
         match self.0.registry.get_held(&hold.lock, &hold.holder_id) {
@@ -294,7 +294,7 @@ impl Engine {
         self.0.registry.hold(pending.slots[0].clone(), hold.clone());
         debug!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), "acquired");
         self.publish(&hold, EventKind::Acquired, None);
-        hold::spawn_monitor(self.clone(), hold.clone(), mark, entry);
+        monitor::spawn_monitor(self.clone(), hold.clone(), mark, entry);
         Ok(Grant::of(&hold))
     }
 

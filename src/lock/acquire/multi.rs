@@ -7,7 +7,7 @@
 //! every queue, so no cycle of waiters can form, whatever the order or overlap of the sets. It
 //! waits for its turn on every lock at once, each by the single-lock rule ([`wait`]), and
 //! records its grant on all its keys in one transaction guarded by its keys and by the settings
-//! each turn was decided under ([`set::record`]): only then does it hold, and only then may the
+//! each turn was decided under ([`multi_lock::record`]): only then does it hold, and only then may the
 //! keys behind it on a semaphore pass it. No release hands it a grant and it hands none on.
 //!
 //! Its holds are one per lock, linked by [`Hold::set`]: a release or heartbeat of any of them
@@ -25,15 +25,15 @@ use crate::lock::Engine;
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::session::Session;
 use crate::lock::life::detached;
-use crate::lock::life::hold::{self, MarkWhen};
-use crate::lock::model::{AcquireRequest, EventKind, Grant};
+use crate::lock::life::monitor::{self, MarkWhen};
+use crate::lock::messages::{AcquireRequest, EventKind, Grant};
 use crate::lock::protocol::entry::{Entry, rfc3339};
 use crate::lock::protocol::names::LockId;
 use crate::lock::protocol::token::Token;
-use crate::lock::state::held::Hold;
+use crate::lock::state::hold::Hold;
 use crate::lock::state::registry::Claimed;
+use crate::lock::txn::multi_lock::{self, EnqueuedSet, Member};
 use crate::lock::txn::queue::Ticket;
-use crate::lock::txn::set::{self, EnqueuedSet, Member};
 use crate::lock::txn::settings::{Declared, TTL};
 
 /// The most locks one request may take: enough for the sets users ask for, few enough that
@@ -88,7 +88,7 @@ impl Engine {
             let acquired_at = SystemTime::now();
             let entries = self.set_entries(&req, &locks, &declared, &placed, Some(acquired_at));
             let members = members(&locks, &declared, &placed.tickets);
-            if set::record(&self.0.etcd, &members, &placed.tickets, &entries).await? {
+            if multi_lock::record(&self.0.etcd, &members, &placed.tickets, &entries).await? {
                 return self.start_set(req, &locks, &declared, pending, placed, (at, acquired_at));
             }
             // A key gone fails the acquire; settings changed under a turn: wait again.
@@ -150,7 +150,7 @@ impl Engine {
         self.regrant(held).await
     }
 
-    /// Puts the set's keys into their queues (see [`set::enqueue`]), under the locks' current
+    /// Puts the set's keys into their queues (see [`multi_lock::enqueue`]), under the locks' current
     /// settings and a live session; records them in `pending`.
     async fn place_set(
         &self,
@@ -168,7 +168,9 @@ impl Engine {
             let enqueue = {
                 let (etcd, locks, declared) = (self.0.etcd.clone(), locks.to_vec(), declared.to_vec());
                 let (keys, lease) = (placed.tickets.clone(), placed.session.id);
-                async move { set::enqueue(&etcd, &members(&locks, &declared, &keys), &entries, lease).await }
+                async move {
+                    multi_lock::enqueue(&etcd, &members(&locks, &declared, &keys), &entries, lease).await
+                }
             };
             let to = (
                 &placed.session,
@@ -188,7 +190,7 @@ impl Engine {
                     }
                 }
                 Ok(EnqueuedSet::Stale(old)) => {
-                    set::remove(&self.0.etcd, &old).await?;
+                    multi_lock::remove(&self.0.etcd, &old).await?;
                 }
                 Err(LockError::LeaseNotFound(e)) => placed.session.end(&format!("etcd: {e}")),
                 Err(e) => return Err(e),
@@ -316,7 +318,7 @@ impl Engine {
         for ((slot, hold), entry) in pending.slots.iter().zip(&holds).zip(entries) {
             self.0.registry.hold(slot.clone(), hold.clone());
             self.publish(hold, EventKind::Acquired, None);
-            hold::spawn_monitor(self.clone(), hold.clone(), MarkWhen::Now, entry);
+            monitor::spawn_monitor(self.clone(), hold.clone(), MarkWhen::Now, entry);
         }
         debug!(lock = %req.lock, holder = %req.holder_id, token = holds[0].token(), locks = locks.len(), "acquired as one");
         Ok(Grant {

@@ -9,8 +9,8 @@ use crate::lock::Engine;
 use crate::lock::etcd::session::Session;
 use crate::lock::life::detached;
 use crate::lock::state::registry::SlotKey;
+use crate::lock::txn::multi_lock;
 use crate::lock::txn::queue::Ticket;
-use crate::lock::txn::set;
 
 /// An acquire in progress: on drop (finished, failed or cancelled) it clears its `Waiting`
 /// slots and removes the queue keys that did not become a hold.
@@ -39,7 +39,7 @@ impl<'a> Pending<'a> {
         let Some((tickets, session)) = self.keys.take() else {
             return;
         };
-        if let Err(e) = set::remove(self.engine.etcd(), &tickets).await {
+        if let Err(e) = multi_lock::remove(self.engine.etcd(), &tickets).await {
             warn!(key = tickets[0].key, error = %e, "could not leave the queue; retrying in the background");
             detached::spawn_removal(self.engine.clone(), tickets, session);
         }

@@ -15,8 +15,8 @@ use crate::lock::Engine;
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::Sent;
 use crate::lock::etcd::session::Session;
+use crate::lock::txn::multi_lock;
 use crate::lock::txn::queue::Ticket;
-use crate::lock::txn::set;
 use crate::retry;
 
 /// Runs `enqueue` (of `keys`) to its end, even if the acquire awaiting it is dropped (its client
@@ -97,7 +97,7 @@ where
 }
 
 /// Deletes the tickets' keys (each only while it has its create revision) in one transaction
-/// ([`set::end_together`]: a multi-lock set's keys leave their queues at one revision, as they
+/// ([`multi_lock::end_together`]: a multi-lock set's keys leave their queues at one revision, as they
 /// entered them), retrying while etcd is unreachable, until they are gone or their lease is
 /// (then etcd deletes them). Used for abandoned waits and holds that end without release.
 pub fn spawn_removal(engine: Engine, tickets: Vec<Ticket>, session: Arc<Session>) {
@@ -105,7 +105,7 @@ pub fn spawn_removal(engine: Engine, tickets: Vec<Ticket>, session: Arc<Session>
         return;
     };
     tokio::spawn(async move {
-        let remove = || set::end_together(engine.etcd(), &tickets);
+        let remove = || multi_lock::end_together(engine.etcd(), &tickets);
         let removed = remove
             .retry(retry::etcd())
             .when(|_| !session.is_lost())

@@ -6,18 +6,18 @@ use std::time::SystemTime;
 use tracing::{debug, info, warn};
 
 use super::detached::spawn_removal;
-use super::hold::{KEY_DELETED, SESSION_LOST, SHUTDOWN};
+use super::monitor::{KEY_DELETED, SESSION_LOST, SHUTDOWN};
 use crate::lock::Engine;
 use crate::lock::error::LockError;
 use crate::lock::etcd::session::Session;
-use crate::lock::model::EventKind;
+use crate::lock::messages::EventKind;
 use crate::lock::protocol::names::LockId;
-use crate::lock::state::held::Hold;
+use crate::lock::state::hold::Hold;
 use crate::lock::txn::handoff;
+use crate::lock::txn::multi_lock;
 use crate::lock::txn::queue;
 use crate::lock::txn::queue::Ticket;
-use crate::lock::txn::released::{self, ADMIN_RELEASED, NOTE_READ};
-use crate::lock::txn::set;
+use crate::lock::txn::release_note::{self, ADMIN_RELEASED, NOTE_READ};
 
 impl Engine {
     /// Releases a hold: deletes its key (guarded by its create revision) and ends it. A key
@@ -50,7 +50,7 @@ impl Engine {
         }
         let release = match members.len() {
             1 => handoff::release(&self.0.etcd, lock, &hold.ticket, hold.chain.as_ref()).await,
-            _ => set::release(&self.0.etcd, &tickets(&members)).await,
+            _ => multi_lock::release(&self.0.etcd, &tickets(&members)).await,
         };
         let removed = match release {
             Ok(removed) => removed,
@@ -116,7 +116,7 @@ impl Engine {
     /// Why `hold`'s key, found deleted, is gone: an administrator's release if the operator left
     /// a note for exactly this hold (read within [`NOTE_READ`]), else [`KEY_DELETED`].
     pub(crate) async fn why_key_deleted(&self, hold: &Hold) -> &'static str {
-        let note = released::noted(&self.0.etcd, &hold.lock, &hold.holder_id, &hold.ticket);
+        let note = release_note::noted(&self.0.etcd, &hold.lock, &hold.holder_id, &hold.ticket);
         match tokio::time::timeout(NOTE_READ, note).await {
             Ok(Ok(true)) => ADMIN_RELEASED,
             _ => KEY_DELETED,

@@ -24,8 +24,8 @@ use crate::lock::Engine;
 use crate::lock::error::LockError;
 use crate::lock::etcd::watch::Target;
 use crate::lock::protocol::keys::parse_entry_key;
+use crate::lock::txn::multi_lock;
 use crate::lock::txn::queue::Ticket;
-use crate::lock::txn::set;
 
 /// How long a key is watched for late copies of its enqueue: well past the longest a copy can
 /// be pending in etcd (its request timeout, 5 s plus two election timeouts: 7 s with the
@@ -114,7 +114,7 @@ impl Engine {
         if untracked.is_empty() {
             return Ok(());
         }
-        let removed = set::end_together(&self.0.etcd, &untracked).await?;
+        let removed = multi_lock::end_together(&self.0.etcd, &untracked).await?;
         for (t, _) in untracked.iter().zip(removed).filter(|(_, r)| *r) {
             info!(
                 key = t.key,

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use tokio::sync::mpsc::{self, error::TrySendError};
 use tracing::warn;
 
-use crate::lock::model::HoldEvent;
+use crate::lock::messages::HoldEvent;
 use crate::lock::protocol::names::LockId;
 
 /// How many undelivered events a subscriber may have.
@@ -55,7 +55,7 @@ impl Subscribers {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::model::EventKind;
+    use crate::lock::messages::EventKind;
 
     fn event(lock: &LockId, kind: EventKind) -> HoldEvent {
         HoldEvent {

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
 
-use super::held::Hold;
+use super::hold::Hold;
 use crate::lock::error::LockError;
-use crate::lock::model::LocalEntry;
+use crate::lock::messages::LocalEntry;
 use crate::lock::protocol::names::LockId;
 
 /// How long the registry remembers a lost hold, so that a late release or heartbeat of it is

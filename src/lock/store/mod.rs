@@ -7,7 +7,7 @@
 
 mod auth;
 pub(super) mod changes;
-pub(super) mod shared;
+pub(super) mod clusters;
 
 use etcd_client::{GetOptions, Txn, TxnOp, WatchOptions};
 use std::collections::BTreeSet;
@@ -18,13 +18,13 @@ use crate::lock::etcd::Etcd;
 use crate::lock::protocol::Queued;
 use crate::lock::protocol::keys;
 use crate::lock::protocol::names::LockId;
+use crate::lock::txn::multi_lock;
 use crate::lock::txn::queue::{self, QueueState, Ticket};
-use crate::lock::txn::released;
-use crate::lock::txn::set;
+use crate::lock::txn::release_note;
 use crate::lock::txn::settings::{self, Settings};
 pub use auth::NamespacePassword;
 use changes::{Changes, QueueEntry};
-use shared::Withdrawn;
+use clusters::Withdrawn;
 
 /// podlock's data in etcd, for the operator and `podlock declare`. Cheap to clone.
 #[derive(Clone)]
@@ -133,14 +133,14 @@ impl Store {
     /// Records that the named `cluster` declares `lock` (nothing when unnamed), so that no other
     /// cluster's withdrawal removes the lock from under it (see `shared`).
     pub async fn declare_in(&self, lock: &LockId, cluster: &str) -> Result<(), LockError> {
-        shared::declare(&self.0, lock, cluster).await
+        clusters::declare(&self.0, lock, cluster).await
     }
 
     /// Withdraws `cluster` from a lock several clusters may share: ends its own pods' keys and
     /// removes the lock only when no other cluster's pod queues on it (see `shared`). `None`:
     /// the lock kept changing meanwhile.
     pub async fn withdraw(&self, lock: &LockId, cluster: &str) -> Result<Option<Withdrawn>, LockError> {
-        shared::withdraw(&self.0, lock, cluster).await
+        clusters::withdraw(&self.0, lock, cluster).await
     }
 
     /// Removes a lock: its settings and every queue key. Returns how many keys it ended.
@@ -196,7 +196,7 @@ impl Store {
         let Some((_, holder)) = keys::parse_entry_key(&held.key) else {
             return Ok(false); // not a key the engine writes: no sidecar to tell
         };
-        released::release(&self.0, &held.lock, &holder, &held.ticket()).await
+        release_note::release(&self.0, &held.lock, &holder, &held.ticket()).await
     }
 
     /// Every lock with settings or queue keys in `namespace` (all when `None`).
@@ -229,7 +229,7 @@ impl Store {
 
     /// Deletes each entry, given as (key, create revision, lease), if its key still has that
     /// create revision (a newer entry under the same key is never touched), all in one
-    /// transaction, the queues' back first (see `set::end_together`): a pod's holds and waits
+    /// transaction, the queues' back first (see `multi_lock::end_together`): a pod's holds and waits
     /// end together, so that none of its waiters is admitted for a moment by the end of its
     /// own holder ahead. Returns, for each entry, whether it deleted it.
     pub async fn end_entries(&self, entries: &[(&str, i64, i64)]) -> Result<Vec<bool>, LockError> {
@@ -240,7 +240,7 @@ impl Store {
                 lease,
             })
             .collect();
-        set::end_together(&self.0, &tickets).await
+        multi_lock::end_together(&self.0, &tickets).await
     }
 
     /// Revokes `lease` only if every key on it lies under `namespace`'s queues: exactly what

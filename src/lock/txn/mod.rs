@@ -4,8 +4,8 @@
 //! records and rules of [`protocol`](super::protocol) and sent through [`etcd`](super::etcd).
 
 pub(super) mod handoff;
+pub(super) mod multi_lock;
 pub(super) mod queue;
 pub(super) mod receipt;
-pub(super) mod released;
-pub(super) mod set;
+pub(super) mod release_note;
 pub(super) mod settings;

@@ -186,7 +186,7 @@ struct Published<'a> {
 }
 
 /// The value that stores `settings` as published by `cluster` (unnamed: the settings alone,
-/// byte for byte as before clusters were named; see [`shared`](crate::lock::store::shared)).
+/// byte for byte as before clusters were named; see [`clusters`](crate::lock::store::clusters)).
 pub fn encode(settings: &Settings, cluster: &str) -> Vec<u8> {
     serde_json::to_vec(&Published { settings, cluster }).expect("settings serialize")
 }
@@ -197,7 +197,7 @@ pub async fn read(etcd: &Etcd, lock: &LockId) -> Result<Option<Declared>, LockEr
     resp.kvs().first().map(Declared::from_kv).transpose()
 }
 
-/// Writes a lock's settings, published by `cluster` (see [`shared`](crate::lock::store::shared)), if the
+/// Writes a lock's settings, published by `cluster` (see [`clusters`](crate::lock::store::clusters)), if the
 /// config key still has mod revision `over` (0: absent), and drops the epoch a removal kept
 /// ([`retire`]): the settings carry it from now on. `renew` also removes its queue in the same
 /// transaction (a new epoch: no key enqueued under the old one may be granted under it).

@@ -4,7 +4,7 @@
 //! tells that from a hold that ended otherwise (its lease, an administrator, the operator):
 //! the release's transaction, as it deletes the key, puts the key's create revision at
 //! `/podlock/v1/queue/{ns}/.released/{lock}/{lease}`, bound to the lease; a copy that finds the
-//! key gone reads it in the same transaction (`src/lock/txn/handoff.rs`, `set.rs`).
+//! key gone reads it in the same transaction (`src/lock/txn/handoff.rs`, `txn/multi_lock.rs`).
 //!
 //! The receipt is one per lock and lease, overwritten by the next release of the same sidecar
 //! on that lock: a release answered after another release of its sidecar on the same lock

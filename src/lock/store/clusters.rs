@@ -19,7 +19,7 @@ use super::changes::QueueEntry;
 use crate::lock::error::LockError;
 use crate::lock::etcd::{self, Etcd};
 use crate::lock::protocol::names::LockId;
-use crate::lock::txn::set;
+use crate::lock::txn::multi_lock;
 use crate::lock::txn::settings::{Declared, encode, publisher, retire};
 
 /// Whether the operator of `cluster` may write settings whose publisher is `publisher`.
@@ -102,7 +102,7 @@ pub async fn withdraw(etcd: &Etcd, lock: &LockId, cluster: &str) -> Result<Optio
 /// Ends `own` keys together; returns how many it ended.
 async fn end_own(etcd: &Etcd, own: &[&QueueEntry]) -> Result<i64, LockError> {
     let tickets: Vec<_> = own.iter().map(|e| e.ticket()).collect();
-    let ended = set::end_together(etcd, &tickets).await?;
+    let ended = multi_lock::end_together(etcd, &tickets).await?;
     Ok(ended.into_iter().filter(|e| *e).count() as i64)
 }
 

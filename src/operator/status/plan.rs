@@ -283,5 +283,5 @@ fn fingerprint(status: &DistributedLockStatus) -> u64 {
 }
 
 #[cfg(test)]
-#[path = "status_writes_tests.rs"]
+#[path = "plan_tests.rs"]
 mod tests;

@@ -2,7 +2,7 @@
 //! offers the lock's latest status and goes on: it no longer holds one of the controller's
 //! slots while the API server answers, and a lock that changes again while its write waits is
 //! written once, as it is then. Which write goes next, and how often one lock is written, is
-//! [`status_writes`](super::status_writes)' policy; this runs it with a few writers.
+//! [`plan`](super::plan)' policy; this runs it with a few writers.
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::api::{Api, Patch};
@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tracing::warn;
 
 use super::event_limit::EventLimit;
-use super::status_writes::{Ended, Outcome, Pending, Writes};
+use super::plan::{Ended, Outcome, Pending, Writes};
 use crate::crd::{DistributedLock, DistributedLockStatus};
 use crate::lock::LockId;
 use crate::metrics::OperatorMetrics;

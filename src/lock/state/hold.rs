@@ -1,5 +1,5 @@
 //! A granted hold of this sidecar: what it holds and how, and its heartbeat window. The task
-//! that watches over it lives in [`hold`](crate::lock::life::hold).
+//! that watches over it lives in [`monitor`](crate::lock::life::monitor).
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::lock::etcd::session::Session;
-use crate::lock::model::{Grant, LockToken};
+use crate::lock::messages::{Grant, LockToken};
 use crate::lock::protocol::entry::Mode;
 use crate::lock::protocol::entry::rfc3339;
 use crate::lock::protocol::names::LockId;

@@ -16,7 +16,7 @@ use tracing::{Instrument, info_span, warn};
 use crate::lock::Engine;
 use crate::lock::etcd::watch::Target;
 use crate::lock::protocol::entry::{Entry, Mode};
-use crate::lock::state::held::Hold;
+use crate::lock::state::hold::Hold;
 use crate::lock::txn::queue;
 use crate::retry;
 
