@@ -79,7 +79,7 @@ pub struct OperatorArgs {
     #[command(flatten)]
     pub leader: leader::LeaderArgs,
     #[command(flatten)]
-    pub webhook: admission::webhook::WebhookArgs,
+    pub webhook: admission::args::WebhookArgs,
     #[command(flatten)]
     pub etcd: EtcdArgs,
 }
@@ -162,7 +162,7 @@ async fn webhook(
     let source = admission::certs::Source::new(client, &args.webhook, own_ns, owner.clone());
     let tls = source.load().await?;
     let (ca, bundle) = tokio::sync::watch::channel(tls.ca.clone());
-    tokio::spawn(admission::webhook::keep_configuration(
+    tokio::spawn(admission::configuration::keep_configuration(
         client.clone(),
         args.webhook.clone(),
         own_ns.to_string(),

@@ -25,7 +25,7 @@ use std::time::Duration;
 use time::OffsetDateTime;
 use tracing::{info, warn};
 
-use super::webhook::WebhookArgs;
+use super::args::WebhookArgs;
 use crate::operator::owner;
 
 /// A self-made serving certificate's lifetime, and how long before its end it is made again.
