@@ -27,7 +27,7 @@ pub struct AcquireRequest {
     /// a hold of the same holder id, nor be taken over.
     pub connection_bound: bool,
     /// Further locks of the namespace to take as one with `lock` (a multi-lock acquire, see
-    /// [`multi`](super::acquire::multi)); empty: `lock` alone.
+    /// `acquire/multi.rs`); empty: `lock` alone.
     pub with: Vec<LockId>,
 }
 

@@ -84,7 +84,7 @@ pub struct OperatorArgs {
     pub etcd: EtcdArgs,
 }
 
-/// Runs the operator until SIGTERM or Ctrl-C, then drains (see [`readiness`]).
+/// Runs the operator until SIGTERM or Ctrl-C, then drains (see `readiness.rs`).
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     args.leader.timing()?; // refuse unsafe leader-election margins before doing anything
     let client = kube::Client::try_default()

@@ -21,7 +21,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tracing::{info, warn};
 
 /// Runs the sidecar until SIGTERM or Ctrl-C, then ends every hold before exiting. It listens
-/// first and reaches etcd after (see [`startup`]).
+/// first and reaches etcd after (see `startup.rs`).
 pub async fn run(args: SidecarArgs) -> anyhow::Result<()> {
     crate::lock::check_dns_subdomain("namespace", &args.namespace)?;
     let listener = bind(args.listen).await?;

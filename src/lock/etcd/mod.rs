@@ -53,7 +53,7 @@ pub struct Stats {
     /// of a request sent again counts.
     pub requests: AtomicU64,
     /// Of `requests`, the attempts sent again because an earlier one failed or went unanswered
-    /// for [`HEDGE`]: on an overloaded etcd they show up as extra requests per grant.
+    /// for `HEDGE`: on an overloaded etcd they show up as extra requests per grant.
     pub resent: AtomicU64,
     /// Watch events received.
     pub watch_events: AtomicU64,

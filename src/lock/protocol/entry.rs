@@ -81,7 +81,7 @@ pub struct Entry {
     #[serde(default, skip_serializing_if = "is_zero")]
     pub epoch: u32,
     /// Written by the release of the holder ahead, which handed this key its grant (direct
-    /// handoff, see [`handoff`](crate::lock::txn::handoff)): it holds from that write on. Not a record
+    /// handoff, see `txn/handoff.rs`): it holds from that write on. Not a record
     /// of the grant for the keys behind it (`acquiredAt` is).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub handed: bool,
@@ -89,7 +89,7 @@ pub struct Entry {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub next: Vec<Successor>,
     /// The other locks this key's request takes as one with this one (a multi-lock acquire,
-    /// see [`multi`](crate::lock::acquire::multi)); absent: this lock alone. Such a key is never handed a
+    /// see `acquire/multi.rs`); absent: this lock alone. Such a key is never handed a
     /// grant and hands none on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub with: Vec<String>,

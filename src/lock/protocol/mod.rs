@@ -1,11 +1,8 @@
 //! The queue protocol's decisions as pure functions: where a key stands, judged from the keys
 //! ahead of it, and which changes can move it. The engine makes every such decision through
-//! these functions (the enqueue and a waiter's read in [`queue`] and [`wait`]), and so does the
-//! protocol model (`tests/model`), which checks them against every interleaving of etcd
-//! requests, lease ends and settings changes it explores. Nothing here reads etcd.
-//!
-//! [`queue`]: crate::lock::txn::queue
-//! [`wait`]: crate::lock::acquire::wait
+//! these functions (the enqueue and a waiter's read in `txn/queue.rs` and `acquire/wait.rs`), and
+//! so does the protocol model (`tests/model`), which checks them against every interleaving of
+//! etcd requests, lease ends and settings changes it explores. Nothing here reads etcd.
 
 pub(super) mod entry;
 pub(super) mod keys;

@@ -40,7 +40,7 @@ pub async fn declare(etcd: &Etcd, lock: &LockId, cluster: &str) -> Result<(), Lo
     Ok(())
 }
 
-/// What [`withdraw`] did.
+/// What `withdraw` did.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Withdrawn {
     /// How many keys of the withdrawing cluster's pods (holds and waits) it ended.

@@ -3,7 +3,7 @@
 //! its lease TTL. The pod's sidecar, if still alive, sees its key deleted and reports `lost`.
 //!
 //! It watches pods labelled `podlock.io/sidecar=true` (the injection webhook sets it), and each
-//! other pod that holds or waits on its own (see [`named_pods`]); never every pod of
+//! other pod that holds or waits on its own (see `named_pods.rs`); never every pod of
 //! the cluster. It acts only on positive evidence: a watch event, or a successful read that finds the pod gone.
 //! An unreachable API server releases nothing. A pod watch can lag behind etcd, so "another
 //! uid under this name" from the cache is checked by a fresh read before anything ends: the
