@@ -32,7 +32,7 @@ use crate::lock::protocol::names::LockId;
 use crate::lock::protocol::token::Token;
 use crate::lock::state::hold::Hold;
 use crate::lock::state::registry::Claimed;
-use crate::lock::txn::multi_lock::{self, EnqueuedSet, Member};
+use crate::lock::txn::multi_lock::{self, EnqueuedSet, members};
 use crate::lock::txn::queue::Ticket;
 use crate::lock::txn::settings::{Declared, TTL};
 
@@ -328,16 +328,6 @@ impl Engine {
     }
 }
 
-impl EnqueuedSet {
-    /// The keys this enqueue placed, if it did (for [`detached`] to remove).
-    fn placed(self) -> Vec<Ticket> {
-        match self {
-            EnqueuedSet::Placed(tickets) => tickets,
-            _ => vec![],
-        }
-    }
-}
-
 /// The fencing tokens of the set's keys, one per lock (each of its lock's epoch at the
 /// enqueue); refused if their revision is beyond what a token carries.
 fn tokens(locks: &[LockId], placed: &Placed) -> Result<Vec<Token>, LockError> {
@@ -347,17 +337,6 @@ fn tokens(locks: &[LockId], placed: &Placed) -> Result<Vec<Token>, LockError> {
                 lock: lock.clone(),
                 source,
             })
-        })
-        .collect()
-}
-
-/// The set's members: each lock with its settings and its key.
-fn members<'a>(locks: &'a [LockId], declared: &'a [Declared], tickets: &'a [Ticket]) -> Vec<Member<'a>> {
-    (locks.iter().zip(declared).zip(tickets))
-        .map(|((lock, declared), t)| Member {
-            lock,
-            declared,
-            key: &t.key,
         })
         .collect()
 }

@@ -184,3 +184,28 @@ pub async fn release(etcd: &Etcd, tickets: &[Ticket]) -> Result<bool, LockError>
     let released = together(etcd, tickets, receipt::release, receipt::released).await?;
     Ok(released.into_iter().all(|released| released))
 }
+
+impl EnqueuedSet {
+    /// The keys this enqueue placed, if it did (for `life/detached.rs` to remove).
+    pub(in crate::lock) fn placed(self) -> Vec<Ticket> {
+        match self {
+            EnqueuedSet::Placed(tickets) => tickets,
+            _ => vec![],
+        }
+    }
+}
+
+/// The set's members: each lock with its settings and its key.
+pub(in crate::lock) fn members<'a>(
+    locks: &'a [LockId],
+    declared: &'a [Declared],
+    tickets: &'a [Ticket],
+) -> Vec<Member<'a>> {
+    (locks.iter().zip(declared).zip(tickets))
+        .map(|((lock, declared), t)| Member {
+            lock,
+            declared,
+            key: &t.key,
+        })
+        .collect()
+}
