@@ -34,10 +34,10 @@ use crate::lock::etcd::{self, Etcd};
 use crate::lock::protocol::entry::Mode;
 use crate::lock::protocol::entry::Successor;
 use crate::lock::protocol::names::LockId;
-use crate::lock::protocol::position::{self, Position, Standing};
 use crate::lock::protocol::{self, Change};
+use crate::lock::protocol::{Position, Standing};
 use crate::lock::txn::handoff;
-use crate::lock::txn::queue::Ticket;
+use crate::lock::txn::queue::{self, Ticket};
 use crate::lock::txn::settings::Declared;
 
 /// How a wait ended.
@@ -285,7 +285,7 @@ async fn standing(
 ) -> Result<Standing, LockError> {
     loop {
         let max = declared.settings.max_holders;
-        let (needed, values) = position::keys_needed(max, mode);
+        let (needed, values) = protocol::keys_needed(max, mode);
         let mut ahead = GetOptions::new()
             .with_prefix()
             .with_max_create_revision(ticket.revision - 1)
@@ -318,7 +318,7 @@ async fn standing(
             } else {
                 vec![]
             },
-            recording: position::recording(ahead.kvs(), &position),
+            recording: queue::recording(ahead.kvs(), &position),
             position,
             revision: rev,
             queued: ahead.count(),
@@ -332,7 +332,7 @@ async fn standing(
             Some(now) if now != *declared => *declared = now,
             None if declared.revision != 0 => return Ok(standing(Position::Gone)), // lock deleted
             _ => {
-                let at = position::of_keys(ahead.kvs(), ahead.more(), max, mode);
+                let at = queue::of_keys(ahead.kvs(), ahead.more(), max, mode);
                 return Ok(standing(at));
             }
         }

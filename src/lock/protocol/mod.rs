@@ -7,10 +7,11 @@
 pub(super) mod entry;
 pub(super) mod keys;
 pub(super) mod names;
-pub(super) mod position;
+mod position;
 pub(super) mod token;
 
 pub use self::entry::Mode;
+pub(super) use self::position::Standing;
 pub use self::position::{Ahead, Position};
 
 impl Ahead {

@@ -1,13 +1,13 @@
-//! Where a key stands in its lock's queue, judged from the keys just ahead of it. The enqueue
-//! transaction reads those keys in the same step as it puts the key ([`queue::enqueue`]), and a
-//! waiter reads them again when something it watches changes ([`wait`]).
+//! Where a key stands in its lock's queue, judged from the keys just ahead of it: the rule
+//! alone, with no etcd type. The enqueue transaction reads those keys in the same step as it
+//! puts the key ([`queue::enqueue`]), and a waiter reads them again when something it watches
+//! changes ([`wait`]); both decode what etcd returned in `txn/queue.rs` (`of_keys`) and reach
+//! the rule through [`protocol`](super), as the protocol model does.
 //!
 //! [`queue::enqueue`]: crate::lock::txn::queue::enqueue
 //! [`wait`]: crate::lock::acquire::wait
 
-use etcd_client::KeyValue;
-
-use super::entry::{Entry, Mode, Successor};
+use super::entry::{Mode, Successor};
 
 /// How many keys ahead of it a shared key reads at once: a page of shared holders. Behind a
 /// longer run of them it waits for the farthest of the page first.
@@ -81,21 +81,6 @@ pub struct Ahead {
     pub mode: Mode,
 }
 
-impl Ahead {
-    /// A key as read from etcd. A value that is not an entry (or a key read without its value)
-    /// blocks nobody and counts as exclusive.
-    fn of(kv: &KeyValue) -> Self {
-        match Entry::decode(kv.value()) {
-            Some(e) => Ahead {
-                key: kv.key().to_vec(),
-                granted: e.is_granted(),
-                mode: e.mode,
-            },
-            None => Ahead::without_value(kv.key().to_vec()),
-        }
-    }
-}
-
 /// How many keys ahead of a key in `mode` its position needs, and whether their values.
 pub fn keys_needed(max_holders: u32, mode: Mode) -> (u32, bool) {
     match (max_holders, mode) {
@@ -103,25 +88,6 @@ pub fn keys_needed(max_holders: u32, mode: Mode) -> (u32, bool) {
         (1, Mode::Exclusive) => (1, false), // a mutex's exclusive grant needs no one's value
         (max, Mode::Exclusive) => (max, true),
     }
-}
-
-/// The position of a key in `mode` with `ahead` before it, read from etcd nearest first (as
-/// many as [`keys_needed`] says); `more` if further keys are ahead of those.
-pub fn of_keys(ahead: &[KeyValue], more: bool, max_holders: u32, mode: Mode) -> Position {
-    let ahead: Vec<Ahead> = ahead.iter().map(Ahead::of).collect();
-    decide(&ahead, more, max_holders, mode)
-}
-
-/// Whether the key `pos` waits behind, if it is [`Position::BehindUngranted`], is a grant
-/// being recorded: found among `ahead` (read with values) and not a multi-lock key.
-pub fn recording(ahead: &[KeyValue], pos: &Position) -> bool {
-    let Position::BehindUngranted(key) = pos else {
-        return false;
-    };
-    let entry = ahead.iter().find(|kv| kv.key() == key.as_slice());
-    entry
-        .and_then(|kv| Entry::decode(kv.value()))
-        .is_some_and(|e| e.with.is_empty())
 }
 
 /// The queue's rule, for any `max_holders`: a shared key holds once every key ahead of it is

@@ -16,7 +16,7 @@
 //! is missed and a near turn does not wait for etcd's catch-up loop.
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    Compare, CompareOp, GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, TxnResponse,
 };
 
 use super::settings::Declared;
@@ -24,8 +24,7 @@ use crate::lock::error::LockError;
 use crate::lock::etcd::{self, Etcd, Sent};
 use crate::lock::protocol::entry::{Entry, HolderInfo, Mode};
 use crate::lock::protocol::names::LockId;
-use crate::lock::protocol::position::{self, Standing};
-use crate::lock::protocol::{self, Queued};
+use crate::lock::protocol::{self, Ahead, Position, Queued, Standing};
 
 /// A contender's key in a queue.
 #[derive(Debug, Clone)]
@@ -71,7 +70,7 @@ pub async fn enqueue(
 ) -> Sent<Enqueued> {
     let value = entry.encode();
     let max_holders = declared.settings.max_holders;
-    let (ahead, values) = position::keys_needed(max_holders, entry.mode);
+    let (ahead, values) = protocol::keys_needed(max_holders, entry.mode);
     let txn = enqueue_txn(lock, key, &value, lease, declared, (ahead, values));
     let sent = etcd.txn_counting(txn).await;
     sent.map(|resp| enqueued(resp, key, &value, lease, (max_holders, entry.mode)))
@@ -153,9 +152,9 @@ fn enqueued(
         lease,
     };
     if put {
-        let at_place = position::of_keys(ahead, get.more(), max_holders, mode);
+        let at_place = of_keys(ahead, get.more(), max_holders, mode);
         let standing = Standing {
-            recording: position::recording(ahead, &at_place),
+            recording: recording(ahead, &at_place),
             position: at_place,
             revision: at,
             queued: get.count(),
@@ -313,4 +312,38 @@ pub fn queue_order() -> GetOptions {
     GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)
+}
+
+impl Ahead {
+    /// A key as read from etcd. A value that is not an entry (or a key read without its value)
+    /// blocks nobody and counts as exclusive.
+    fn of(kv: &KeyValue) -> Self {
+        match Entry::decode(kv.value()) {
+            Some(e) => Ahead {
+                key: kv.key().to_vec(),
+                granted: e.is_granted(),
+                mode: e.mode,
+            },
+            None => Ahead::without_value(kv.key().to_vec()),
+        }
+    }
+}
+
+/// The position of a key in `mode` with `ahead` before it, read from etcd nearest first (as
+/// many as [`protocol::keys_needed`] says); `more` if further keys are ahead of those.
+pub(in crate::lock) fn of_keys(ahead: &[KeyValue], more: bool, max_holders: u32, mode: Mode) -> Position {
+    let ahead: Vec<Ahead> = ahead.iter().map(Ahead::of).collect();
+    protocol::position(&ahead, more, max_holders, mode)
+}
+
+/// Whether the key `pos` waits behind, if it is [`Position::BehindUngranted`], is a grant
+/// being recorded: found among `ahead` (read with values) and not a multi-lock key.
+pub(in crate::lock) fn recording(ahead: &[KeyValue], pos: &Position) -> bool {
+    let Position::BehindUngranted(key) = pos else {
+        return false;
+    };
+    let entry = ahead.iter().find(|kv| kv.key() == key.as_slice());
+    entry
+        .and_then(|kv| Entry::decode(kv.value()))
+        .is_some_and(|e| e.with.is_empty())
 }
