@@ -3,10 +3,10 @@
 
 use std::time::Duration;
 
-use super::entry::{HolderInfo, Mode};
-use super::names::{InvalidName, LockId};
+use super::protocol::entry::{HolderInfo, Mode};
+use super::protocol::names::{InvalidName, LockId};
+use super::protocol::token::TokenError;
 use super::refusal::Refusal;
-use super::token::TokenError;
 
 /// Why a lock operation did not succeed.
 #[derive(Debug, thiserror::Error)]

@@ -15,37 +15,19 @@
 //!
 //! [`protocol::holders`]: super::protocol::holders
 
-use serde::Serialize;
-
 use super::Engine;
-use super::entry::HolderInfo;
 use super::error::LockError;
-use super::names::LockId;
+use super::messages::FenceCheck;
 use super::protocol::Queued;
-use super::queue::{self, LockRead};
-use super::settings::MAX_HOLDERS;
+use super::protocol::entry::HolderInfo;
+use super::protocol::names::LockId;
+use super::txn::queue::{self, LockRead};
+use super::txn::settings::MAX_HOLDERS;
 
 /// Keys read beyond the lock's slots at the head of its queue: room for its first waiter and
 /// for shared holders past the slots (a reader-writer lock's readers). When every key read
 /// holds and more follow, the whole queue is read instead (a second request).
 const HEAD_SLACK: u32 = 8;
-
-/// The answer of a fence check.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct FenceCheck {
-    /// The lock (`lock` and `namespace` in JSON).
-    #[serde(flatten)]
-    pub lock: LockId,
-    /// The token asked about.
-    pub token: i64,
-    /// Whether `token` is one of `holders`' tokens.
-    pub current: bool,
-    /// The lock's holders at `revision`, in queue order (none when it is free or undeclared).
-    pub holders: Vec<HolderInfo>,
-    /// The etcd revision the answer was read at.
-    pub revision: i64,
-}
 
 impl Engine {
     /// Whether `token` is a current hold of `lock`, from one linearizable etcd read (two when

@@ -1,69 +1,50 @@
 //! The lock engine: fair, fenced, liveness-aware locks and semaphores on etcd.
 //!
 //! [`Engine`] is what a sidecar runs: it acquires, releases and heartbeats holds for one pod,
-//! keeps their leases alive ([`session`]), queues contenders FIFO without a thundering herd
-//! ([`queue`]), watches each hold until it ends ([`hold`]) and publishes [`HoldEvent`]s. It knows
-//! nothing of HTTP or Kubernetes. The operator and `podlock declare` reach podlock's data
-//! through [`Store`] alone, in typed records; the key layout ([`keys`]) stays in here.
+//! keeps their leases alive (`etcd/session.rs`), queues contenders FIFO without a
+//! thundering herd (`txn/queue.rs`), watches each hold until it ends
+//! (`life/hold.rs`) and publishes [`HoldEvent`]s. It knows nothing of HTTP or Kubernetes.
+//! The operator and `podlock declare` reach podlock's data through [`Store`] alone, in typed
+//! records; the key layout (`protocol/keys.rs`) stays in here.
 //!
-//! The steps of the engine's work live in files of their own, each an `impl Engine` or a task
-//! given one, so they import this module. One import runs the other way: [`Engine::new`] starts
-//! the orphan sweep ([`sweep`]), which holds the engine weakly so that it ends with it.
+//! The files are cut into wings, folders that import only themselves and the wings below them
+//! (docs/design.md, "The engine's wings"): [`protocol`], `etcd`, `txn`, `store`, `state`, then
+//! this module, then `life` and `acquire`. The steps of the engine's work live in files of their
+//! own, each an `impl Engine` or a task given one, so they import this module. One import runs
+//! the other way: [`Engine::new`] starts the orphan sweep (`sweep.rs`), which holds the engine
+//! weakly so that it ends with it.
 
 mod acquire;
-mod changes;
-mod detached;
-mod ending;
-mod entry;
 mod error;
 mod etcd;
-mod events;
 mod fence;
-mod handoff;
-mod held;
-mod hold;
-mod keys;
-mod late;
-mod link;
-mod members;
-mod model;
-mod multi;
-mod names;
-mod pending;
-mod position;
+mod life;
+mod messages;
 pub mod protocol;
-mod queue;
-mod receipt;
 mod refusal;
-mod registry;
-mod released;
-mod session;
-mod set;
-mod settings;
-mod shared;
+mod state;
 mod store;
 mod sweep;
-mod token;
-mod wait;
-mod watch;
+mod txn;
 
-pub use changes::{Change, Changes, QueueEntry};
-pub use entry::{Entry, HolderInfo, Mode, PodRef, rfc3339};
 pub use error::{LockError, Unavailable};
 pub use etcd::Stats;
-pub use fence::FenceCheck;
-pub use link::Link;
-pub use model::{AcquireRequest, EventKind, Grant, HoldEvent, LocalEntry, LockInfo, LockToken};
-pub use names::{
+pub use etcd::link::Link;
+pub use messages::{
+    AcquireRequest, EventKind, FenceCheck, Grant, HoldEvent, LocalEntry, LockInfo, LockToken,
+};
+pub use protocol::entry::{Entry, HolderInfo, Mode, PodRef, rfc3339};
+pub use protocol::names::{
     InvalidName, LockId, check_container, check_dns_subdomain, check_holder_id, cluster_name,
     unique_holder_id,
 };
-pub use queue::QueueState;
+pub use protocol::token::{MAX_EPOCH, REVISION_LIMIT, Token, TokenError, next_epoch};
 pub use refusal::Refusal;
-pub use settings::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
-pub use shared::{Withdrawn, may_publish};
+pub use store::changes::{Change, Changes, QueueEntry};
+pub use store::clusters::{Withdrawn, may_publish};
 pub use store::{LockState, NamespacePassword, Revoked, RoundTripError, Store};
-pub use token::{MAX_EPOCH, REVISION_LIMIT, Token, TokenError, next_epoch};
+pub use txn::queue::QueueState;
+pub use txn::settings::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -71,10 +52,13 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::mpsc;
 
 use etcd::Etcd;
-use held::Hold;
-use registry::Registry;
-use session::Sessions;
-use settings::Declared;
+use etcd::session::Sessions;
+use protocol::keys;
+use state::events;
+use state::hold::Hold;
+use state::registry::Registry;
+use txn::queue;
+use txn::settings::{self, Declared};
 
 struct Inner {
     etcd: Etcd,
@@ -93,8 +77,8 @@ pub struct Engine(Arc<Inner>);
 impl Engine {
     /// An engine on `client` for `pod`; `standalone` serves undeclared locks with defaults.
     /// `members` has one client per etcd member: new watches and requests go to one that answers
-    /// (see [`members`]), and so do keepalives (see [`Sessions`]). Starts its orphan
-    /// sweep (see [`sweep`]) on the current Tokio runtime.
+    /// (see `etcd/members.rs`), and so do keepalives (see `etcd/session.rs`). Starts its orphan
+    /// sweep (see `sweep.rs`) on the current Tokio runtime.
     pub fn new(
         client: etcd_client::Client,
         members: Vec<etcd_client::Client>,
@@ -141,7 +125,7 @@ impl Engine {
     }
 
     /// Subscribes to events about this sidecar's holds of `lock` (of every lock when `None`).
-    /// The receiver ends if it falls behind (see [`events`]): then treat every hold as lost.
+    /// The receiver ends if it falls behind (see `state/events.rs`): then treat every hold as lost.
     pub fn subscribe(&self, lock: Option<LockId>) -> mpsc::Receiver<HoldEvent> {
         self.0.events.subscribe(lock)
     }

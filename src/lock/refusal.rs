@@ -3,7 +3,7 @@
 //! new passwords and a new CA; a password rotated; a user or role removed). Where
 //! [`EtcdFailure`](super::error::EtcdFailure) says what a failure means to the request, this
 //! says whether a client built anew, from the credentials and CA on disk, may get in where this
-//! one does not (see [`Link`](super::link::Link)).
+//! one does not (see [`Link`](super::etcd::link::Link)).
 
 use tonic::Code;
 

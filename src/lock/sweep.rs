@@ -14,8 +14,8 @@ use std::time::Duration;
 use tokio::time::sleep;
 use tracing::{info, warn};
 
-use super::keys::parse_entry_key;
-use super::queue::{self, Ticket};
+use super::protocol::keys::parse_entry_key;
+use super::txn::queue::{self, Ticket};
 use super::{Engine, Inner};
 
 /// How often the sweep runs: one lease read per session each time.

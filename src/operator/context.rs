@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use super::backoff::Backoff;
 use super::isolation::Isolation;
-use super::noticed::Noticed;
-use super::returned::Returned;
-use super::status_writer::StatusWriter;
+use super::liveness::noticed::Noticed;
+use super::liveness::returned::Returned;
+use super::status::writer::StatusWriter;
 use crate::crd::DistributedLock;
 use crate::lock::{LockId, Store};
 use crate::metrics::OperatorMetrics;

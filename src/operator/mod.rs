@@ -1,32 +1,20 @@
 //! The operator: reconciles `DistributedLock` objects with etcd and serves health and metrics.
 
+mod admission;
 mod backoff;
-mod certs;
 mod context;
-mod epoch;
 mod etcd_auth;
 mod etcd_health;
-mod etcd_watch;
-mod event_limit;
 mod events;
-mod holder_service;
 pub mod inject;
 pub mod isolation;
 mod leader;
 pub mod liveness;
-mod named_pods;
-mod noticed;
 mod owner;
-mod publish;
 mod readiness;
 mod reconcile;
 mod reconcile_error;
-pub mod release;
-mod returned;
-mod status_writer;
-mod status_writes;
-mod verdict;
-mod webhook;
+mod status;
 
 use axum::Router;
 use axum::extract::State;
@@ -52,6 +40,7 @@ use k8s_openapi::api::core::v1::Service;
 use k8s_openapi::api::discovery::v1::EndpointSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 pub use reconcile::FINALIZER;
+pub use reconcile::release;
 use reconcile::{error_policy, reconcile};
 
 /// Flags of `podlock operator`.
@@ -90,12 +79,12 @@ pub struct OperatorArgs {
     #[command(flatten)]
     pub leader: leader::LeaderArgs,
     #[command(flatten)]
-    pub webhook: webhook::WebhookArgs,
+    pub webhook: admission::args::WebhookArgs,
     #[command(flatten)]
     pub etcd: EtcdArgs,
 }
 
-/// Runs the operator until SIGTERM or Ctrl-C, then drains (see [`readiness`]).
+/// Runs the operator until SIGTERM or Ctrl-C, then drains (see `readiness.rs`).
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     args.leader.timing()?; // refuse unsafe leader-election margins before doing anything
     let client = kube::Client::try_default()
@@ -170,10 +159,10 @@ async fn webhook(
     ctx: &Arc<Context>,
     ready: Arc<readiness::Readiness>,
 ) -> anyhow::Result<impl std::future::Future<Output = anyhow::Result<()>> + use<>> {
-    let source = certs::Source::new(client, &args.webhook, own_ns, owner.clone());
+    let source = admission::certs::Source::new(client, &args.webhook, own_ns, owner.clone());
     let tls = source.load().await?;
     let (ca, bundle) = tokio::sync::watch::channel(tls.ca.clone());
-    tokio::spawn(webhook::keep_configuration(
+    tokio::spawn(admission::configuration::keep_configuration(
         client.clone(),
         args.webhook.clone(),
         own_ns.to_string(),
@@ -186,13 +175,19 @@ async fn webhook(
         .await
         .map_err(|e| anyhow::anyhow!("the webhook's certificate is unusable: {e}"))?;
     let period = Duration::from_secs(args.webhook.tls_reload_seconds);
-    tokio::spawn(certs::keep_current(source, tls, server.clone(), ca, period));
-    let injector = webhook::Injector {
+    tokio::spawn(admission::certs::keep_current(
+        source,
+        tls,
+        server.clone(),
+        ca,
+        period,
+    ));
+    let injector = admission::webhook::Injector {
         template: sidecar_template(args, ctx),
         ctx: ctx.clone(),
-        credentials_wait: webhook::credentials_wait(args.webhook.webhook_timeout_seconds),
+        credentials_wait: admission::webhook::credentials_wait(args.webhook.webhook_timeout_seconds),
     };
-    Ok(webhook::serve(
+    Ok(admission::webhook::serve(
         args.webhook.webhook_listen,
         server,
         injector,
@@ -230,7 +225,7 @@ fn context(
         noticed: Arc::default(),
         returned: Arc::default(),
         cluster: args.cluster_name.clone(),
-        status: Arc::new(status_writer::StatusWriter::new(
+        status: Arc::new(status::writer::StatusWriter::new(
             metrics.clone(),
             client.clone(),
             recorder.clone(),
@@ -293,7 +288,7 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: D
         warn!(error = %e, "could not clean up etcd keys of deleted locks; will retry when leading again");
     }
     let marks = (ctx.noticed.clone(), ctx.returned.clone());
-    let (feeds, pump) = etcd_watch::watch(ctx.store.clone(), ns, marks, &ctx.cluster);
+    let (feeds, pump) = liveness::etcd_watch::watch(ctx.store.clone(), ns, marks, &ctx.cluster);
     let liveness = liveness::run(
         ctx.client.clone(),
         ctx.store.clone(),
@@ -354,7 +349,7 @@ where
 
 /// Only the Services and EndpointSlices the operator made for `spec.holderService`.
 fn holder_service_objects() -> watcher::Config {
-    watcher::Config::default().labels(holder_service::LABEL)
+    watcher::Config::default().labels(reconcile::holder_service::LABEL)
 }
 
 async fn shutdown_signal() {

@@ -10,9 +10,9 @@ use serde_json::{Value, json};
 use std::time::Instant;
 use tracing::{Instrument, info_span};
 
-use super::AppState;
 use super::error::ApiError;
 use super::request::{AcquireOptions, HolderOptions, lock_id, options, with_locks};
+use super::state::AppState;
 use crate::lock::rfc3339;
 use crate::lock::{AcquireRequest, Grant, unique_holder_id};
 use crate::metrics::set_counter;

@@ -19,10 +19,10 @@ use std::time::Duration;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, warn};
 
-use super::AppState;
 use super::api::{Binding, acquire_counted};
 use super::error::ApiError;
 use super::request::{AcquireOptions, lock_id, options};
+use super::state::AppState;
 use crate::lock::{Engine, EventKind, Grant, LockId};
 
 /// Comment lines this often by default: below the 60 s idle timeout of common proxies.

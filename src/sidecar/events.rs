@@ -7,9 +7,9 @@ use futures::{Stream, StreamExt, stream};
 use std::convert::Infallible;
 use tokio_stream::wrappers::ReceiverStream;
 
-use super::AppState;
 use super::error::ApiError;
 use super::request::lock_id;
+use super::state::AppState;
 
 /// Streams events of one lock until the client goes away or the sidecar stops. If the client
 /// reads too slowly the engine drops it: the stream then sends a last `lagged` event and ends,

@@ -7,9 +7,9 @@ use axum::http::Uri;
 use serde::Deserialize;
 use tracing::{Instrument, info_span};
 
-use super::AppState;
 use super::error::ApiError;
 use super::request::lock_id;
+use super::state::AppState;
 use crate::lock::FenceCheck;
 
 /// The query of a fence check.

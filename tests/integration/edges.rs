@@ -96,7 +96,7 @@ const LATE: Duration = Duration::from_millis(1500);
 /// pod-a was granted and released. etcd applies it then: the key is back on pod-a's live lease
 /// with no acquire behind it. It held the lock until the orphan sweep removed it (5 to 10 s),
 /// and pod-b's acquire waited that long; fails so on the code before the guard
-/// (`src/lock/late.rs`) with `pod-b waited 8.603540009s behind a late copy`.
+/// (`src/lock/life/late.rs`) with `pod-b waited 8.603540009s behind a late copy`.
 #[tokio::test]
 async fn a_late_copy_of_an_enqueue_does_not_hold_the_lock() {
     let members = EtcdServer::cluster(3).await;

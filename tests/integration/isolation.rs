@@ -158,7 +158,7 @@ async fn a_tenants_key_on_another_namespaces_lease_never_revokes_that_lease() {
     assert_eq!(status, 200, "{first}");
     assert_eq!(victim.post("shared", "release", json!({})).await.0, 200);
     let lease = first["leaseId"].as_i64().unwrap();
-    // The release left its receipt on the lease (src/lock/receipt.rs), a key of y's beside which
+    // The release left its receipt on the lease (src/lock/txn/receipt.rs), a key of y's beside which
     // etcd lets x attach nothing. A hold that ended otherwise (a missed heartbeat, a give-up)
     // leaves none: remove it, as root, to stand for that.
     let root = etcd_client::ConnectOptions::new().with_user("root", "root-secret");

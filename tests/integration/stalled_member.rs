@@ -8,7 +8,7 @@
 //!
 //! The re-read or re-watch after a stall is found must not land on the stalled member again (the
 //! balanced etcd client would send it there half the time): the engine marks the member suspect
-//! and opens new watches and requests on another one (`src/lock/members.rs`).
+//! and opens new watches and requests on another one (`src/lock/etcd/members.rs`).
 
 use serde_json::json;
 use std::sync::Arc;

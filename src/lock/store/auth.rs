@@ -5,7 +5,7 @@ use etcd_client::{Compare, CompareOp, Permission, Txn, TxnOp, TxnOpResponse};
 
 use super::Store;
 use crate::lock::error::LockError;
-use crate::lock::keys;
+use crate::lock::protocol::keys;
 
 /// A namespace's etcd password, as [`Store::namespace_password`] found or recorded it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -12,12 +12,12 @@
 //! `kubernetes.io/service-account-token` Secret of that name for any ServiceAccount and read
 //! the token back (an escalation to cluster-admin); an update answers with what it sent. So
 //! what a namespace's Secret holds is recorded in etcd (keys no namespace's role can read): the
-//! password, and what the Secret was last written with ([`secret::Record`]: etcd's CA, the
+//! password, and what the Secret was last written with (`secret::Record`: etcd's CA, the
 //! owner). "Is the Secret there?" is a create that answers 409; a Secret that is there but
 //! that the record does not vouch for (etcd is new, so the password is; etcd's CA changed; an
 //! older operator wrote it) is written again, whole, with the cause in the log.
 //!
-//! The Secrets are owned by the operator's ClusterRole ([`super::owner`]): `helm uninstall`
+//! The Secrets are owned by the operator's ClusterRole (`owner.rs`): `helm uninstall`
 //! deletes the ClusterRole, and Kubernetes' garbage collector the Secrets with it. One written
 //! by an operator without that owner is written again with it (adopted).
 //!

@@ -1,5 +1,5 @@
 //! A client's steps: the engine's acquire (`acquire.rs`, `queue.rs`, `wait.rs`), its hold
-//! (`hold.rs`, `ending.rs`) and the sidecar's background removals, one etcd request each.
+//! (`life/monitor.rs`, `life/ending.rs`) and the sidecar's background removals, one etcd request each.
 
 use crate::decide::{check_limit, decide, grant};
 use crate::late::{Late, LateCopy};

@@ -1,5 +1,5 @@
 //! Late copies of an enqueue: a copy the hedge sent reaches etcd after the answer, and after
-//! the key left the queue it puts the key back (`src/lock/late.rs` in the engine, whose guard
+//! the key left the queue it puts the key back (`src/lock/life/late.rs` in the engine, whose guard
 //! removes it).
 
 use crate::client::new_key;

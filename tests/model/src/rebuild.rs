@@ -1,6 +1,6 @@
 //! etcd rebuilt under the locks: wiped and started again empty, or restored from a snapshot
 //! taken earlier, and the operator's answer. It publishes a lock's settings again under a token
-//! epoch chosen by its rule (`src/operator/epoch.rs`), and a bump removes the lock's queue in the
+//! epoch chosen by its rule (`src/operator/reconcile/epoch.rs`), and a bump removes the lock's queue in the
 //! same transaction; it mirrors the queue's holders into the status; the sidecars' orphan sweep
 //! removes keys no acquire tracks (a restore brings back keys of acquires long over).
 

@@ -1,10 +1,10 @@
-//! Releases sent again (issue #40, finding 3): the hedge (`src/lock/etcd.rs`) sends a release
+//! Releases sent again (issue #40, finding 3): the hedge (`src/lock/etcd/mod.rs`) sends a release
 //! once more when its first copy goes unanswered for 500 ms. If that first copy was applied
 //! and only its answer was late, the copy sent again finds the key gone. Only a *receipt*
 //! tells that from a hold that ended otherwise (its lease, an administrator, the operator):
 //! the release's transaction, as it deletes the key, puts the key's create revision at
 //! `/podlock/v1/queue/{ns}/.released/{lock}/{lease}`, bound to the lease; a copy that finds the
-//! key gone reads it in the same transaction (`src/lock/handoff.rs`, `set.rs`).
+//! key gone reads it in the same transaction (`src/lock/txn/handoff.rs`, `txn/multi_lock.rs`).
 //!
 //! The receipt is one per lock and lease, overwritten by the next release of the same sidecar
 //! on that lock: a release answered after another release of its sidecar on the same lock

@@ -67,7 +67,7 @@ fn protocol() -> Vec<Run> {
             about: "each client's first enqueue applied once more, late (a copy the hedge sent), \
                     after its key left the queue (the same holder id acquiring again meanwhile), \
                     maxHolders raised to 2, a fault: the sidecar's guard removes the copy's key \
-                    (src/lock/late.rs)",
+                    (src/lock/life/late.rs)",
             expect: HOLDS,
         },
         Run {

@@ -180,7 +180,7 @@ pub struct Spec {
     /// How the operator chooses the token epoch.
     pub epoch_rule: EpochRule,
     /// Whether each plain client's first enqueue may be applied once more, late (a copy the
-    /// hedge sent that reached its member after the answer, see `src/lock/late.rs`).
+    /// hedge sent that reached its member after the answer, see `src/lock/life/late.rs`).
     pub late_copies: bool,
     /// Whether a release's answer may be lost after its first copy applied, the copy the hedge
     /// sent again then answering it (see [`crate::resend`]).

@@ -1,0 +1,393 @@
+//! Acquiring: the steps of etcd's `Mutex.Lock`, with a semaphore's window. Answer a holder
+//! that already holds, claim the slot, put a key in the queue, wait for its turn (or leave the
+//! queue at the deadline), start the hold.
+
+pub(super) mod multi;
+pub(super) mod pending;
+pub(super) mod wait;
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+use tokio::time::Instant;
+use tracing::{debug, warn};
+
+use crate::lock::Engine;
+use crate::lock::error::{LockError, Unavailable};
+use crate::lock::etcd::session::Session;
+use crate::lock::life::detached;
+use crate::lock::life::monitor::{self, MarkWhen};
+use crate::lock::messages::{AcquireRequest, EventKind, Grant};
+use crate::lock::protocol::entry::{Entry, Mode, Successor, rfc3339};
+use crate::lock::protocol::names::{LockId, check_holder_id};
+use crate::lock::protocol::token::Token;
+use crate::lock::protocol::{Position, Standing};
+use crate::lock::state::hold::Hold;
+use crate::lock::state::registry::{Claimed, SlotKey};
+use crate::lock::txn::handoff::Chain;
+use crate::lock::txn::queue::{self, Enqueued, Ticket};
+use crate::lock::txn::settings::Declared;
+use crate::lock::txn::settings::{HEARTBEAT, Settings, TTL};
+use pending::Pending;
+use wait::Turn;
+
+/// How many times an acquire puts its key again (settings changed, an earlier key of the same
+/// holder in the way, the session's lease revoked) before it gives up.
+const MAX_PLACEMENTS: usize = 5;
+
+/// How long a try-once acquire waits for a holder ahead of it to record its grant (see
+/// [`MarkWhen`]): a write already on its way.
+const RECORDING_GRACE: Duration = Duration::from_secs(1);
+
+/// An acquire's key in the queue.
+struct Placed {
+    ticket: Ticket,
+    /// The token it holds with, once granted: the epoch it was enqueued under, its revision.
+    token: Token,
+    session: Arc<Session>,
+    /// Where the key stands (`None`: not known without a read).
+    standing: Option<Standing>,
+}
+
+impl Placed {
+    /// The revision at which the key may hold the lock at once, if it may.
+    fn held(&self) -> Option<i64> {
+        (self.standing.as_ref()).and_then(|s| (s.position == Position::Holder).then_some(s.revision))
+    }
+}
+
+impl Engine {
+    /// Acquires `req.lock` for `req.holder_id`, waiting FIFO up to `req.wait`.
+    ///
+    /// The steps of etcd's `Mutex.Lock`, with a semaphore's window: answer a holder that
+    /// already holds, claim the slot, put a key in the queue, wait for its turn (or leave the
+    /// queue at the deadline), start the hold. Dropping the returned future while it waits (a
+    /// client that disconnects) removes the waiter's key at once.
+    pub async fn acquire(&self, req: AcquireRequest) -> Result<Grant, LockError> {
+        check_holder_id(&req.holder_id)?;
+        if let Some(window) = req.heartbeat_timeout_seconds {
+            HEARTBEAT.check(window)?;
+        }
+        if !req.with.is_empty() {
+            return self.acquire_set(req).await;
+        }
+        let slot: SlotKey = (req.lock.clone(), req.holder_id.clone());
+        if let Some(hold) = self.0.registry.held(&slot) {
+            check_rejoin(&req, &hold)?;
+            if let Some(grant) = self.regrant(&hold).await? {
+                return Ok(grant);
+            }
+        }
+        let mut pending = match self.0.registry.claim(&slot) {
+            Ok(()) => Pending::new(self, vec![slot]),
+            Err(Claimed::Holds(hold)) => return check_rejoin(&req, &hold).map(|()| Grant::of(&hold)),
+            Err(Claimed::Waits) => {
+                return Err(LockError::AlreadyWaiting {
+                    lock: req.lock,
+                    holder: req.holder_id,
+                });
+            }
+        };
+        let deadline = Instant::now() + req.wait;
+        let mut declared = self.declared(&req.lock, false).await?;
+        let placed = self.place(&req, &mut declared, &mut pending).await?;
+        let handed_on = placed.held().is_none();
+        let (seen, mark) = if let Some(at) = placed.held() {
+            (
+                (at, vec![]),
+                MarkWhen::for_grant(true, declared.settings.max_holders, req.mode),
+            )
+        } else {
+            let seen = self
+                .await_turn(&req, &placed, &mut declared, &mut pending, deadline)
+                .await?;
+            (
+                seen,
+                MarkWhen::for_grant(false, declared.settings.max_holders, req.mode),
+            )
+        };
+        let grant = self.start_hold(req, pending, placed, &declared, seen, mark);
+        Ok(Grant {
+            handed_on,
+            ..grant.await?
+        })
+    }
+
+    /// Answers an acquire by a holder that already holds: the same grant while its key is
+    /// still in place. A key found gone is a loss (410), never a silent new hold; `None`: the
+    /// hold was released meanwhile, acquire anew.
+    pub(super) async fn regrant(&self, hold: &Arc<Hold>) -> Result<Option<Grant>, LockError> {
+        let ours = queue::is_ours(&self.0.etcd, &hold.ticket).await?;
+        if hold.session.is_lost() {
+            self.end_lost(hold, monitor::SESSION_LOST).await;
+        } else if !ours {
+            self.end_lost(hold, monitor::KEY_DELETED).await;
+        }
+        // Answer from the registry as it is now: the hold may have ended during the read.
+        match self.0.registry.get_held(&hold.lock, &hold.holder_id) {
+            Ok(now) => Ok(Some(Grant::of(&now))),
+            Err(lost @ LockError::Lost { .. }) => Err(lost),
+            Err(_) => Ok(None),
+        }
+    }
+
+    /// Puts the acquire's key into the queue, under the lock's current settings and a live
+    /// session; records it in `pending`, which removes it unless it becomes a hold.
+    async fn place(
+        &self,
+        req: &AcquireRequest,
+        declared: &mut Declared,
+        pending: &mut Pending<'_>,
+    ) -> Result<Placed, LockError> {
+        for _ in 0..MAX_PLACEMENTS {
+            let s = declared.settings;
+            check_mode(&req.lock, req.mode, s)?;
+            let ttl = req.ttl_seconds.unwrap_or(s.ttl_seconds);
+            let ttl = TTL.check(ttl)?;
+            let session = self.0.sessions.get(ttl).await?;
+            let entry = self.entry(req, ttl, s, s.epoch);
+            let key = req.lock.entry_key(session.id, &req.holder_id);
+            self.0.registry.placing(&pending.slots[0], &key);
+            let enqueue = {
+                let (etcd, lock, under) = (self.0.etcd.clone(), req.lock.clone(), declared.clone());
+                let (lease, key) = (session.id, key.clone());
+                async move { queue::enqueue(&etcd, &lock, &key, &entry, lease, &under).await }
+            };
+            let to = (&session, vec![key]);
+            match detached::enqueue_to_completion(self, to, enqueue, Enqueued::placed).await {
+                Ok(Enqueued::Placed { ticket, standing }) => {
+                    pending.keys = Some((vec![ticket.clone()], session.clone()));
+                    // A revision a token cannot carry: refused (the key leaves with `pending`).
+                    let token = Token::new(s.epoch, ticket.revision).map_err(|source| LockError::Token {
+                        lock: req.lock.clone(),
+                        source,
+                    })?;
+                    return Ok(Placed {
+                        ticket,
+                        token,
+                        session,
+                        standing,
+                    });
+                }
+                Ok(Enqueued::SettingsChanged(kv)) => {
+                    let found = kv.as_ref().map(Declared::from_kv).transpose()?;
+                    *declared = self.remember(&req.lock, found)?;
+                }
+                Ok(Enqueued::Stale(old)) => {
+                    warn!(
+                        key = old.key,
+                        revision = old.revision,
+                        "removing an earlier key of this holder that no acquire tracks"
+                    );
+                    queue::remove(&self.0.etcd, &old).await?;
+                }
+                Err(LockError::LeaseNotFound(e)) => session.end(&format!("etcd: {e}")),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Unavailable::NotPlaced {
+            lock: req.lock.clone(),
+            attempts: MAX_PLACEMENTS,
+        }
+        .into())
+    }
+
+    /// Waits for the placed key's turn; returns the revision at which it was granted and the
+    /// keys behind it it knows (its chain). At the deadline it leaves the queue and answers
+    /// `lock_held`.
+    async fn await_turn(
+        &self,
+        req: &AcquireRequest,
+        placed: &Placed,
+        declared: &mut Declared,
+        pending: &mut Pending<'_>,
+        deadline: Instant,
+    ) -> Result<(i64, Vec<Successor>), LockError> {
+        let start = placed.standing.clone();
+        let deadline = match (
+            start.as_ref().map(|s| (&s.position, s.recording)),
+            req.wait.is_zero(),
+        ) {
+            // Try-once with a free slot, behind a holder whose grant is still being recorded
+            // (granted a moment ago): that is bookkeeping, not a held lock. (Behind a
+            // multi-lock key waiting for its other locks, it is a wait like any other.)
+            (Some((Position::BehindUngranted(_), true)), true) => Instant::now() + RECORDING_GRACE,
+            // Try-once, and the enqueue said it waits: no need to read again.
+            (Some(_), true) => return Err(self.give_up(&req.lock, req.wait, pending).await),
+            _ => deadline,
+        };
+        let (etcd, ticket) = (&self.0.etcd, &placed.ticket);
+        let turn = wait::wait_turn(etcd, &req.lock, (ticket, req.mode), declared, deadline, start).await?;
+        match turn {
+            Turn::Granted { at, chain } => Ok((at, chain)),
+            Turn::Gone => Err(self.vanished(&req.lock, &placed.session).await),
+            Turn::TimedOut => Err(self.give_up(&req.lock, req.wait, pending).await),
+        }
+    }
+
+    /// Leaves the queue after a wait (of `waited`) for `lock` timed out, and says who holds it.
+    pub(super) async fn give_up(
+        &self,
+        lock: &LockId,
+        waited: Duration,
+        pending: &mut Pending<'_>,
+    ) -> LockError {
+        // Leave the queue before answering, so the 409 means "no trace left".
+        pending.leave().await;
+        let holders = self.inspect(lock).await.map(|i| i.holders).unwrap_or_default();
+        let why = if waited.is_zero() {
+            String::new()
+        } else {
+            format!("; waited {waited:?}")
+        };
+        LockError::Held {
+            lock: lock.clone(),
+            holders,
+            why,
+        }
+    }
+
+    /// Turns a granted key into a hold: records its grant (now, or in the background), checks
+    /// its lease is sound, registers it and starts watching over it.
+    async fn start_hold(
+        &self,
+        req: AcquireRequest,
+        mut pending: Pending<'_>,
+        placed: Placed,
+        declared: &Declared,
+        (seen, chain): (i64, Vec<Successor>),
+        mark: MarkWhen,
+    ) -> Result<Grant, LockError> {
+        let settings = declared.settings;
+        let Placed {
+            ticket,
+            token,
+            session,
+            ..
+        } = placed;
+        let mut entry = self.entry(&req, session.ttl, settings, token.epoch());
+        // Stamped before the grant is recorded in etcd (which may admit the next waiter of a
+        // semaphore), and answered as the same instant etcd shows: grants' `acquiredAt` then
+        // follow the order the lock made them in, whichever answer arrives first.
+        let acquired_at = SystemTime::now();
+        entry.acquired_at = Some(rfc3339(acquired_at));
+        if mark == MarkWhen::Now && !queue::mark_acquired(&self.0.etcd, &ticket, &entry).await? {
+            return Err(self.vanished(&req.lock, &session).await);
+        }
+        check_lease(&session)?;
+        let heartbeat = req
+            .heartbeat_timeout_seconds
+            .unwrap_or(settings.heartbeat_timeout_seconds);
+        let mut hold = Hold::new(
+            req.lock,
+            req.holder_id,
+            (ticket, token),
+            seen,
+            session,
+            Duration::from_secs(heartbeat.into()),
+        );
+        hold.acquired_at = acquired_at;
+        hold.mode = req.mode;
+        hold.connection_bound = req.connection_bound;
+        hold.chain = Chain::of(declared, req.mode, chain);
+        let hold = Arc::new(hold);
+        pending.keys = None;
+        self.0.registry.hold(pending.slots[0].clone(), hold.clone());
+        debug!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), "acquired");
+        self.publish(&hold, EventKind::Acquired, None);
+        monitor::spawn_monitor(self.clone(), hold.clone(), mark, entry);
+        Ok(Grant::of(&hold))
+    }
+
+    /// The entry of `req`'s key, enqueued under token epoch `epoch`.
+    pub(super) fn entry(&self, req: &AcquireRequest, ttl: u32, s: Settings, epoch: u32) -> Entry {
+        Entry {
+            holder_id: req.holder_id.clone(),
+            pod: self.0.pod.clone(),
+            requested_at: rfc3339(SystemTime::now()),
+            acquired_at: None,
+            ttl_seconds: ttl,
+            heartbeat_timeout_seconds: req
+                .heartbeat_timeout_seconds
+                .unwrap_or(s.heartbeat_timeout_seconds),
+            container: req.container.clone(),
+            mode: req.mode,
+            epoch,
+            handed: false,
+            next: vec![],
+            with: vec![],
+        }
+    }
+
+    /// The error for a waiter whose key disappeared: the lock was deleted, or its lease ended.
+    /// A lease that etcd no longer has ends its session at once, so that the next acquire
+    /// starts a new one instead of failing until a keepalive notices.
+    pub(super) async fn vanished(&self, lock: &LockId, session: &Session) -> LockError {
+        self.check_session(session).await;
+        match self.declared(lock, true).await {
+            Err(e) => e,
+            Ok(_) => Unavailable::Vanished.into(),
+        }
+    }
+}
+
+/// A hold must start with most of its lease confirmed: if keepalives have been failing, the
+/// lease may end any moment and the lock move on while the app believes it holds.
+pub(super) fn check_lease(session: &Session) -> Result<(), LockError> {
+    let confirmed = session.expires_at().saturating_duration_since(Instant::now());
+    if session.is_lost() || confirmed < Duration::from_secs(session.ttl.into()) / 2 {
+        return Err(Unavailable::LeaseUnconfirmed(confirmed).into());
+    }
+    Ok(())
+}
+
+/// Whether an acquire by a holder id that already holds may be answered with that hold: only
+/// an acquire in the same mode, of the same locks (a single lock is not a set it holds as
+/// part of), with neither side bound to a connection (a connection's hold is its own, see the
+/// contract's "Holder identity").
+pub(super) fn check_rejoin(req: &AcquireRequest, hold: &Hold) -> Result<(), LockError> {
+    if req.with.is_empty() && !hold.set.is_empty() {
+        let names: Vec<&str> = hold.set.iter().map(|(l, _)| l.name.as_str()).collect();
+        return Err(LockError::HolderInUse {
+            lock: req.lock.clone(),
+            holder: req.holder_id.clone(),
+            why: format!(
+                "; it holds it as part of [{}]: acquire that set, or release it first",
+                names.join(", ")
+            ),
+        });
+    }
+    if req.connection_bound || hold.connection_bound {
+        let why = if hold.connection_bound {
+            "; that hold is bound to another connection (POST .../hold)"
+        } else {
+            "; a hold bound to a connection (POST .../hold) cannot take over a held holder id"
+        };
+        return Err(LockError::HolderInUse {
+            lock: req.lock.clone(),
+            holder: req.holder_id.clone(),
+            why: why.into(),
+        });
+    }
+    if req.mode != hold.mode {
+        return Err(LockError::ModeConflict {
+            lock: req.lock.clone(),
+            holder: req.holder_id.clone(),
+            held: hold.mode,
+            asked: req.mode,
+        });
+    }
+    Ok(())
+}
+
+/// Shared holds need a reader-writer lock (`maxHolders` 1): in a semaphore every hold already
+/// shares, up to its slots.
+pub(super) fn check_mode(lock: &LockId, mode: Mode, s: Settings) -> Result<(), LockError> {
+    if mode == Mode::Shared && s.max_holders > 1 {
+        return Err(LockError::Invalid(format!(
+            "mode shared needs a lock with maxHolders 1 (a reader-writer lock); {} is a semaphore \
+             of {}: acquire it without a mode",
+            lock, s.max_holders
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,340 @@
+//! Waiting for a turn in a lock's queue.
+//!
+//! A waiter knows where its key stands from the enqueue transaction (or a read, under the
+//! lock's *current* settings: the read includes the config key, so a `maxHolders` change
+//! applies to waiters already queued), and watches only what can change that:
+//!
+//! * first waiter (`max_holders` keys ahead): every holder, for deletion;
+//! * further back: its immediate predecessor, for deletion, and in a semaphore also for the
+//!   write a waiter makes when it is granted ([`granted`]); without it the second waiter would
+//!   sleep on after the first one got in, a lost wake-up (a grant a release hands to that key
+//!   is not such a record, and passes it by);
+//! * inside the window but behind a key not yet granted: that key, until it is granted or gone,
+//!   so that grants (and fencing tokens) follow the queue order;
+//! * always its own key, for deletion (its lease was revoked: stop waiting at once), and the
+//!   config key (the settings changed: read again).
+//!
+//! The keys that let it in are watched from "now", which keeps the watch on etcd's synced path
+//! (a watch from a past revision waits for etcd's 100 ms catch-up loop); a waiter whose turn is
+//! near also checks that etcd did put them there, as a write racing the watch's creation can
+//! leave it unsynced ([`Etcd::watch_keys_synced`]). Whatever changed between the read and the
+//! watches' start is covered in one of two ways (see [`Gap`]).
+//!
+//! [`granted`]: crate::lock::protocol::position::Ahead::granted
+//! [`Etcd::watch_keys_synced`]: crate::lock::etcd::Etcd::watch_keys_synced
+
+use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
+use std::time::Duration;
+use tokio::time::{Instant, sleep_until, timeout_at};
+use tracing::warn;
+
+use crate::lock::error::LockError;
+use crate::lock::etcd::watch::{KeyWatch, Target};
+use crate::lock::etcd::{self, Etcd};
+use crate::lock::protocol::entry::Mode;
+use crate::lock::protocol::entry::Successor;
+use crate::lock::protocol::names::LockId;
+use crate::lock::protocol::{self, Change};
+use crate::lock::protocol::{Position, Standing};
+use crate::lock::txn::handoff;
+use crate::lock::txn::queue::{self, Ticket};
+use crate::lock::txn::settings::Declared;
+
+/// How a wait ended.
+#[derive(Debug)]
+pub enum Turn {
+    /// The ticket may hold the lock from revision `at`; `chain`: the keys behind it it knows.
+    Granted { at: i64, chain: Vec<Successor> },
+    /// The ticket's key disappeared (lease expired or revoked, key or lock deleted).
+    Gone,
+    /// The deadline passed first.
+    TimedOut,
+}
+
+/// Waits until `ticket` may hold `lock`, its key is gone, or `deadline` passes, starting from
+/// where it stood (`start`, from the enqueue) or, without that, from a read. `declared` follows
+/// the lock's settings as they change and ends as the ones the turn was decided by.
+pub async fn wait_turn(
+    etcd: &Etcd,
+    lock: &LockId,
+    (ticket, mode): (&Ticket, Mode),
+    declared: &mut Declared,
+    deadline: Instant,
+    start: Option<Standing>,
+) -> Result<Turn, LockError> {
+    let read = async |declared: &mut Declared| standing(etcd, lock, (ticket, mode), declared).await;
+    let mut now = match start {
+        Some(start) => start,
+        None => read(declared).await?,
+    };
+    loop {
+        match now.position {
+            Position::Holder => {
+                let (at, chain) = (now.revision, now.chain);
+                return Ok(Turn::Granted { at, chain });
+            }
+            Position::Gone => return Ok(Turn::Gone),
+            _ => {}
+        }
+        let started = Instant::now();
+        let watched = watch_position(etcd, lock, (ticket, mode), declared, &now);
+        let mut watch = match timeout_at(deadline, watched).await {
+            Err(_) => return Ok(Turn::TimedOut),
+            Ok(Ok(Watched::Watching(watch))) => watch,
+            Ok(Ok(Watched::Moved(again))) => {
+                now = again;
+                continue;
+            }
+            // A member that cannot set up the watch (stalled, restarting): read again (the read
+            // fails if etcd is really gone) and watch anew, likely on another member.
+            Ok(Err(e)) => {
+                warn!(key = ticket.key, error = %e, "could not watch while waiting; re-reading");
+                sleep_until(started + WATCH_RETRY_GAP).await;
+                now = read(declared).await?;
+                continue;
+            }
+        };
+        match timeout_at(deadline, woken(&mut watch, (ticket, mode))).await {
+            Err(_) => return Ok(Turn::TimedOut),
+            Ok(Woken::Granted(at, chain)) => return Ok(Turn::Granted { at, chain }),
+            Ok(Woken::Read) => {}
+            // A broken watch (etcd restart, leader change) is not fatal: re-read and re-watch.
+            // If etcd is really gone, the read below fails and the caller gets the error.
+            Ok(Woken::Broken(e)) => {
+                warn!(key = ticket.key, error = %e, "watch broke while waiting; re-reading");
+                sleep_until(started + WATCH_RETRY_GAP).await;
+            }
+        }
+        now = read(declared).await?;
+    }
+}
+
+/// What woke a waiter.
+enum Woken {
+    /// A grant handed to it: the revision it holds from, and the chain handed on with it.
+    Granted(i64, Vec<Successor>),
+    /// A change that may have moved it: read its position.
+    Read,
+    /// The watch broke.
+    Broken(LockError),
+}
+
+/// Waits for a change that may move `ticket`. Grants handed to the keys it watches pass it
+/// by: a handed grant is not a grant record, and lets nobody behind that key in (the key's
+/// own record, or its deletion, does, and wakes it then).
+async fn woken(watch: &mut KeyWatch, (ticket, mode): (&Ticket, Mode)) -> Woken {
+    loop {
+        if let Err(e) = watch.changed().await {
+            return Woken::Broken(e);
+        }
+        let events = watch.take_events();
+        if handoff::possible(mode)
+            && let Some((at, chain)) = handed(watch, ticket, &events).await
+        {
+            return Woken::Granted(at, chain);
+        }
+        if !handoff::handed_to_others(&events, ticket) {
+            return Woken::Read;
+        }
+    }
+}
+
+/// The grant handed to `ticket` among `events`, if one was ([`handoff::granted`]). A deletion
+/// seen without it may be the first half of the release that hands it on (its changes to two
+/// keys arrive as two messages, in any order): the stream is settled first.
+async fn handed(
+    watch: &mut KeyWatch,
+    ticket: &Ticket,
+    events: &[etcd_client::Event],
+) -> Option<(i64, Vec<Successor>)> {
+    if let Some(grant) = handoff::granted(events, ticket) {
+        return Some(grant);
+    }
+    if !events.iter().any(|e| e.event_type() == EventType::Delete) {
+        return None;
+    }
+    watch.settle().await;
+    handoff::granted(&watch.take_events(), ticket)
+}
+
+/// The least time between the starts of two watches of a waiter: a watch that served a while
+/// (a silent one is given up after 800 ms) is replaced at once, by then on another member (see
+/// `Members`); one that failed at once (etcd unreachable) is not retried in a tight loop.
+const WATCH_RETRY_GAP: Duration = Duration::from_millis(100);
+
+/// What setting up a waiter's watches came to.
+enum Watched {
+    /// Watching everything that can move it, with nothing missed since its position was read.
+    Watching(Box<KeyWatch>),
+    /// A read to close the gap found it elsewhere: watch anew.
+    Moved(Standing),
+}
+
+/// How a waiter covers the changes between the revision its position was read at and the start
+/// of its watches on the keys that let it in (watched from "now").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gap {
+    /// Read the position again (its own key and the settings with it). For the first waiter,
+    /// one behind an ungranted key and a reader behind a writer: what they watch is about to
+    /// change, and a change missed in the gap must not cost a moment. The same for any waiter
+    /// whose watches had to be made again: their start moved on by milliseconds.
+    Read,
+    /// Watch those keys a second time, from just after the read. A waiter further back watches
+    /// a predecessor that is itself still waiting, which rarely moves within the few hundred
+    /// microseconds of the gap; if it did, this second watch reports it after etcd's catch-up
+    /// loop (up to 100 ms). It saves a read on nearly every grant of a busy lock.
+    SecondWatch,
+}
+
+impl Gap {
+    fn of(pos: &Position) -> Gap {
+        match pos {
+            Position::Waiter(_) => Gap::SecondWatch,
+            _ => Gap::Read,
+        }
+    }
+}
+
+/// Watches what can move `ticket` from where it stood (`now`), and covers the gap between the
+/// read and the watches' start (see [`Gap`]). A waiter whose turn is near has those watches
+/// checked to be on etcd's synced path ([`Etcd::watch_keys_synced`]); one far back does not
+/// pay for the check, as etcd syncs them long before its turn.
+async fn watch_position(
+    etcd: &Etcd,
+    lock: &LockId,
+    (ticket, mode): (&Ticket, Mode),
+    declared: &mut Declared,
+    now: &Standing,
+) -> Result<Watched, LockError> {
+    let (pos, rev) = (&now.position, now.revision);
+    let mut lets_in = lets_in(pos, declared.settings.max_holders);
+    let mut gap = Gap::of(pos);
+    // Its own key and the settings: from "now" where a read closes the gap anyway, else from
+    // just after the read (no read needed; a change to them may then wait for etcd's catch-up,
+    // and they join the stream after its sync check, which they would fail until caught up).
+    // A waiter that may be handed its grant watches its own key for writes, as one of the
+    // keys that let it in: from "now", so that the grant is not held back.
+    let mut own = vec![Target::any_change(lock.config_key().as_bytes())];
+    match handoff::possible(mode) {
+        true => lets_in.push(Target::any_change(ticket.key.as_bytes())),
+        false => own.push(Target::deletion(ticket.key.as_bytes())),
+    }
+    let (mut from_now, mut from_read) = (lets_in.clone(), vec![]);
+    match gap {
+        Gap::Read => from_now.extend(own),
+        Gap::SecondWatch => from_read.extend(own.into_iter().map(|t| t.from(Some(rev + 1)))),
+    }
+    let mut watch = if now.turn_is_near() {
+        let (watch, remade) = etcd.watch_keys_synced(&from_now).await?;
+        if remade {
+            gap = Gap::Read;
+        }
+        watch
+    } else {
+        etcd.watch_keys(&from_now).await?
+    };
+    for t in &from_read {
+        watch.also(t).await?;
+    }
+    // A member behind the read starts its watches before `rev`: then there is no gap.
+    if watch.start_revision <= rev {
+        return Ok(Watched::Watching(Box::new(watch)));
+    }
+    match gap {
+        Gap::SecondWatch => {
+            for t in lets_in {
+                watch.also(&t.from(Some(rev + 1))).await?;
+            }
+        }
+        Gap::Read => {
+            let again = standing(etcd, lock, (ticket, mode), declared).await?;
+            if again.position != *pos {
+                return Ok(Watched::Moved(again));
+            }
+        }
+    }
+    Ok(Watched::Watching(Box::new(watch)))
+}
+
+/// The keys whose change can let a waiter at `pos` in (see the module's doc), from "now". A
+/// waiter that closes the gap with a read watches its own key and the config key from "now"
+/// too: any watch from a past revision (etcd's catch-up path) held back the events a waiter
+/// waits for by up to 100 ms; with 2 contenders, 2.5% of waits took 30 to 100 ms when the first
+/// waiter watched those two from just after its read, none since (bench/README.md).
+fn lets_in(pos: &Position, max_holders: u32) -> Vec<Target> {
+    assert!(
+        !matches!(pos, Position::Holder | Position::Gone),
+        "nothing to wait for"
+    );
+    let wakes = protocol::wakes(pos, max_holders).into_iter();
+    wakes
+        .map(|(key, on)| match on {
+            Change::Deletion => Target::deletion(&key),
+            Change::Any => Target::any_change(&key),
+        })
+        .collect()
+}
+
+/// Reads where `ticket` stands under the lock's current settings. If the settings changed
+/// since `declared`, it is updated and the position read again.
+async fn standing(
+    etcd: &Etcd,
+    lock: &LockId,
+    (ticket, mode): (&Ticket, Mode),
+    declared: &mut Declared,
+) -> Result<Standing, LockError> {
+    loop {
+        let max = declared.settings.max_holders;
+        let (needed, values) = protocol::keys_needed(max, mode);
+        let mut ahead = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(ticket.revision - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(needed.into());
+        if !values {
+            ahead = ahead.with_keys_only();
+        }
+        let mut ops = vec![
+            TxnOp::get(ticket.key.as_str(), None),
+            TxnOp::get(lock.config_key(), None),
+            TxnOp::get(lock.queue_prefix(), Some(ahead)),
+        ];
+        if handoff::possible(mode) {
+            ops.push(handoff::behind(lock, ticket));
+        }
+        let resp = etcd.txn(Txn::new().and_then(ops)).await?;
+        let rev = resp.header().map_or(0, |h| h.revision());
+        let mut gets = etcd::gets(resp.op_responses());
+        let (mine, config, ahead) = (gets.next(), gets.next(), gets.next());
+        let (mine, config, ahead) = (mine.expect("own"), config.expect("config"), ahead.expect("queue"));
+        let behind = gets
+            .next()
+            .map(|b| handoff::chain_of(b.kvs()))
+            .unwrap_or_default();
+        // Field note: re-check our own key before granting; a waiter's lease may have expired.
+        let standing = |position| Standing {
+            chain: if position == Position::Holder {
+                behind.clone()
+            } else {
+                vec![]
+            },
+            recording: queue::recording(ahead.kvs(), &position),
+            position,
+            revision: rev,
+            queued: ahead.count(),
+        };
+        if mine.kvs().first().map(|kv| kv.create_revision()) != Some(ticket.revision) {
+            return Ok(standing(Position::Gone));
+        }
+        match config.kvs().first().map(Declared::from_kv).transpose()? {
+            // Compared by value too: a settings value read from an etcd since wiped or
+            // restored can have the revision of the new etcd's.
+            Some(now) if now != *declared => *declared = now,
+            None if declared.revision != 0 => return Ok(standing(Position::Gone)), // lock deleted
+            _ => {
+                let at = queue::of_keys(ahead.kvs(), ahead.more(), max, mode);
+                return Ok(standing(at));
+            }
+        }
+    }
+}

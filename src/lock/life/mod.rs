@@ -1,0 +1,8 @@
+//! A hold's life after its acquire: the monitor that watches it until it ends ([`monitor`]), every
+//! way it ends ([`ending`]: release, heartbeat, loss, shutdown), and the writes that must
+//! outlive the request that asked for them ([`detached`], [`late`]).
+
+pub(super) mod detached;
+pub(super) mod ending;
+pub(super) mod late;
+pub(super) mod monitor;

@@ -1,0 +1,80 @@
+//! An administrator's release (`podlock.io/release` on a DistributedLock): the operator deletes
+//! the hold's key and, in the same transaction, leaves a *note* saying why; the hold's sidecar,
+//! seeing its key deleted, reads the note and tells its app `lost` with [`ADMIN_RELEASED`]
+//! instead of the generic reason.
+//!
+//! The note lives under the namespace's settings prefix (`config/{ns}/.released/...`): that
+//! namespace's etcd role may read it but not write it, so a tenant cannot make another pod's
+//! loss look like an administrator's. A lock name cannot start with '.', so no lock's settings
+//! key is ever there, and every reader of settings keys (which parses the lock name) skips it.
+//! It is bound to a lease of its own that ends after [`NOTE_TTL`]: a sidecar reads it within
+//! milliseconds of the deletion, and nothing is left behind.
+
+use etcd_client::{PutOptions, TxnOp};
+use std::time::Duration;
+
+use super::queue::{self, Ticket};
+use crate::lock::error::LockError;
+use crate::lock::etcd::Etcd;
+use crate::lock::protocol::keys::release_note_key as note_key;
+use crate::lock::protocol::names::LockId;
+
+/// The reason a hold ended by an administrator's release is reported `lost` with.
+pub(crate) const ADMIN_RELEASED: &str =
+    "an administrator released it (podlock.io/release on its DistributedLock)";
+
+/// How long a note outlives the deletion it explains.
+const NOTE_TTL: u32 = 60;
+
+/// How long a sidecar waits for the note before it reports the loss with the generic reason:
+/// the note costs the `lost` event at most this (within the 1 s the contract allows).
+pub(crate) const NOTE_READ: Duration = Duration::from_millis(300);
+
+/// Ends the hold at `ticket` (of `holder` in `lock`) as an administrator's release, if its key
+/// still has its create revision; returns whether it did.
+pub(in crate::lock) async fn release(
+    etcd: &Etcd,
+    lock: &LockId,
+    holder: &str,
+    ticket: &Ticket,
+) -> Result<bool, LockError> {
+    let lease = etcd.lease_grant(NOTE_TTL).await?;
+    let note = serde_json::json!({ "fencingToken": ticket.revision }).to_string();
+    let key = note_key(lock, ticket.lease, holder);
+    let put = TxnOp::put(key, note, Some(PutOptions::new().with_lease(lease)));
+    // The note's lease is never revoked: with nothing on it (the key was gone) it expires
+    // unused, and a `false` may come from a copy of the transaction sent again after an
+    // earlier copy deleted the key and left the note (see `etcd`), which the note then tells.
+    let released = queue::remove_noting(etcd, ticket, put).await?;
+    Ok(released || noted(etcd, lock, holder, ticket).await?)
+}
+
+/// Whether the deletion of `ticket`'s key (of `holder` in `lock`) was an administrator's
+/// release of exactly that hold (the note names its fencing token).
+pub(in crate::lock) async fn noted(
+    etcd: &Etcd,
+    lock: &LockId,
+    holder: &str,
+    ticket: &Ticket,
+) -> Result<bool, LockError> {
+    let resp = etcd.get(note_key(lock, ticket.lease, holder), None).await?;
+    let token = (resp.kvs().first())
+        .and_then(|kv| serde_json::from_slice::<serde_json::Value>(kv.value()).ok())
+        .and_then(|v| v["fencingToken"].as_i64());
+    Ok(token == Some(ticket.revision))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::protocol::keys::{config_prefix, lock_of_key};
+
+    #[test]
+    fn a_note_is_readable_by_its_namespace_and_never_taken_for_a_lock() {
+        let lock = LockId::new("shop", "db").unwrap();
+        let key = note_key(&lock, 0xab, "web-1");
+        assert!(key.starts_with(&config_prefix(Some("shop"))), "{key}");
+        assert_eq!(lock_of_key(key.as_bytes()), None, "{key} parsed as a lock");
+        assert_eq!(key, "/podlock/v1/config/shop/.released/db/00000000000000ab/web-1");
+    }
+}

@@ -1,0 +1,131 @@
+//! Publishing a DistributedLock's settings to etcd under the token epoch [`epoch::choose`]
+//! picks. A new epoch is recorded in the status (`fencingEpoch`) before etcd gets it, so that
+//! no epoch whose tokens may have been handed out is ever chosen again, whatever happens to
+//! etcd after; it comes with the removal of the lock's queue (a key enqueued under the old
+//! epoch must not be granted under it), a log line and an Event naming the cause.
+
+use kube::ResourceExt;
+use kube::api::Api;
+use kube::runtime::events::EventType;
+use tracing::{info, warn};
+
+use super::epoch::{self, Choice};
+use crate::crd::{DistributedLock, DistributedLockStatus};
+use crate::lock::{LockError, LockId, LockState, Settings, Token, may_publish};
+use crate::operator::context::{Context, event};
+use crate::operator::reconcile_error::Error;
+
+/// How many times a publish is tried while the settings change under it (another replica, or
+/// `podlock declare`): each try reads them again and decides again.
+const ATTEMPTS: usize = 4;
+
+/// The Event reason of a lock moved to a new epoch.
+pub const NEW_EPOCH: &str = "NewFencingEpoch";
+
+/// Makes etcd have the spec's settings under the epoch the rule picks (unless it has them
+/// already, or another cluster sharing the lock etcd published them: see [`may_publish`]);
+/// returns the lock as etcd has it then.
+pub async fn settings(
+    ctx: &Context,
+    api: &Api<DistributedLock>,
+    dl: &DistributedLock,
+    id: &LockId,
+) -> Result<LockState, Error> {
+    let spec = dl.spec.settings();
+    ctx.store.declare_in(id, &ctx.cluster).await?;
+    let mut status = dl.status.clone();
+    let mut fresh = false;
+    for _ in 0..ATTEMPTS {
+        let state = ctx.store.lock_state(id, spec.max_holders).await?;
+        if state.settings.is_some() && !may_publish(&state.publisher, &ctx.cluster) {
+            ctx.returned.done(id); // the publisher's operator sees the restore for itself
+            return Ok(state);
+        }
+        let found = state.epoch();
+        let want = |choice: Choice| Settings {
+            epoch: choice.epoch,
+            ..spec
+        };
+        let at = (state.revision, ctx.returned.pending(id));
+        let mut choice = choose(id, status.as_ref(), found, at)?;
+        if state.settings == Some(want(choice)) {
+            return Ok(state);
+        }
+        if !fresh {
+            // Whatever is written now rests on the epochs recorded: decide on the status as
+            // the API server has it, not on a cache that may lag the operator's last write.
+            status = api.get_status(&dl.name_any()).await?.status;
+            fresh = true;
+            choice = choose(id, status.as_ref(), found, at)?;
+        }
+        let want = want(choice);
+        if state.settings == Some(want) {
+            return Ok(state);
+        }
+        if status.as_ref().and_then(|s| s.fencing_epoch) < Some(choice.epoch) {
+            status = Some(record_epoch(ctx, id, status, choice.epoch).await?);
+        }
+        let renew = choice.renewal.is_some();
+        let over = state.settings_revision;
+        if let Some(ended) = ctx.store.publish(id, &want, &ctx.cluster, over, renew).await? {
+            ctx.returned.done(id);
+            announce(ctx, dl, id, &want, choice, ended).await;
+        }
+    }
+    Err(Error::SettingsChanging(id.clone()))
+}
+
+/// [`epoch::choose`], its error named for the lock.
+fn choose(
+    id: &LockId,
+    status: Option<&DistributedLockStatus>,
+    found: Option<u32>,
+    at: (i64, bool),
+) -> Result<Choice, Error> {
+    epoch::choose(status, found, at).map_err(|source| {
+        Error::Lock(LockError::Token {
+            lock: id.clone(),
+            source,
+        })
+    })
+}
+
+/// Records `epoch` as `status.fencingEpoch`, before etcd gets it; returns the status written.
+async fn record_epoch(
+    ctx: &Context,
+    id: &LockId,
+    status: Option<DistributedLockStatus>,
+    epoch: u32,
+) -> Result<DistributedLockStatus, Error> {
+    let old = status.unwrap_or_default();
+    let status = DistributedLockStatus {
+        phase: old.phase.clone().or(Some("Pending".into())),
+        fencing_epoch: Some(epoch),
+        ..old
+    };
+    ctx.status.write_now(id, status.clone()).await?;
+    Ok(status)
+}
+
+/// Logs the settings published; a new epoch also gets a warning and an Event.
+async fn announce(
+    ctx: &Context,
+    dl: &DistributedLock,
+    id: &LockId,
+    want: &Settings,
+    choice: Choice,
+    ended: i64,
+) {
+    let Some(renewal) = choice.renewal else {
+        info!(lock = %id, ?want, "published settings");
+        return;
+    };
+    let floor = Token::new(choice.epoch, 0).map_or(0, Token::get);
+    let note = format!(
+        "{renewal}; fencing tokens continue at epoch {} (above {floor}); {ended} holds and \
+         waits of the old epoch ended",
+        choice.epoch
+    );
+    warn!(lock = %id, epoch = choice.epoch, ended, "{note}");
+    event(ctx, dl, EventType::Warning, NEW_EPOCH, note).await;
+}
