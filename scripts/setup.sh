@@ -65,6 +65,15 @@ mkdir -p "$BIN"
 
 step() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
+# The slow builds' Go caches (10 GB and more for Kubernetes and Prometheus) serve no one once
+# their binaries are cached, and a fresh machine's disk is shared: they live in a scratch
+# directory that goes when setup ends. The tests' own Go code uses the user's caches.
+SCRATCH="$CACHE/go-scratch"
+trap 'rm -rf "$SCRATCH"' EXIT
+tool_go() {
+  GOCACHE="$SCRATCH/build" GOMODCACHE="$SCRATCH/mod" GOFLAGS="-modcacherw $(go env GOFLAGS)" go "$@"
+}
+
 # wanted NAME [test]: whether this run provides NAME (a tool of the tests and benchmarks only
 # with `test`); with --list it names NAME instead, and provides nothing.
 wanted() {
@@ -118,10 +127,10 @@ else
   step "hadolint: $(hadolint --version)"
 fi
 
-# build_go_cmd NAME MODULE PACKAGE [VERSION]: builds PACKAGE of MODULE@VERSION (default
-# ETCD_VERSION) into $BIN/NAME.
+# build_go_cmd NAME MODULE PACKAGE [VERSION [TAGS]]: builds PACKAGE of MODULE@VERSION (default
+# ETCD_VERSION) into $BIN/NAME, with the Go build tags TAGS if given.
 build_go_cmd() {
-  local name=$1 module=$2 pkg=$3 version=${4:-$ETCD_VERSION} stamp="$BIN/.$1.version"
+  local name=$1 module=$2 pkg=$3 version=${4:-$ETCD_VERSION} tags=${5:-} stamp="$BIN/.$1.version"
   if [ -x "$BIN/$name" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$version" ]; then
     step "$name $version: cached in $BIN"
     return
@@ -131,9 +140,9 @@ build_go_cmd() {
   work=$(mktemp -d)
   (
     cd "$work"
-    go mod init "podlock-build-$name" >/dev/null 2>&1
-    go get "$pkg@$version" >&2
-    go build -o "$BIN/$name" "$pkg" >&2
+    tool_go mod init "podlock-build-$name" >/dev/null 2>&1
+    tool_go get "$pkg@$version" >&2
+    tool_go build -tags "$tags" -o "$BIN/$name" "$pkg" >&2
   )
   rm -rf "$work"
   echo "$version" > "$stamp"
@@ -170,20 +179,20 @@ build_kube_cmds() {
   staging="v0.${KUBE_VERSION#v1.}"
   (
     cd "$work"
-    go mod init podlock-build-kubernetes >/dev/null 2>&1
+    tool_go mod init podlock-build-kubernetes >/dev/null 2>&1
     step "resolving k8s.io/kubernetes $KUBE_VERSION (staging modules at $staging)"
-    gomod=$(go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
+    gomod=$(tool_go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" | sed -n 's/.*"GoMod": "\(.*\)",*/\1/p')
     sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$gomod" | while read -r m; do
-      go mod edit -replace="$m=$m@$staging"
+      tool_go mod edit -replace="$m=$m@$staging"
     done
-    go mod edit -require="k8s.io/kubernetes@$KUBE_VERSION"
+    tool_go mod edit -require="k8s.io/kubernetes@$KUBE_VERSION"
     for cmd in "${missing[@]}"; do
-      go get "k8s.io/kubernetes/cmd/$cmd@$KUBE_VERSION" >&2
+      tool_go get "k8s.io/kubernetes/cmd/$cmd@$KUBE_VERSION" >&2
     done
     for cmd in "${missing[@]}"; do
       step "building $cmd $KUBE_VERSION (a few minutes on 2 cores)"
       start=$(date +%s)
-      go build -ldflags "$(kube_version_ldflags)" -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd" >&2
+      tool_go build -ldflags "$(kube_version_ldflags)" -o "$BIN/$cmd" "k8s.io/kubernetes/cmd/$cmd" >&2
       echo "$stamp" > "$BIN/.$cmd.version"
       step "$cmd built in $(( $(date +%s) - start )) s"
     done
@@ -241,7 +250,7 @@ build_coredns() {
   start=$(date +%s)
   (
     cd "$work"
-    go mod init podlock-build-coredns >/dev/null 2>&1
+    tool_go mod init podlock-build-coredns >/dev/null 2>&1
     cat >main.go <<'GO'
 package main
 
@@ -258,9 +267,9 @@ func init() { dnsserver.Directives = []string{"bind", "errors", "kubernetes"} }
 
 func main() { coremain.Run() }
 GO
-    go get "github.com/coredns/coredns@$COREDNS_VERSION" >&2
-    go mod tidy >&2
-    go build -o "$BIN/coredns" . >&2
+    tool_go get "github.com/coredns/coredns@$COREDNS_VERSION" >&2
+    tool_go mod tidy >&2
+    tool_go build -o "$BIN/coredns" . >&2
   )
   rm -rf "$work"
   echo "$COREDNS_VERSION" >"$BIN/.coredns.version"
@@ -270,9 +279,11 @@ GO
 if $WITH_KUBERNETES; then
   kube_cmds kube-apiserver kube-controller-manager
   wanted helm && build_go_cmd helm helm.sh/helm/v3 helm.sh/helm/v3/cmd/helm "$HELM_VERSION"
-  wanted promtool test && build_go_cmd promtool github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION"
+  # Without the service discovery of every cloud (the `remove_all_sd` tag of Prometheus' custom
+  # builds): the dashboard's Prometheus scrapes static targets, and the build is minutes shorter.
+  wanted promtool test && build_go_cmd promtool github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/promtool "$PROMETHEUS_VERSION" remove_all_sd
   wanted checkov test && install_venv checkov "$CHECKOV_VERSION"
-  wanted prometheus test && build_go_cmd prometheus github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/prometheus "$PROMETHEUS_VERSION"
+  wanted prometheus test && build_go_cmd prometheus github.com/prometheus/prometheus github.com/prometheus/prometheus/cmd/prometheus "$PROMETHEUS_VERSION" remove_all_sd
 fi
 if $WITH_NODE; then
   wanted containerd && apt_install containerd containerd "the node's container runtime, CRI built in"
