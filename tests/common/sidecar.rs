@@ -101,19 +101,18 @@ impl Sidecar {
 
     /// `POST {addr}/v1/locks/{lock}/{verb}` with a JSON body; returns status and body.
     pub async fn post(&self, lock: &str, verb: &str, body: Value) -> (u16, Value) {
-        let resp = reqwest::Client::new()
-            .post(format!("{}/v1/locks/{lock}/{verb}", self.addr))
-            .json(&body)
-            .send()
-            .await
-            .unwrap();
+        let url = format!("{}/v1/locks/{lock}/{verb}", self.addr);
+        let sent = http().post(&url).json(&body).send().await;
+        let resp = sent.unwrap_or_else(|e| panic!("POST {url} {body} on {}: {e}", self.pod));
         let status = resp.status().as_u16();
         (status, resp.json().await.unwrap_or(Value::Null))
     }
 
     /// `GET {addr}{path}`; returns status and body (JSON, else the text as a string).
     pub async fn get(&self, path: &str) -> (u16, Value) {
-        let resp = reqwest::get(format!("{}{path}", self.addr)).await.unwrap();
+        let url = format!("{}{path}", self.addr);
+        let sent = http().get(&url).send().await;
+        let resp = sent.unwrap_or_else(|e| panic!("GET {url} on {}: {e}", self.pod));
         let status = resp.status().as_u16();
         let text = resp.text().await.unwrap();
         (status, serde_json::from_str(&text).unwrap_or(Value::String(text)))
@@ -158,4 +157,14 @@ fn log_dir() -> tempfile::TempDir {
         None => builder.tempdir(),
     }
     .unwrap()
+}
+
+/// A client for one request. Its timeout, far above the longest wait a test asks for (30 s),
+/// makes a sidecar that never answers fail its test, naming the request, rather than hang the
+/// whole run until CI's limit.
+fn http() -> reqwest::Client {
+    reqwest::Client::builder()
+        .timeout(Duration::from_secs(120))
+        .build()
+        .unwrap()
 }
