@@ -8,7 +8,7 @@
 //! records; the key layout (`protocol/keys.rs`) stays in here.
 //!
 //! The files are cut into wings, folders that import only themselves and the wings below them
-//! (docs/design.md, "The engine's wings"): [`protocol`], `etcd`, `txn`, `store`, `state`, then
+//! (docs/design.md, "The engine's wings"): [`protocol`], `etcd`, `txn`, `store`, `holdings`, then
 //! this module, then `life` and `acquire`. The steps of the engine's work live in files of their
 //! own, each an `impl Engine` or a task given one, so they import this module. One import runs
 //! the other way: [`Engine::new`] starts the orphan sweep (`sweep.rs`), which holds the engine
@@ -18,11 +18,11 @@ mod acquire;
 mod error;
 mod etcd;
 mod fence;
+mod holdings;
 mod life;
 mod messages;
 pub mod protocol;
 mod refusal;
-mod state;
 mod store;
 mod sweep;
 mod txn;
@@ -53,10 +53,10 @@ use tokio::sync::mpsc;
 
 use etcd::Etcd;
 use etcd::session::Sessions;
+use holdings::events;
+use holdings::hold::Hold;
+use holdings::registry::Registry;
 use protocol::keys;
-use state::events;
-use state::hold::Hold;
-use state::registry::Registry;
 use txn::queue;
 use txn::settings::{self, Declared};
 
@@ -125,7 +125,7 @@ impl Engine {
     }
 
     /// Subscribes to events about this sidecar's holds of `lock` (of every lock when `None`).
-    /// The receiver ends if it falls behind (see `state/events.rs`): then treat every hold as lost.
+    /// The receiver ends if it falls behind (see `holdings/events.rs`): then treat every hold as lost.
     pub fn subscribe(&self, lock: Option<LockId>) -> mpsc::Receiver<HoldEvent> {
         self.0.events.subscribe(lock)
     }

@@ -14,6 +14,8 @@ use tracing::{debug, warn};
 use crate::lock::Engine;
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::session::Session;
+use crate::lock::holdings::hold::{Hold, Terms};
+use crate::lock::holdings::registry::{Claimed, SlotKey};
 use crate::lock::life::detached;
 use crate::lock::life::monitor::{self, MarkWhen};
 use crate::lock::messages::{AcquireRequest, EventKind, Grant};
@@ -21,8 +23,6 @@ use crate::lock::protocol::entry::{Entry, Mode, Successor, rfc3339};
 use crate::lock::protocol::names::{LockId, check_holder_id};
 use crate::lock::protocol::token::Token;
 use crate::lock::protocol::{Position, Standing};
-use crate::lock::state::hold::Hold;
-use crate::lock::state::registry::{Claimed, SlotKey};
 use crate::lock::txn::handoff::Chain;
 use crate::lock::txn::queue::{self, Enqueued, Ticket};
 use crate::lock::txn::settings::Declared;
@@ -277,19 +277,22 @@ impl Engine {
         let heartbeat = req
             .heartbeat_timeout_seconds
             .unwrap_or(settings.heartbeat_timeout_seconds);
-        let mut hold = Hold::new(
+        let terms = Terms {
+            acquired_at,
+            mode: req.mode,
+            connection_bound: req.connection_bound,
+            chain: Chain::of(declared, req.mode, chain),
+            set: vec![],
+        };
+        let hold = Arc::new(Hold::new(
             req.lock,
             req.holder_id,
             (ticket, token),
             seen,
             session,
             Duration::from_secs(heartbeat.into()),
-        );
-        hold.acquired_at = acquired_at;
-        hold.mode = req.mode;
-        hold.connection_bound = req.connection_bound;
-        hold.chain = Chain::of(declared, req.mode, chain);
-        let hold = Arc::new(hold);
+            terms,
+        ));
         pending.keys = None;
         self.0.registry.hold(pending.slots[0].clone(), hold.clone());
         debug!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), "acquired");

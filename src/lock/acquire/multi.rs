@@ -24,14 +24,14 @@ use super::wait::{self, Turn};
 use crate::lock::Engine;
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::session::Session;
+use crate::lock::holdings::hold::{Hold, Terms};
+use crate::lock::holdings::registry::Claimed;
 use crate::lock::life::detached;
 use crate::lock::life::monitor::{self, MarkWhen};
 use crate::lock::messages::{AcquireRequest, EventKind, Grant};
 use crate::lock::protocol::entry::{Entry, rfc3339};
 use crate::lock::protocol::names::LockId;
 use crate::lock::protocol::token::Token;
-use crate::lock::state::hold::Hold;
-use crate::lock::state::registry::Claimed;
 use crate::lock::txn::multi_lock::{self, EnqueuedSet, members};
 use crate::lock::txn::queue::Ticket;
 use crate::lock::txn::settings::{Declared, TTL};
@@ -301,16 +301,23 @@ impl Engine {
         let entries = self.set_entries(&req, locks, declared, &placed, Some(acquired_at));
         let holds: Vec<Arc<Hold>> = (locks.iter().zip(&placed.tickets).zip(tokens))
             .map(|((lock, ticket), token)| {
-                let mut hold = Hold::new(
+                let terms = Terms {
+                    acquired_at,
+                    mode: req.mode,
+                    connection_bound: req.connection_bound,
+                    chain: None,
+                    set: set.clone(),
+                };
+                let (ticket, session) = (ticket.clone(), placed.session.clone());
+                let hold = Hold::new(
                     lock.clone(),
                     req.holder_id.clone(),
-                    (ticket.clone(), token),
+                    (ticket, token),
                     at,
-                    placed.session.clone(),
+                    session,
                     window,
+                    terms,
                 );
-                (hold.acquired_at, hold.mode, hold.set) = (acquired_at, req.mode, set.clone());
-                hold.connection_bound = req.connection_bound;
                 Arc::new(hold)
             })
             .collect();

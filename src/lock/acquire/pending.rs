@@ -7,8 +7,8 @@ use tracing::warn;
 
 use crate::lock::Engine;
 use crate::lock::etcd::session::Session;
+use crate::lock::holdings::registry::SlotKey;
 use crate::lock::life::detached;
-use crate::lock::state::registry::SlotKey;
 use crate::lock::txn::multi_lock;
 use crate::lock::txn::queue::Ticket;
 

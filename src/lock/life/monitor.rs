@@ -15,8 +15,8 @@ use tracing::{Instrument, info_span, warn};
 
 use crate::lock::Engine;
 use crate::lock::etcd::watch::Target;
+use crate::lock::holdings::hold::Hold;
 use crate::lock::protocol::entry::{Entry, Mode};
-use crate::lock::state::hold::Hold;
 use crate::lock::txn::queue;
 use crate::retry;
 
@@ -175,6 +175,7 @@ mod tests {
     use super::*;
     use crate::lock::LockId;
     use crate::lock::etcd::session::Session;
+    use crate::lock::holdings::hold::Terms;
     use crate::lock::txn::queue::Ticket;
 
     fn hold(window: Duration) -> Hold {
@@ -192,6 +193,7 @@ mod tests {
             1,
             Session::detached(15),
             window,
+            Terms::exclusive_now(),
         )
     }
 

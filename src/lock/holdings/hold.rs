@@ -51,8 +51,38 @@ pub struct Hold {
     pub ended: CancellationToken,
 }
 
+/// How a hold holds, decided with its grant and fixed for its life.
+#[derive(Debug, Clone)]
+pub struct Terms {
+    /// When the hold began.
+    pub acquired_at: SystemTime,
+    /// Exclusive, or shared with other shared holds.
+    pub mode: Mode,
+    /// Bound to the HTTP connection that asked for it.
+    pub connection_bound: bool,
+    /// What its release may hand the lock on with.
+    pub chain: Option<Chain>,
+    /// A multi-lock hold's whole set, each lock with its token; empty for a single lock.
+    pub set: Vec<(LockId, Token)>,
+}
+
+#[cfg(test)]
+impl Terms {
+    /// An exclusive hold of one lock, begun now, bound to no connection, with no handoff.
+    pub fn exclusive_now() -> Self {
+        Terms {
+            acquired_at: SystemTime::now(),
+            mode: Mode::Exclusive,
+            connection_bound: false,
+            chain: None,
+            set: vec![],
+        }
+    }
+}
+
 impl Hold {
-    /// A new hold with token `fencing`; its heartbeat window (if any) starts now.
+    /// A new hold with token `fencing`, held on `terms`; its heartbeat window (if any) starts
+    /// now.
     pub fn new(
         lock: LockId,
         holder_id: String,
@@ -60,6 +90,7 @@ impl Hold {
         confirmed: i64,
         session: Arc<Session>,
         heartbeat: Duration,
+        terms: Terms,
     ) -> Self {
         let (deadline, _) = watch::channel(Instant::now() + heartbeat);
         Hold {
@@ -69,12 +100,12 @@ impl Hold {
             fencing,
             confirmed,
             session,
-            acquired_at: SystemTime::now(),
+            acquired_at: terms.acquired_at,
             heartbeat,
-            mode: Mode::Exclusive,
-            connection_bound: false,
-            chain: None,
-            set: vec![],
+            mode: terms.mode,
+            connection_bound: terms.connection_bound,
+            chain: terms.chain,
+            set: terms.set,
             deadline,
             ended: CancellationToken::new(),
         }

@@ -215,6 +215,7 @@ fn not_held(lock: &LockId, holder: &str, slot: Option<&Slot>) -> LockError {
 mod tests {
     use super::*;
     use crate::lock::etcd::session::Session;
+    use crate::lock::holdings::hold::Terms;
     use crate::lock::txn::queue::Ticket;
 
     fn held(registry: &Registry, holder: &str) -> Arc<Hold> {
@@ -232,6 +233,7 @@ mod tests {
             1,
             Session::detached(15),
             Duration::ZERO,
+            Terms::exclusive_now(),
         );
         let hold = Arc::new(hold);
         registry.hold((lock, holder.into()), hold.clone());
