@@ -126,7 +126,7 @@ pub async fn contenders(etcd: &crate::common::EtcdServer) -> usize {
 }
 
 /// Whether `key` is a release receipt (`.../queue/{namespace}/.released/...`, see
-/// `src/lock/receipt.rs`), which lies beside the queues and is no contender's key.
+/// `src/lock/txn/receipt.rs`), which lies beside the queues and is no contender's key.
 fn is_receipt(key: &str) -> bool {
     key.split('/').nth(5).is_some_and(|lock| lock.starts_with('.'))
 }

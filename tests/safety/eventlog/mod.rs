@@ -1,7 +1,7 @@
 //! The grants against etcd's own log. While the workers run, a watch over every podlock key
 //! (from revision 1: the settings and the queues) records each event and when it arrived;
 //! afterwards the log is replayed in revision order. At each revision a queue key is admitted
-//! when the protocol's rule (`src/lock/position.rs`) makes it a holder: a shared key once every
+//! when the protocol's rule (`src/lock/protocol/position.rs`) makes it a holder: a shared key once every
 //! key ahead of it is shared and has recorded its grant (`acquiredAt`); an exclusive key once
 //! fewer than `maxHolders` keys are ahead of it, all exclusive and granted (a mutex's: none
 //! ahead). Admitted keys stay admitted until deleted. The replay checks that
