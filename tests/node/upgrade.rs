@@ -6,7 +6,7 @@
 //! grants follow the queue (tokens rise in grant order), and the longest time the mutex had no
 //! holder is printed.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
@@ -14,6 +14,9 @@ use std::time::{Duration, Instant};
 
 use crate::CHART;
 use crate::common::node::{Node, retry};
+
+/// The contending pods (each takes both locks).
+const CONTENDERS: usize = 3;
 
 /// A contender: takes `$LOCK`, tells the recorder (after the grant, and before the release),
 /// holds for `$HOLD` seconds, releases and tells the recorder the release's HTTP status.
@@ -93,7 +96,7 @@ fn manifest(node: &Node, recorder: &str) -> String {
         "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: mutex, namespace: upgrade}}\nspec: {{}}\n---\n\
          apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: semaphore, namespace: upgrade}}\nspec: {{maxHolders: 2}}\n---\n\
          apiVersion: apps/v1\nkind: Deployment\nmetadata: {{name: contenders, namespace: upgrade}}\n\
-         spec:\n  replicas: 3\n  selector: {{matchLabels: {{app: contenders}}}}\n  template:\n    \
+         spec:\n  replicas: {CONTENDERS}\n  selector: {{matchLabels: {{app: contenders}}}}\n  template:\n    \
          metadata: {{labels: {{app: contenders}}, annotations: {{podlock.io/inject: \"true\"}}}}\n    \
          spec:\n      terminationGracePeriodSeconds: 5\n      containers:\n      - {}\n      - {}\n",
         container("mutex", "0.5"),
@@ -107,14 +110,19 @@ pub fn live_holds_survive_helm_upgrade(node: &Node, tag: &str) {
     let (url, events) = recorder();
     node.kubectl(&["create", "namespace", "upgrade"]);
     node.kubectl_apply(&manifest(node, &url));
+    // Every pod's sidecar has reached etcd (each pod was granted both locks) before the
+    // upgrade: a new pod's first acquires may be answered 503 until then, and the app retries.
     let contending = retry(Duration::from_secs(180), || {
-        let n = events
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|e| e.kind == "released")
-            .count();
-        (n >= 6).then_some(()).ok_or(format!("{n} holds released so far"))
+        let events = events.lock().unwrap();
+        let n = events.iter().filter(|e| e.kind == "released").count();
+        let granted: BTreeSet<(&str, &str)> = (events.iter())
+            .filter(|e| e.kind == "acquired")
+            .map(|e| (e.pod.as_str(), e.lock.as_str()))
+            .collect();
+        let all = n >= 6 && granted.len() == 2 * CONTENDERS;
+        all.then_some(()).ok_or(format!(
+            "{n} holds released so far; (pod, lock) pairs granted: {granted:?}"
+        ))
     });
     let (_, pods, _) = node.kubectl(&["get", "pods", "-n", "upgrade", "-o", "wide"]);
     assert!(
@@ -157,8 +165,9 @@ pub fn live_holds_survive_helm_upgrade(node: &Node, tag: &str) {
     }
 }
 
-/// The checks of one lock's events: no acquire refused from the upgrade on (before it, a new
-/// pod's first acquire may come before its sidecar reached etcd: 503, and the app retries), no
+/// The checks of one lock's events: no acquire refused from the upgrade on (before it, every
+/// pod was granted both locks: a new pod's first acquires may come before its sidecar reached
+/// etcd, 503, and the app retries), no
 /// lost hold, at most `limit` holders at once, tokens rising in grant order (mutex), and the
 /// longest gap without a holder printed.
 fn check(lock: &str, limit: usize, events: &[&Event], upgrade: Instant, diagnosis: &str) {
