@@ -58,6 +58,18 @@ impl Lock {
         }
     }
 
+    /// At a restored era's first revision: the holders etcd brought back were admitted under
+    /// limits this era never saw (holders stay when `maxHolders` is lowered), so they bound it
+    /// as a limit in force would.
+    pub fn bound_by_seeded_holders(&mut self, revision: i64) {
+        let held = (self.keys.values())
+            .filter(|k| k.deleted.is_none() && k.admitted.is_some() && !k.shared)
+            .count() as u32;
+        if self.limit.is_some_and(|l| held > l) {
+            self.limits.push((revision, held));
+        }
+    }
+
     /// The keys handed their grant at `revision` that the rule does not admit.
     pub fn unadmitted_handoffs(&self, name: &str, revision: i64) -> Vec<String> {
         (self.keys.iter())
@@ -156,11 +168,16 @@ impl Era {
             admitted: None,
             deleted: None,
         });
-        if v["handed"] == true && k.handed.is_none() {
+        if v["handed"] == true && k.handed.is_none() && !e.seeded {
             k.handed = Some(e.revision);
             found.handed_slot = lock.limit.is_some_and(|l| l > 1);
         }
         k.granted = v["acquiredAt"].is_string();
+        if e.seeded && (k.granted || v["handed"] == true) {
+            // Brought back as it was: it held when the snapshot was taken, admitted in the
+            // era it comes from (and checked there).
+            k.admitted.get_or_insert(e.revision);
+        }
         if k.granted && k.admitted.is_none() && !e.seeded {
             found.violation = Some(format!(
                 "{name}: key {c} recorded its grant at revision {} unadmitted",

@@ -106,6 +106,9 @@ pub fn replay(log: &Log) -> Replay {
                 r.handed_slots += usize::from(found.handed_slot);
             }
             for (name, lock) in &mut locks.locks {
+                if same[0].seeded {
+                    lock.bound_by_seeded_holders(revision);
+                }
                 lock.admit(revision);
                 r.violations.extend(lock.check(name, revision));
                 r.violations.extend(lock.unadmitted_handoffs(name, revision));
