@@ -48,12 +48,14 @@ type holder struct {
 }
 
 // lockState is a lock's state in the model: its holders (sorted by client), the maxHolders in
-// force, the one being changed to (0: none), and the highest token granted.
+// force, the one being changed to (0: none), the highest token granted, and the holds that a
+// release answered 410 may have ended itself (sorted), whose clients may still be told `lost`.
 type lockState struct {
 	holders []holder
 	limit   int
 	pending int
 	highest int64
+	closed  []holder
 }
 
 func (s lockState) find(client string) (holder, bool) {
@@ -86,6 +88,32 @@ func (s lockState) without(client string) lockState {
 		}
 	}
 	return next
+}
+
+// closing is s less client's hold h, ended by a release that answered 410: the release's
+// first copy may have deleted the key and the copy sent again found it gone (api.md: the
+// cautious answer). Its client may still be told `lost` for it.
+func (s lockState) closing(h holder) lockState {
+	next := s.without(h.client)
+	next.closed = append(append([]holder{}, s.closed...), h)
+	sort.Slice(next.closed, func(i, j int) bool {
+		a, b := next.closed[i], next.closed[j]
+		return a.client < b.client || (a.client == b.client && a.token < b.token)
+	})
+	return next
+}
+
+// told is s after client's `lost` notice for token, of a hold a 410 release ended; false if
+// no such hold is on record.
+func (s lockState) told(client string, token int64) (lockState, bool) {
+	for i, h := range s.closed {
+		if h.client == client && (h.token == token || h.token == 0 || token == 0) {
+			next := s
+			next.closed = append(append([]holder{}, s.closed[:i]...), s.closed[i+1:]...)
+			return next, true
+		}
+	}
+	return s, false
 }
 
 // admits says whether a new hold in mode may be granted now: shared holds only beside shared
@@ -137,7 +165,12 @@ func end(s lockState, op Op) []lockState {
 	case op.Kind == "end" && holds && (op.Token == 0 || held.token == 0 || held.token == op.Token):
 		return []lockState{s.without(op.Client)}
 	case op.Kind == "end":
+		if next, ok := s.told(op.Client, op.Token); ok {
+			return []lockState{next}
+		}
 		return nil
+	case op.Outcome == "fail" && op.Kind == "release" && holds:
+		return []lockState{s.closing(held)} // 410 lock_lost, for a release that may have ended it
 	case op.Outcome == "unknown" && op.Kind == "release" && holds:
 		return []lockState{s, s.without(op.Client)}
 	case op.Outcome == "unknown":
@@ -177,11 +210,18 @@ func step(state, input, _ interface{}) []interface{} {
 
 func equal(a, b interface{}) bool {
 	x, y := a.(lockState), b.(lockState)
-	if x.limit != y.limit || x.pending != y.pending || x.highest != y.highest || len(x.holders) != len(y.holders) {
+	if x.limit != y.limit || x.pending != y.pending || x.highest != y.highest {
 		return false
 	}
-	for i := range x.holders {
-		if x.holders[i] != y.holders[i] {
+	return sameHolders(x.holders, y.holders) && sameHolders(x.closed, y.closed)
+}
+
+func sameHolders(a, b []holder) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
 			return false
 		}
 	}
@@ -198,7 +238,12 @@ func describe(state interface{}) string {
 	if s.pending != 0 {
 		limit += fmt.Sprintf("->%d", s.pending)
 	}
-	return fmt.Sprintf("max %s, top %d, [%s]", limit, s.highest, strings.Join(hs, " "))
+	var closed []string
+	for _, h := range s.closed {
+		closed = append(closed, fmt.Sprintf("%s:%d", h.client, h.token))
+	}
+	return fmt.Sprintf("max %s, top %d, [%s], ended by a 410 release [%s]", limit, s.highest,
+		strings.Join(hs, " "), strings.Join(closed, " "))
 }
 
 func hash(state interface{}) uint64 {

@@ -66,6 +66,26 @@ func TestAReleaseAnsweredForALostHoldIsCaught(t *testing.T) {
 		at("release", "a", "ok", 0, 5, 6))
 }
 
+func TestAReleaseAnswered410MayHaveEndedTheHoldItself(t *testing.T) {
+	// a's release (3..9) deleted its key and was answered 410 late (its copy sent again found
+	// the key gone, and a's session had ended meanwhile); b was granted at 4..5; a was told
+	// lost at 9, its hold's window from 8 (1 s before the notice).
+	ops := []Op{opening(1),
+		at("acquire", "a", "ok", 10, 1, 2), at("release", "a", "fail", 0, 3, 9),
+		at("acquire", "b", "ok", 12, 4, 5), at("end", "a", "ok", 10, 8, 9)}
+	expect(t, "Ok", ops...)
+	// Answered before b asked, the release ended a's hold before b's grant.
+	ops[2] = at("release", "a", "fail", 0, 3, 3)
+	expect(t, "Ok", ops...)
+	// Asked only after b's grant, it cannot have made room for b: b held beside a.
+	ops[2] = at("release", "a", "fail", 0, 6, 9)
+	expect(t, "Illegal", ops...)
+	// A lost notice for a hold no release ended, after the hold ended by release, is caught.
+	expect(t, "Illegal", opening(1),
+		at("acquire", "a", "ok", 10, 1, 2), at("release", "a", "ok", 0, 3, 4),
+		at("end", "a", "ok", 10, 5, 6))
+}
+
 func TestAnAmbiguousAcquireMayHaveHappenedOrNot(t *testing.T) {
 	pending := at("acquire", "a", "unknown", 0, 1, -1)
 	expect(t, "Ok", opening(1), pending, at("acquire", "b", "ok", 12, 5, 6))
