@@ -9,7 +9,7 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 use crate::common::events::Events;
-use crate::common::members::leader_of;
+use crate::common::members::elected;
 use crate::common::{EtcdServer, Sidecar, declare, podlock_bin, wait_until};
 
 /// How long a change may take to be reported: a watch event and a read, on a loaded machine.
@@ -252,15 +252,7 @@ async fn an_idle_watch_gets_keep_alive_comments() {
 #[tokio::test]
 async fn a_change_made_while_the_watch_was_broken_is_reported_once_etcd_is_back() {
     let mut etcd = EtcdServer::cluster(3).await;
-    let mut leader = None;
-    for _ in 0..100 {
-        leader = leader_of(&etcd).await;
-        if leader.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let leader = leader.expect("the cluster elected no leader");
+    let leader = elected(&etcd).await;
     let away = (leader + 1) % etcd.len();
     let others: Vec<&str> = (0..etcd.len())
         .filter(|&i| i != away)
