@@ -3,7 +3,7 @@
 use clap::{Parser, Subcommand};
 use tracing_subscriber::EnvFilter;
 
-use podlock::cli::{declare, fence, pre_uninstall, probe, run_locked};
+use podlock::cli::{declare, fence, observe, pre_uninstall, probe, run_locked};
 use podlock::{operator, sidecar};
 
 #[derive(Parser)]
@@ -36,6 +36,8 @@ enum Command {
     Lock(run_locked::LockArgs),
     /// Ask the sidecar whether a fencing token is still a current hold of a lock.
     Fence(fence::FenceArgs),
+    /// Follow who holds a lock through the sidecar, a line per change, until it is deleted.
+    Observe(observe::ObserveArgs),
     /// Reconcile DistributedLock objects with etcd.
     Operator(Box<operator::OperatorArgs>),
     /// Print the DistributedLock CRD as YAML (what crds/ holds).
@@ -77,6 +79,7 @@ fn main() -> anyhow::Result<()> {
                 Ok(())
             }
             Command::Fence(args) => std::process::exit(fence::run(args).await),
+            Command::Observe(args) => std::process::exit(observe::run(args).await),
             Command::Lock(args) => {
                 let code = run_locked::run(args).await?;
                 std::process::exit(code)

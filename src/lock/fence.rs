@@ -13,6 +13,9 @@
 //! queue's rule lets it in now. A hold granted before `maxHolders` was lowered stays current
 //! until it ends; a waiter is never current.
 //!
+//! The same read ([`Engine::read_holders`]) is what an observer of the lock reports
+//! (`observe.rs`): a fence check and a watch name the same holders at the same revision.
+//!
 //! [`protocol::holders`]: super::protocol::holders
 
 use super::Engine;
@@ -22,33 +25,57 @@ use super::protocol::Queued;
 use super::protocol::entry::HolderInfo;
 use super::protocol::names::LockId;
 use super::txn::queue::{self, LockRead};
-use super::txn::settings::MAX_HOLDERS;
+use super::txn::settings::{Declared, MAX_HOLDERS};
 
 /// Keys read beyond the lock's slots at the head of its queue: room for its first waiter and
 /// for shared holders past the slots (a reader-writer lock's readers). When every key read
 /// holds and more follow, the whole queue is read instead (a second request).
 const HEAD_SLACK: u32 = 8;
 
+/// A lock's holders by the one rule of who holds, as [`Engine::read_holders`] read them.
+pub(super) struct Holding {
+    /// The lock's settings as etcd had them (`None`: not declared).
+    pub declared: Option<Declared>,
+    /// Its holders in queue order.
+    pub holders: Vec<HolderInfo>,
+    /// etcd's revision of the read.
+    pub revision: i64,
+}
+
 impl Engine {
     /// Whether `token` is a current hold of `lock`, from one linearizable etcd read (two when
     /// more holders stand at the queue's head than the lock was last seen to have slots).
     pub async fn fence(&self, lock: &LockId, token: i64) -> Result<FenceCheck, LockError> {
-        let head = self.slots_seen(lock).saturating_add(HEAD_SLACK);
-        let read = queue::read_lock(self.etcd(), lock, Some(head)).await?;
-        let (holders, revision) = match self.holders_in(&read) {
-            Some(holders) => (holders, read.revision),
-            None => {
-                let whole = queue::read_lock(self.etcd(), lock, None).await?;
-                let holders = self.holders_in(&whole).expect("a whole queue has every holder");
-                (holders, whole.revision)
-            }
-        };
+        let Holding {
+            holders, revision, ..
+        } = self.read_holders(lock).await?;
         Ok(FenceCheck {
             lock: lock.clone(),
             token,
             current: holders.iter().any(|h| h.fencing_token == token),
             holders,
             revision,
+        })
+    }
+
+    /// The holders of `lock` now, with its settings, from one linearizable etcd read of the
+    /// settings and the queue's head (a second one of the whole queue when the head may stop
+    /// among the holders).
+    pub(super) async fn read_holders(&self, lock: &LockId) -> Result<Holding, LockError> {
+        let head = self.slots_seen(lock).saturating_add(HEAD_SLACK);
+        let read = queue::read_lock(self.etcd(), lock, Some(head)).await?;
+        let (read, holders) = match self.holders_in(&read) {
+            Some(holders) => (read, holders),
+            None => {
+                let whole = queue::read_lock(self.etcd(), lock, None).await?;
+                let holders = self.holders_in(&whole).expect("a whole queue has every holder");
+                (whole, holders)
+            }
+        };
+        Ok(Holding {
+            declared: read.declared,
+            holders,
+            revision: read.revision,
         })
     }
 

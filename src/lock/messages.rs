@@ -158,3 +158,37 @@ pub struct FenceCheck {
     /// The etcd revision the answer was read at.
     pub revision: i64,
 }
+
+/// A lock's holders as an observer sees them (`GET /v1/locks/{name}/watch`, event `holders`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HolderSet {
+    /// The lock (`lock` and `namespace` in JSON).
+    #[serde(flatten)]
+    pub lock: LockId,
+    /// Its holders at `revision`, in queue order, as the fence check and `GET` name them.
+    pub holders: Vec<HolderInfo>,
+    /// The etcd revision they were read at.
+    pub revision: i64,
+}
+
+/// A lock's deletion as an observer sees it (event `deleted`, the stream's last).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LockDeleted {
+    /// The lock (`lock` and `namespace` in JSON).
+    #[serde(flatten)]
+    pub lock: LockId,
+    /// The etcd revision of the read that found its settings gone, or of the read after the
+    /// change that removed them.
+    pub revision: i64,
+}
+
+/// What an observer of a lock sees next (see [`Observer`](crate::lock::Observer)).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Observed {
+    /// The holders changed (their holder ids, tokens or modes): these are the new ones.
+    Holders(HolderSet),
+    /// The lock was deleted: nothing follows.
+    Deleted(LockDeleted),
+}

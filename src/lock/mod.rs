@@ -9,10 +9,10 @@
 //!
 //! The files are cut into wings, folders that import only themselves and the wings below them
 //! (docs/design.md, "The engine's wings"): [`protocol`], `etcd`, `txn`, `store`, `holdings`, then
-//! this module, then `life` and `acquire`. The steps of the engine's work live in files of their
-//! own, each an `impl Engine` or a task given one, so they import this module. One import runs
-//! the other way: [`Engine::new`] starts the orphan sweep (`sweep.rs`), which holds the engine
-//! weakly so that it ends with it.
+//! this module, then `life` and `fence`, then `acquire` and `observe`. The steps of the engine's
+//! work live in files of their own, each an `impl Engine` or a task given one, so they import
+//! this module. One import runs the other way: [`Engine::new`] starts the orphan sweep
+//! (`sweep.rs`), which holds the engine weakly so that it ends with it.
 
 mod acquire;
 mod error;
@@ -21,6 +21,7 @@ mod fence;
 mod holdings;
 mod life;
 mod messages;
+mod observe;
 pub mod protocol;
 mod refusal;
 mod store;
@@ -31,8 +32,10 @@ pub use error::{LockError, Unavailable};
 pub use etcd::Stats;
 pub use etcd::link::Link;
 pub use messages::{
-    AcquireRequest, EventKind, FenceCheck, Grant, HoldEvent, LocalEntry, LockInfo, LockToken,
+    AcquireRequest, EventKind, FenceCheck, Grant, HoldEvent, HolderSet, LocalEntry, LockDeleted, LockInfo,
+    LockToken, Observed,
 };
+pub use observe::Observer;
 pub use protocol::entry::{Entry, HolderInfo, Mode, PodRef, rfc3339};
 pub use protocol::names::{
     InvalidName, LockId, check_container, check_dns_subdomain, check_holder_id, cluster_name,

@@ -201,7 +201,7 @@ pub async fn not_found(uri: Uri) -> ApiError {
         StatusCode::NOT_FOUND,
         "not_found",
         format!(
-            "no endpoint at {}; see /v1/locks/{{name}}/acquire, release, heartbeat, events, fence",
+            "no endpoint at {}; see /v1/locks/{{name}}/acquire, release, heartbeat, events, fence, watch",
             uri.path()
         ),
     )

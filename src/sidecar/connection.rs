@@ -15,18 +15,14 @@ use axum::http::Uri;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::{Stream, StreamExt, stream};
 use std::convert::Infallible;
-use std::time::Duration;
 use tokio_stream::wrappers::ReceiverStream;
 use tracing::{debug, warn};
 
 use super::api::{Binding, acquire_counted};
 use super::error::ApiError;
-use super::request::{AcquireOptions, lock_id, options};
+use super::request::{AcquireOptions, KEEP_ALIVE, keep_alive, lock_id, options};
 use super::state::AppState;
 use crate::lock::{Engine, EventKind, Grant, LockId};
-
-/// Comment lines this often by default: below the 60 s idle timeout of common proxies.
-pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// The handler: acquires, then streams the hold until it ends or the client goes away.
 pub async fn hold(
@@ -37,8 +33,10 @@ pub async fn hold(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let lock = lock_id(&st.namespace, &name)?;
     let opts: Result<AcquireOptions, ApiError> = options(&uri, body);
-    let keep_alive = (opts.as_ref().ok().and_then(|o| o.keep_alive_seconds))
-        .map_or(KEEP_ALIVE, |s| Duration::from_secs(s.into()));
+    // A bad keepAliveSeconds is refused with the other options, by the acquire.
+    let interval = (opts.as_ref().ok())
+        .and_then(|o| keep_alive(o.keep_alive_seconds).ok())
+        .unwrap_or(KEEP_ALIVE);
     // Subscribed before the grant, so that a loss right after it cannot go unseen.
     let events = st.engine.subscribe(Some(lock.clone()));
     let grant = acquire_counted(&st, &name, opts, Binding::Connection).await?;
@@ -51,7 +49,7 @@ pub async fn hold(
     };
     let first = Event::default().event("acquired").json_data(&grant).unwrap();
     let stream = stream::once(async { Ok(first) }).chain(ending(events, guard, grant));
-    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(keep_alive)))
+    Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(interval)))
 }
 
 /// The events that end the hold (`lost` or `released`, then the stream ends). If the engine's

@@ -6,6 +6,7 @@ mod connection;
 mod error;
 mod events;
 mod fence;
+mod observe;
 mod reconnect;
 mod request;
 mod routes;

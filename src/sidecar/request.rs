@@ -5,6 +5,7 @@ use axum::body::Bytes;
 use axum::http::{StatusCode, Uri};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use std::time::Duration;
 
 use super::error::ApiError;
 use crate::lock::{HEARTBEAT, TTL, check_container};
@@ -13,8 +14,12 @@ use crate::lock::{LockId, Mode};
 /// The longest an acquire may wait, in seconds.
 pub const MAX_WAIT_SECONDS: f64 = 3600.0;
 
-/// The longest gap between a connection-bound hold's keep-alive comment lines, in seconds.
+/// The longest gap between a stream's keep-alive comment lines (`/hold`, `/watch`), in seconds.
 pub const MAX_KEEP_ALIVE_SECONDS: u32 = 300;
+
+/// A stream's keep-alive comment lines this often by default: below the 60 s idle timeout of
+/// common proxies.
+pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
 /// Options of `POST /v1/locks/{name}/acquire`.
 #[derive(Debug, Default, Deserialize)]
@@ -130,6 +135,18 @@ pub fn options<T: DeserializeOwned + Default + Merge>(
     Ok(query.merge(parsed))
 }
 
+/// The gap between a stream's keep-alive comment lines that `keepAliveSeconds` asks for
+/// ([`KEEP_ALIVE`] when absent), checked against its bounds.
+pub fn keep_alive(seconds: Option<u32>) -> Result<Duration, ApiError> {
+    match seconds {
+        None => Ok(KEEP_ALIVE),
+        Some(k) if (1..=MAX_KEEP_ALIVE_SECONDS).contains(&k) => Ok(Duration::from_secs(k.into())),
+        Some(k) => Err(ApiError::invalid(format!(
+            "keepAliveSeconds must be between 1 and {MAX_KEEP_ALIVE_SECONDS}, got {k}"
+        ))),
+    }
+}
+
 /// The lock of a request path, checked.
 pub fn lock_id(namespace: &str, name: &str) -> Result<LockId, ApiError> {
     Ok(LockId::new(namespace, name)?)
@@ -147,14 +164,14 @@ pub fn with_locks(namespace: &str, with: Option<Vec<String>>) -> Result<Vec<Lock
 
 impl AcquireOptions {
     /// The wait as a duration, checked.
-    pub fn wait(&self) -> Result<std::time::Duration, ApiError> {
+    pub fn wait(&self) -> Result<Duration, ApiError> {
         let w = self.wait_seconds.unwrap_or(30.0);
         if !(0.0..=MAX_WAIT_SECONDS).contains(&w) {
             return Err(ApiError::invalid(format!(
                 "waitSeconds must be between 0 and {MAX_WAIT_SECONDS}, got {w}"
             )));
         }
-        Ok(std::time::Duration::from_secs_f64(w))
+        Ok(Duration::from_secs_f64(w))
     }
 
     /// Checks the per-hold overrides against the contract's bounds; `keepAliveSeconds` only
@@ -166,12 +183,9 @@ impl AcquireOptions {
                     "keepAliveSeconds applies only to POST /v1/locks/{name}/hold (a hold bound to its connection)",
                 ));
             }
-            Some(k) if !(1..=MAX_KEEP_ALIVE_SECONDS).contains(&k) => {
-                return Err(ApiError::invalid(format!(
-                    "keepAliveSeconds must be between 1 and {MAX_KEEP_ALIVE_SECONDS}, got {k}"
-                )));
+            seconds => {
+                keep_alive(seconds)?;
             }
-            _ => {}
         }
         if let Some(t) = self.ttl_seconds {
             TTL.check(t)?;

@@ -5,7 +5,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 
 use super::state::AppState;
-use super::{api, connection, events, fence};
+use super::{api, connection, events, fence, observe};
 
 /// The health routes, served on --listen and on --health-listen.
 pub(super) fn health_router() -> Router<AppState> {
@@ -26,6 +26,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/locks/{name}/heartbeat", post(api::heartbeat))
         .route("/v1/locks/{name}/events", get(events::events))
         .route("/v1/locks/{name}/fence", get(fence::fence))
+        .route("/v1/locks/{name}/watch", get(observe::watch))
         .fallback(api::not_found)
         .method_not_allowed_fallback(api::method_not_allowed)
         .layer(DefaultBodyLimit::max(1024 * 1024))

@@ -48,3 +48,14 @@ pub async fn leader_of(cluster: &[super::EtcdServer]) -> Option<usize> {
     }
     None
 }
+
+/// The index of `cluster`'s leader, once it has elected one (within 5 s; panics otherwise).
+pub async fn elected(cluster: &[super::EtcdServer]) -> usize {
+    for _ in 0..100 {
+        if let Some(leader) = leader_of(cluster).await {
+            return leader;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the cluster elected no leader within 5 s");
+}

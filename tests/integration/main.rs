@@ -47,4 +47,5 @@ mod stalled_member;
 mod startup;
 mod status_size;
 mod truthful;
+mod watch;
 mod watch_sync;

@@ -115,6 +115,9 @@ async fn the_server_answers_as_the_openapi_file_says() {
     let events = reqwest::get(format!("{}/v1/locks/doc/events", s.addr))
         .await
         .unwrap();
+    let watch = reqwest::get(format!("{}/v1/locks/doc/watch", s.addr))
+        .await
+        .unwrap();
     let big = Value::String(" ".repeat(1024 * 1024));
     // (method, documented path, concrete path, body)
     let calls: Vec<(&str, &str, String, Value)> = vec![
@@ -189,6 +192,18 @@ async fn the_server_answers_as_the_openapi_file_says() {
             Value::Null,
         ),
         (
+            "get",
+            "/v1/locks/{name}/watch",
+            "/v1/locks/nope/watch".into(),
+            Value::Null,
+        ),
+        (
+            "get",
+            "/v1/locks/{name}/watch",
+            "/v1/locks/doc/watch?keepAliveSeconds=0".into(),
+            Value::Null,
+        ),
+        (
             "post",
             "/v1/locks/{name}/heartbeat",
             "/v1/locks/doc/heartbeat".into(),
@@ -238,6 +253,12 @@ async fn the_server_answers_as_the_openapi_file_says() {
             Value::Null,
         ),
         (
+            "get",
+            "/v1/locks/{name}/watch",
+            "/v1/locks/doc/watch".into(),
+            Value::Null,
+        ),
+        (
             "post",
             "/v1/locks/{name}/acquire",
             "/v1/locks/doc/acquire".into(),
@@ -284,9 +305,10 @@ async fn the_server_answers_as_the_openapi_file_says() {
         }
         exercised.insert((path.to_string(), method.to_string()));
     }
-    // The events stream: its data fits HoldEvent.
+    // The events stream: its data fits HoldEvent; the watch's first event, HolderSet.
     first_event_fits(&spec, events, "/v1/locks/{name}/events", "get").await;
     exercised.insert(("/v1/locks/{name}/events".into(), "get".into()));
+    first_event_fits(&spec, watch, "/v1/locks/{name}/watch", "get").await;
 
     let documented_ops: BTreeSet<(String, String)> = spec["paths"]
         .as_object()

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use tokio::time::{sleep, timeout};
 
 use crate::common::events::Events;
-use crate::common::members::{leader_of, watched_member};
+use crate::common::members::{elected, watched_member};
 use crate::common::{EtcdServer, Sidecar, declare};
 
 /// The contract's 1 s for a handoff or a `lost` notice, plus headroom for a loaded machine.
@@ -33,15 +33,7 @@ impl Cluster {
     /// Starts the cluster, finds its leader and declares `lock`.
     async fn start(lock: &str) -> Self {
         let etcd = EtcdServer::cluster(3).await;
-        let mut leader = None;
-        for _ in 0..100 {
-            leader = leader_of(&etcd).await;
-            if leader.is_some() {
-                break;
-            }
-            sleep(Duration::from_millis(50)).await;
-        }
-        let leader = leader.expect("the cluster elected no leader");
+        let leader = elected(&etcd).await;
         declare(&etcd[leader].endpoint, &[lock]);
         let followers = (0..etcd.len()).filter(|&i| i != leader).collect();
         Cluster {

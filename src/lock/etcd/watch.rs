@@ -112,11 +112,13 @@ impl Etcd {
     }
 }
 
-/// A key to watch, for deletion only or for any change, from a revision or from now.
+/// A key (or every key under a prefix) to watch, for deletion only or for any change, from a
+/// revision or from now.
 #[derive(Debug, Clone)]
 pub struct Target {
     key: Vec<u8>,
     puts: bool,
+    prefix: bool,
     from: Option<i64>,
 }
 
@@ -126,6 +128,7 @@ impl Target {
         Target {
             key: key.to_vec(),
             puts: false,
+            prefix: false,
             from: None,
         }
     }
@@ -133,9 +136,17 @@ impl Target {
     /// Watch `key` for any write or deletion.
     pub fn any_change(key: &[u8]) -> Self {
         Target {
-            key: key.to_vec(),
             puts: true,
-            from: None,
+            ..Target::deletion(key)
+        }
+    }
+
+    /// Watch every key under `prefix` for any write or deletion (a whole queue, for an
+    /// observer of its holders: any key may change them).
+    pub fn any_change_under(prefix: &[u8]) -> Self {
+        Target {
+            prefix: true,
+            ..Target::any_change(prefix)
         }
     }
 
@@ -152,7 +163,10 @@ impl Target {
         } else {
             vec![WatchFilterType::NoPut]
         };
-        let o = WatchOptions::new().with_filters(filters);
+        let mut o = WatchOptions::new().with_filters(filters);
+        if self.prefix {
+            o = o.with_prefix();
+        }
         Some(match self.from {
             Some(rev) => o.with_start_revision(rev),
             None => o,
