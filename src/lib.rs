@@ -3,10 +3,12 @@
 //! Dependencies point toward the engine: [`lock`] knows nothing of HTTP or Kubernetes;
 //! [`sidecar`] serves it over HTTP; [`operator`] reconciles [`crd::DistributedLock`] objects
 //! with etcd; [`cli`] talks to etcd or to a sidecar. [`retry`], the one retry policy, is a leaf
-//! that the engine and the operator both use.
+//! that the engine and the operator both use; [`critical_path`], marks a benchmark reads, is
+//! another.
 
 pub mod cli;
 pub mod crd;
+pub mod critical_path;
 pub mod etcd_args;
 pub mod etcd_transport;
 pub mod lock;

@@ -15,6 +15,7 @@ mod common;
 mod failover;
 mod floor;
 mod measure;
+mod path;
 mod peers;
 mod profile;
 mod table;
@@ -24,10 +25,10 @@ use std::time::Duration;
 use common::usage;
 use common::{EtcdServer, declare, results};
 use failover::{Fault, TTL};
-use floor::Floor;
+use floor::{Floor, Ring};
 use measure::{Podlock, cli_rate, contended, uncontended, warm_up};
 use peers::{Peers, Redis};
-use table::{RATIOS, Row, blocks, contended_rows, json_f64, rate_key, spread};
+use table::{FLOORS, RATIOS, Row, blocks, contended_rows, json_f64, rate_key, spread};
 
 /// One run of the benchmark: its sizes, and what every lock runs on.
 struct Run {
@@ -53,6 +54,15 @@ async fn main() {
         };
         return profile::podlock_only(n as usize, Duration::from_secs(secs)).await;
     }
+    if let Some(i) = args.iter().position(|a| a == "--critical-path") {
+        let number = |j: usize| args.get(j).and_then(|v| v.parse::<u64>().ok());
+        let (Some(n), Some(secs)) = (number(i + 1), number(i + 2)) else {
+            panic!("usage: --critical-path CONTENDERS SECONDS");
+        };
+        let etcd = EtcdServer::start().await;
+        let path = path::measure(&etcd, n as usize, Duration::from_secs(secs)).await;
+        return println!("{}", path.table(n as usize));
+    }
     let quick = args.iter().any(|a| a == "--quick");
     let machine = results::machine();
     let (cycles, window, trials, pod_trials) = if quick {
@@ -76,6 +86,7 @@ async fn main() {
         rss = rss.max(sidecar_rss);
     }
     rows.push(Row::new("sidecar RSS, max over sidecars").set(0, rss, format!("{rss:.1} MiB")));
+    let critical = path::measure(&run.etcd, PATH_CONTENDERS, window).await;
     rows.extend(run.failovers().await);
     rows.extend(run.shell().await);
 
@@ -84,17 +95,23 @@ async fn main() {
         etcd_version()
     );
     let table = table::render(&rows);
-    println!("machine: {machine}; {setup}\n{RATIOS}\n\n{table}");
+    let critical = critical.table(PATH_CONTENDERS);
+    println!("machine: {machine}; {setup}\n{RATIOS}\n\n{table}\n\n{critical}");
+    let mut blocks = blocks(&table);
+    blocks.push(("critical-path", path::ABOUT, critical));
     let written = results::Run {
         bench: "handoff",
         quick,
         machine,
         setup,
-        blocks: blocks(&table),
+        blocks,
     }
     .write();
     println!("\nwritten: {written}");
 }
+
+/// The contenders of the critical path's run: a mutex as contended as the 8-contender rows.
+const PATH_CONTENDERS: usize = 8;
 
 /// How many turns podlock and the peers take at the uncontended cycle.
 const UNCONTENDED_ROUNDS: usize = 5;
@@ -174,7 +191,7 @@ impl Run {
             go.push(self.peer_round("etcd-mutex", &go_args, self.etcd.pid()));
             redis.push(self.peer_round("redis-lock", &redis_args, self.redis.pid()));
             if n > 1 {
-                let at = |f| floor::handoffs_per_s(self.endpoint(), n, self.window, f);
+                let at = |f| floor::ring(self.endpoint(), self.etcd.pid(), n, self.window, f);
                 floor_rounds.push([at(Floor::OneWrite).await, at(Floor::TwoWrites).await]);
             }
         }
@@ -184,18 +201,28 @@ impl Run {
         let p = median_by(podlock, |r| r.run.rate(n));
         let (go, go_cpu) = median_by(go, |(v, _)| json_f64(v, key));
         let (rd, rd_cpu) = median_by(redis, |(v, _)| json_f64(v, key));
-        let floors = (n > 1).then(|| {
-            let median = |i: usize| median_by(floor_rounds.iter().map(|f| f[i]).collect(), |f| *f);
-            [median(0), median(1)]
+        // Each floor's round of median rate, with that round's CPU.
+        let floors: Option<[Ring; 2]> = (n > 1).then(|| {
+            let (ones, twos): (Vec<Ring>, Vec<Ring>) = floor_rounds.into_iter().map(|[a, b]| (a, b)).unzip();
+            [median_by(ones, |r| r.rate), median_by(twos, |r| r.rate)]
         });
-        let mut rows = contended_rows(n, &p.run, &go, &rd, floors);
+        let rates = floors.as_ref().map(|[a, b]| [a.rate, b.rate]);
+        let mut rows = contended_rows(n, &p.run, &go, &rd, rates);
         let per = |cpu: f64, grants: f64| 1000.0 * cpu / grants.max(1.0);
         let grants = |v: &serde_json::Value| json_f64(v, "grants_per_s") * self.window.as_secs_f64();
-        let cpu_row = |name: String, [a, b, c]: [f64; 3]| {
-            (Row::new(name).set(0, a, format!("{a:.2}")))
+        let cpu_row = |name: String, [a, b, c]: [f64; 3], floor: Option<[f64; 2]>| {
+            let row = (Row::new(name).set(0, a, format!("{a:.2}")))
                 .set(1, b, format!("{b:.2}"))
-                .set(2, c, format!("{c:.2}"))
+                .set(2, c, format!("{c:.2}"));
+            match floor {
+                Some([f1, f2]) => {
+                    row.set(FLOORS, f1, format!("{f1:.2}"))
+                        .set(FLOORS + 1, f2, format!("{f2:.2}"))
+                }
+                None => row,
+            }
         };
+        let floor_cpu = |cpu: fn(&Ring) -> f64| floors.as_ref().map(|[a, b]| [cpu(a), cpu(b)]);
         let g = p.run.grants as f64;
         rows.push(cpu_row(
             format!("client CPU s per 1,000 grants, {n} contender(s) (podlock: sidecars)"),
@@ -204,6 +231,7 @@ impl Run {
                 per(json_f64(&go, "cpu_s"), grants(&go)),
                 per(json_f64(&rd, "cpu_s"), grants(&rd)),
             ],
+            floor_cpu(|r| r.client_cpu),
         ));
         rows.push(cpu_row(
             format!("server CPU s per 1,000 grants, {n} contender(s) (etcd / redis-server)"),
@@ -212,6 +240,7 @@ impl Run {
                 per(go_cpu, grants(&go)),
                 per(rd_cpu, grants(&rd)),
             ],
+            floor_cpu(|r| r.etcd_cpu),
         ));
         rows.push(p.work.row(n, g));
         (rows, rss)

@@ -18,7 +18,7 @@ pub const PEERS: [&str; 7] = [
 ];
 
 /// The column of the first floor; the second follows it.
-const FLOORS: usize = 5;
+pub const FLOORS: usize = 5;
 
 /// One row: a value per column; `None` where a lock has no such measurement.
 pub struct Row {

@@ -13,8 +13,9 @@ use tracing::{Instrument, info_span};
 use super::error::ApiError;
 use super::request::{AcquireOptions, HolderOptions, lock_id, options, with_locks};
 use super::state::AppState;
+use crate::critical_path::{self, Point};
 use crate::lock::rfc3339;
-use crate::lock::{AcquireRequest, Grant, unique_holder_id};
+use crate::lock::{AcquireRequest, Grant, Token, unique_holder_id};
 use crate::metrics::set_counter;
 
 type ApiResult<T> = Result<T, ApiError>;
@@ -61,6 +62,8 @@ pub async fn acquire_counted(
         Err(e) => e.code(),
     };
     if let Ok(grant) = &result {
+        let token = Token::from_raw(grant.fencing_token).revision();
+        critical_path::mark(Point::GrantAnswered, token, 0);
         st.metrics
             .acquire_wait
             .with_label_values(&[name])
@@ -120,6 +123,7 @@ pub async fn release(
     uri: Uri,
     body: Result<Bytes, BytesRejection>,
 ) -> ApiResult<Json<Value>> {
+    critical_path::mark(Point::ReleaseRequest, 0, 0);
     let (lock, holder) = lock_and_holder(&st, &name, &uri, body)?;
     let span = info_span!("release", lock = %lock, holder = %holder);
     st.engine.release(&lock, &holder).instrument(span).await?;

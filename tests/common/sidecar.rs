@@ -20,7 +20,13 @@ impl Sidecar {
     /// Starts a sidecar for pod `pod` in namespace `default` with `extra` flags, waiting until
     /// its lock API serves (it has reached etcd).
     pub async fn start(etcd: &str, pod: &str, extra: &[&str]) -> Self {
-        let sidecar = Self::spawn(etcd, pod, extra).await;
+        Self::start_logging(etcd, pod, extra, "info").await
+    }
+
+    /// [`Sidecar::start`] with `PODLOCK_LOG` set to `filter` (a benchmark turns on the marks
+    /// of `podlock::path` this way).
+    pub async fn start_logging(etcd: &str, pod: &str, extra: &[&str], filter: &str) -> Self {
+        let sidecar = Self::spawn_logging(etcd, pod, extra, filter).await;
         wait_until(Duration::from_secs(10), || async {
             sidecar.get("/v1/locks").await.0 == 200
         })
@@ -31,6 +37,10 @@ impl Sidecar {
 
     /// Starts a sidecar as [`Sidecar::start`] does, waiting only until it listens.
     pub async fn spawn(etcd: &str, pod: &str, extra: &[&str]) -> Self {
+        Self::spawn_logging(etcd, pod, extra, "info").await
+    }
+
+    async fn spawn_logging(etcd: &str, pod: &str, extra: &[&str], filter: &str) -> Self {
         let logs = log_dir();
         let listen = format!("127.0.0.1:{}", free_port());
         let child = spawn_dying_with_parent(
@@ -45,7 +55,7 @@ impl Sidecar {
                     pod,
                 ])
                 .args(extra)
-                .env("PODLOCK_LOG", "info")
+                .env("PODLOCK_LOG", filter)
                 .stdout(Stdio::null())
                 .stderr(log_file(logs.path(), "sidecar.log")),
         );

@@ -28,6 +28,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::warn;
 
+use crate::critical_path::{self, Point};
 use crate::lock::error::LockError;
 use crate::lock::etcd::watch::{KeyWatch, Target};
 use crate::lock::etcd::{self, Etcd};
@@ -127,7 +128,14 @@ async fn woken(watch: &mut KeyWatch, (ticket, mode): (&Ticket, Mode)) -> Woken {
         if let Err(e) = watch.changed().await {
             return Woken::Broken(e);
         }
+        let at = critical_path::now();
         let events = watch.take_events();
+        let revision = events
+            .iter()
+            .filter_map(|e| e.kv())
+            .map(|kv| kv.mod_revision())
+            .max();
+        critical_path::mark_at(Point::WaitEvent, ticket.revision, revision.unwrap_or(0), at);
         if handoff::possible(mode)
             && let Some((at, chain)) = handed(watch, ticket, &events).await
         {

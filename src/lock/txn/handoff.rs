@@ -36,6 +36,7 @@ use etcd_client::{
 use super::queue::Ticket;
 use super::receipt;
 use super::settings::Declared;
+use crate::critical_path::{self, Point};
 use crate::lock::error::LockError;
 use crate::lock::etcd::Etcd;
 use crate::lock::protocol::entry::{Entry, Mode, Successor};
@@ -122,8 +123,11 @@ pub async fn release(
     let Some(chain) = chain else {
         return receipt::remove(etcd, ticket).await;
     };
+    critical_path::mark(Point::ReleaseSent, ticket.revision, 0);
     let resp = etcd.txn(hand_on(lock, ticket, chain)).await?;
     if resp.succeeded() {
+        let revision = resp.header().map_or(0, |h| h.revision());
+        critical_path::mark(Point::ReleaseHanded, ticket.revision, revision);
         return Ok(true);
     }
     match resp.op_responses().into_iter().next() {
