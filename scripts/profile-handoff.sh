@@ -28,12 +28,14 @@ perf record -a -g -F 99 -o "$out/perf.data" -- sleep "$((secs - 4))" 2>/dev/null
 wait "$run"
 # Thread names: etcd's are "etcd"; the sidecars' and the benchmark client's are both tokio's
 # "tokio-runtime-w", told apart by the binary (dso) their user-space samples fall in.
+# `sed -n 1,15p` rather than `head`: it reads to the end, where head would stop perf report with
+# SIGPIPE and end the script (status 141) before its last section.
 step "CPU share by thread name and binary (kernel time shows as [kernel.kallsyms])"
 perf report -i "$out/perf.data" --sort comm,dso --stdio --no-children -g none 2>/dev/null |
-  grep -E '^ +[0-9]' | head -15
+  grep -E '^ +[0-9]' | sed -n 1,15p
 step "the sidecars (podlock binary): hottest functions, self time"
 perf report -i "$out/perf.data" --dsos podlock --sort sym --stdio --no-children -g none 2>/dev/null |
-  grep -E '^ +[0-9]' | head -15
+  grep -E '^ +[0-9]' | sed -n 1,15p
 step "etcd: hottest functions, self time (its kernel time included)"
 perf report -i "$out/perf.data" --comms etcd --sort sym --stdio --no-children -g none 2>/dev/null |
-  grep -E '^ +[0-9]' | head -15
+  grep -E '^ +[0-9]' | sed -n 1,15p
