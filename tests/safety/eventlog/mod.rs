@@ -129,7 +129,7 @@ impl Replay {
             "etcd's log: {events} events in {} eras over {} revisions replayed, {} queue keys \
              admitted ({} handed their grant by a release, {} of them a semaphore's slot), \
              {grants} grants found admitted in it ({} more asked for as a rebuilt etcd's log \
-             ended, beyond it); violations: {}",
+             ended, their key or its admission beyond what the watch delivered); violations: {}",
             self.eras.len(),
             self.revisions,
             self.admitted,
@@ -161,19 +161,70 @@ impl Replay {
                     .and_then(|l| l.keys.get(&revision(op.token)));
                 key.is_some_and(|k| fits(k, op, asked, again))
             });
-            if !fits && delivered.lost_with_its_era(op) {
+            if !fits && (delivered.lost_with_its_era(op) || self.admitted_unseen(op, &delivered)) {
                 self.unverifiable += 1;
                 continue;
             }
             checked += 1;
             if !fits {
                 self.violations.push(format!(
-                    "{} granted token {} to {}: no key of any era fits it",
-                    op.lock, op.token, op.client
+                    "{} granted token {} to {}: no key of any era fits it ({})",
+                    op.lock,
+                    op.token,
+                    op.client,
+                    self.why_none_fits(op, &delivered, again)
                 ));
             }
         }
         checked
+    }
+
+    /// Whether `op`'s grant names a key that an era which ended (its etcd wiped or restored)
+    /// still shows queued, unadmitted, at its end, the client having asked before the next era's
+    /// first delivery: its admission may lie in the part of that era's log that went with its
+    /// etcd, unsent to the watch (a release just before a wipe that handed the key its grant).
+    fn admitted_unseen(&self, op: &Op, delivered: &Delivered) -> bool {
+        (self.eras.iter().enumerate()).any(|(era, locks)| {
+            let key = locks
+                .locks
+                .get(op.lock)
+                .and_then(|l| l.keys.get(&revision(op.token)));
+            let queued = key.is_some_and(|k| {
+                k.admitted.is_none() && k.deleted.is_none() && k.epoch == op.token >> REVISION_BITS
+            });
+            queued && delivered.ended(era).is_some_and(|end| op.call < end)
+        })
+    }
+
+    /// Why no era's key fits `op`'s grant: in each era that has a key at its token's revision,
+    /// the facts [`fits`] weighs (owner, epoch, admission, deletion, what the watch had
+    /// delivered when the client asked), so that a failure says which one failed.
+    fn why_none_fits(&self, op: &Op, delivered: &Delivered, again: bool) -> String {
+        let mut out = vec![];
+        for (era, locks) in self.eras.iter().enumerate() {
+            let asked = delivered.by(era, op.call);
+            let Some(k) = locks
+                .locks
+                .get(op.lock)
+                .and_then(|l| l.keys.get(&revision(op.token)))
+            else {
+                continue;
+            };
+            out.push(format!(
+                "era {era}: key of {}/{} epoch {}, admitted {:?}, deleted {:?}; the watch had \
+                 delivered revision {asked} when the client asked{}",
+                k.pod,
+                k.holder,
+                k.epoch,
+                k.admitted,
+                k.deleted,
+                if again { ", a grant again" } else { "" }
+            ));
+        }
+        if out.is_empty() {
+            return format!("no era has a key created at revision {}", revision(op.token));
+        }
+        out.join("; ")
     }
 }
 
@@ -211,6 +262,14 @@ impl Delivered {
             let top = newest.last().copied().unwrap_or(0);
             op.call < ended && revision(op.token) > top
         })
+    }
+
+    /// When `era` ended: the next era's first delivery (none for the last one).
+    fn ended(&self, era: usize) -> Option<f64> {
+        self.eras
+            .get(era + 1)
+            .and_then(|(times, _)| times.first())
+            .copied()
     }
 
     /// The newest revision of `era` delivered by `t` (0: none).

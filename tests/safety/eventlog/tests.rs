@@ -170,3 +170,27 @@ fn a_restored_era_starts_from_its_seeded_keys_and_tokens_carry_their_epoch() {
     r.check_grants(&[grant(epoch1 + 3, "b"), grant(2 * epoch1 + 2, "a")], &arrivals);
     assert_eq!(r.violations.len(), 2, "{:?}", r.violations);
 }
+
+/// A key still queued when its era ended (etcd wiped), granted to a client that asked before the
+/// next era began: its admission may be in the log that went with that etcd, so the grant is
+/// counted unverifiable; asked after the next era began, it is a violation.
+#[test]
+fn a_grant_admitted_in_a_lost_tail_of_its_era_is_unverifiable() {
+    let mut r = replay(&log(vec![entry("a", false), entry("b", false)]));
+    let arrivals = [
+        arrived(9.0, 3),
+        Arrival {
+            at: 12.0,
+            era: 1,
+            revision: 1,
+        },
+    ];
+    assert_eq!(r.check_grants(&[grant(3, "b")], &arrivals), 0);
+    assert_eq!((r.unverifiable, r.violations.len()), (1, 0), "{:?}", r.violations);
+    let late = Op {
+        call: 13.0,
+        ..grant(3, "b")
+    };
+    r.check_grants(&[late], &arrivals);
+    assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
+}
