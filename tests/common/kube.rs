@@ -58,12 +58,22 @@ fn install_crd(plane: &ControlPlane) {
     let crd = include_str!("../../crds/distributedlock.yaml");
     let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], crd);
     assert!(ok, "CRD apply: {err}");
-    let (ok, _, err) = plane.kubectl(&[
-        "wait",
-        "--for=condition=Established",
-        "crd/distributedlocks.podlock.io",
-    ]);
-    assert!(ok, "CRD not established: {err}");
+    // `kubectl wait` fails at once, rather than waiting, while the new CRD has no conditions
+    // yet ("<nil> is of the type <nil>"): once in a safety run's loop. So it is asked again.
+    let mut last = String::new();
+    for _ in 0..60 {
+        let (ok, _, err) = plane.kubectl(&[
+            "wait",
+            "--for=condition=Established",
+            "crd/distributedlocks.podlock.io",
+        ]);
+        if ok {
+            return;
+        }
+        last = err;
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("CRD not established within 15 s: {last}");
 }
 
 /// The control plane shared by the tests of this binary, started on first use.
