@@ -130,12 +130,15 @@ async fn woken(watch: &mut KeyWatch, (ticket, mode): (&Ticket, Mode)) -> Woken {
         }
         let at = critical_path::now();
         let events = watch.take_events();
-        let revision = events
-            .iter()
-            .filter_map(|e| e.kv())
-            .map(|kv| kv.mod_revision())
-            .max();
-        critical_path::mark_at(Point::WaitEvent, ticket.revision, revision.unwrap_or(0), at);
+        // Off the hot path: the events' newest revision only for a mark that is on.
+        if at.is_some() {
+            let newest = events
+                .iter()
+                .filter_map(|e| e.kv())
+                .map(|kv| kv.mod_revision())
+                .max();
+            critical_path::mark_at(Point::WaitEvent, ticket.revision, newest.unwrap_or(0), at);
+        }
         if handoff::possible(mode)
             && let Some((at, chain)) = handed(watch, ticket, &events).await
         {
