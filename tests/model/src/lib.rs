@@ -18,6 +18,7 @@ mod liveness;
 mod model;
 mod multi;
 mod props;
+mod publishers;
 mod rebuild;
 mod report;
 mod resend;

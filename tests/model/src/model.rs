@@ -93,8 +93,13 @@ pub enum Action {
     /// happens to reach, at that write, the settings' mod revision client `c` cached from the
     /// etcd before (revisions of two etcds can coincide).
     Republish(u8, Option<u8>),
-    /// The operator mirrors a lock's holders into its status (`status.fencingToken`).
+    /// The operator mirrors a lock's holders into its status (`status.fencingToken`) and
+    /// the settings' epoch (`status.fencingEpoch`).
     Mirror(u8),
+    /// The second cluster's operator reconciles lock 0 ([`crate::publishers`]).
+    OtherPublish,
+    /// The second cluster's operator mirrors lock 0 into its status.
+    OtherMirror,
     /// A key no acquire tracks is removed (the sidecar's orphan sweep, or its lease expiring).
     Sweep(u8, Rev),
     /// A copy of client's first enqueue reaches etcd late (see [`crate::state::LateCopy`]).
@@ -119,6 +124,8 @@ impl Action {
             | Action::Revoke(..)
             | Action::Republish(..)
             | Action::Mirror(_)
+            | Action::OtherPublish
+            | Action::OtherMirror
             | Action::Sweep(..)
             | Action::LateCopy(_) => true,
             _ => false,
@@ -163,6 +170,7 @@ impl Protocol {
                 changes: 0,
                 retired: false,
                 receipts: vec![],
+                publisher: 0,
             })
             .collect::<Vec<_>>();
         let locks_len = locks.len() as Rev;
@@ -200,7 +208,7 @@ impl Protocol {
             etcd: locks_len,
             rebuilt: self.spec.rebuild.map(|_| {
                 Box::new(Rebuilt {
-                    left: 1,
+                    left: if self.spec.two_publishers { 2 } else { 1 },
                     status: vec![Status::default(); locks_len as usize],
                     ..Rebuilt::default()
                 })

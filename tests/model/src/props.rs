@@ -18,6 +18,9 @@ pub const FENCING: &str = "fencing: tokens rise in grant order, across etcd wipe
 /// Safety: no grant between a restore and the operator's reconcile of it goes below an
 /// earlier token.
 pub const WINDOW: &str = "restore window: tokens rise before the operator reconciles a restored etcd";
+/// Safety: no grant goes below an earlier token while a lock's epoch is one published again by
+/// a cluster whose status had not learned it ([`crate::publishers`]).
+pub const REUSE: &str = "cross-cluster window: tokens rise under an epoch a lagging cluster published again";
 /// A `sometimes` property of the runs that rebuild etcd.
 pub const REGRANTED: &str = "a grant after etcd's rebuild";
 /// A `sometimes` property of the runs that delete and create a lock again.
@@ -50,6 +53,9 @@ pub fn properties() -> Vec<Property<Protocol>> {
         Property::always(FENCING, |_, s: &State| s.broken != Some(Broken::TokenOrder)),
         Property::always(WINDOW, |_, s: &State| {
             !s.rebuilt.as_ref().is_some_and(|r| r.window_broken)
+        }),
+        Property::always(REUSE, |_, s: &State| {
+            !s.rebuilt.as_ref().is_some_and(|r| r.reuse_broken)
         }),
         Property::always(MODES, |m, s: &State| {
             (0..s.locks.len() as u8).all(|l| modes_apart(m, s, l))

@@ -39,11 +39,14 @@ impl Protocol {
                 let coincide = cached.enumerate().filter(|&(_, r)| r > s.etcd);
                 out.extend(coincide.map(|(c, _)| Action::Republish(l, Some(c as u8))));
             }
-            if self.spec.status_lag && mirrored(lock) > status.token {
+            if self.spec.status_lag && behind(lock, status) {
                 out.push(Action::Mirror(l));
             }
             let untracked = lock.queue.iter().filter(|k| !self.tracked(s, l, k));
             out.extend(untracked.map(|k| Action::Sweep(l, k.create)));
+        }
+        if self.spec.two_publishers {
+            self.other_steps(s, out);
         }
     }
 
@@ -61,11 +64,15 @@ impl Protocol {
             }
             Action::Snapshot => s.rebuilt().snapshot = Some(snapshot(s)),
             Action::Restore => self.restore(s),
-            Action::Republish(l, coincide) => self.republish(s, l, coincide),
+            Action::Republish(l, coincide) => self.publish_by(s, 0, l, coincide),
             Action::Mirror(l) => {
-                let mirrored = mirrored(&s.locks[l as usize]);
-                let status = &mut s.rebuilt().status[l as usize];
-                status.token = status.token.max(mirrored);
+                let lock = s.locks[l as usize].clone();
+                mirror(&lock, &mut s.rebuilt().status[l as usize]);
+            }
+            Action::OtherPublish => self.publish_by(s, 1, 0, None),
+            Action::OtherMirror => {
+                let lock = s.locks[0].clone();
+                mirror(&lock, &mut s.rebuilt().other);
             }
             Action::Sweep(l, create) => drop(s.delete(l, create)),
             Action::Recreate(l) => self.recreate(s, l),
@@ -102,14 +109,19 @@ impl Protocol {
         }
     }
 
-    /// The operator's reconcile of lock `l`: the epoch its rule chooses is written into the
-    /// status first, then the settings (with the queue removed) into etcd.
-    fn republish(&self, s: &mut State, l: u8, coincide: Option<u8>) {
-        let status = s.rebuilt().status[l as usize];
+    /// The reconcile of lock `l` by the operator of cluster `c`: the epoch its rule chooses is
+    /// written into its status first, then the settings (with the queue removed) into etcd,
+    /// if the publisher rule lets it ([`Protocol::may_publish`]).
+    pub(crate) fn publish_by(&self, s: &mut State, c: u8, l: u8, coincide: Option<u8>) {
+        let status = *s.rebuilt().status_of(c, l);
         let lock = &s.locks[l as usize];
         let epoch = self.epoch_for(lock, &status, s.etcd);
-        let publish = lock.modrev == 0 || epoch != lock.epoch;
-        let status = &mut s.rebuilt().status[l as usize];
+        let renew = lock.modrev != 0 && epoch != lock.epoch;
+        let publish = (lock.modrev == 0 || renew) && self.may_publish(lock, c, renew);
+        let r = s.rebuilt();
+        // An operator that knows the tokens fell has reconciled: the window is over.
+        r.reused &= !renew;
+        let status = r.status_of(c, l);
         (status.unreconciled, status.returned) = (false, false);
         if !publish {
             return;
@@ -122,8 +134,9 @@ impl Protocol {
             }
             None => s.next_rev(),
         };
+        self.note_published(s.rebuilt(), c, epoch);
         let lock = &mut s.locks[l as usize];
-        (lock.modrev, lock.epoch, lock.retired) = (rev, epoch, false);
+        (lock.modrev, lock.epoch, lock.retired, lock.publisher) = (rev, epoch, false, c);
         if self.spec.bug != Some(Bug::BumpKeepsQueue) {
             lock.queue.clear();
         }
@@ -206,6 +219,21 @@ fn snapshot(s: &State) -> Snapshot {
 fn mirrored(lock: &Lock) -> Token {
     let holders = lock.queue.iter().take(lock.max as usize);
     holders.map(Key::token).max().unwrap_or((0, 0))
+}
+
+/// Whether a mirror of `lock` would raise `status`: a holder's token above it, or settings in
+/// etcd under an epoch above its own (another cluster's).
+pub(crate) fn behind(lock: &Lock, status: &Status) -> bool {
+    mirrored(lock) > status.token || (lock.modrev != 0 && lock.epoch > status.epoch)
+}
+
+/// The operator mirrors `lock` into `status`: its holders' highest token, and the settings'
+/// epoch (never lowering either).
+fn mirror(lock: &Lock, status: &mut Status) {
+    status.token = status.token.max(mirrored(lock));
+    if lock.modrev != 0 {
+        status.epoch = status.epoch.max(lock.epoch);
+    }
 }
 
 /// etcd went away under every watch: each waiter reads again.

@@ -77,6 +77,12 @@ impl Display for Shown<'_> {
                 "    broken: a token below an earlier one before the operator's reconcile"
             )?;
         }
+        if s.rebuilt.as_ref().is_some_and(|r| r.reuse_broken) {
+            writeln!(
+                f,
+                "    broken: a token below an earlier one under an epoch published again"
+            )?;
+        }
         Ok(())
     }
 }

@@ -44,6 +44,7 @@ pub(crate) fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8
         late_copies: false,
         resent_releases: false,
         status_lag: false,
+        two_publishers: false,
         handoff: Handoff::Exclusive,
         clusters: vec![],
     }
@@ -331,6 +332,7 @@ pub fn runs() -> Vec<Run> {
         crate::multi::runs(),
         crate::clusters::runs(),
         crate::resend::runs(),
+        crate::publishers::runs(),
     ];
     [protocol(), handoff(), on_behalf(), bugs(), crate::rebuild::runs()]
         .into_iter()

@@ -128,6 +128,10 @@ pub enum Bug {
     /// DistributedLock deleted and created again, its status empty, is published under
     /// epoch 0.
     DeleteForgetsEpoch,
+    /// The publisher rule outranks fencing (the engine before the edges review's finding 6):
+    /// an operator that knows tokens above what the other cluster's settings hand out leaves
+    /// those settings alone.
+    PublisherOverFencing,
     /// An operator judges every entry, whatever its cluster: a pod of another cluster, which
     /// its API server does not know, looks deleted to it.
     ForeignPods,
@@ -190,6 +194,9 @@ pub struct Spec {
     /// Whether the operator's status lags: it mirrors the queue as a step of its own (else
     /// every grant is in the status at once).
     pub status_lag: bool,
+    /// Whether a second cluster's operator publishes the lock too (its own status, the
+    /// publisher rule, two wipes: [`crate::publishers`]).
+    pub two_publishers: bool,
     /// Per pod, the cluster whose API server knows it; each cluster's operator ends the holds
     /// of the pods it judges gone ([`crate::clusters`]). Empty: one cluster, whose operator's
     /// revocations are the faults' ended leases.

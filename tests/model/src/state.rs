@@ -99,6 +99,8 @@ pub struct Lock {
     /// The release receipts in etcd: one per pod's session (lease), naming the key its last
     /// release deleted (see [`crate::resend`]).
     pub receipts: Vec<Receipt>,
+    /// The cluster whose operator published the settings (0 but in [`crate::publishers`]).
+    pub publisher: u8,
 }
 
 /// What the operator keeps of a lock outside etcd, in its DistributedLock's status.
@@ -138,6 +140,16 @@ pub struct Rebuilt {
     pub recreated: bool,
     /// A grant under an epoch above 0 was made after that.
     pub granted_recreated: bool,
+    /// The second cluster's status of the lock ([`crate::publishers`]; lock 0 only).
+    pub other: Status,
+    /// The highest epoch any operator published, and the cluster that published it first.
+    pub highest: (u8, u8),
+    /// The lock's settings carry an epoch published again by an operator that did not know
+    /// it was used (its status behind the other cluster's), and no operator that knows has
+    /// reconciled since: the cross-cluster window ([`crate::publishers`]).
+    pub reused: bool,
+    /// A grant went below an earlier token in that window (kept, and the run goes on).
+    pub reuse_broken: bool,
     /// Whether revisions above etcd's are remembered (after a wipe or restore): set by
     /// [`State::normalize`], so that a write finds out without looking at every revision.
     pub behind: bool,
