@@ -18,7 +18,7 @@ use podlock::crd::{DistributedLock, DistributedLockStatus};
 
 /// One cluster: its control plane, its operator (on the shared lock etcd) and its API's pods
 /// and locks in `ns`.
-struct Cluster {
+pub(crate) struct Cluster {
     name: &'static str,
     plane: &'static ControlPlane,
     op: Operator,
@@ -27,7 +27,12 @@ struct Cluster {
 }
 
 impl Cluster {
-    async fn start(name: &'static str, plane: &'static ControlPlane, ns: &str, etcd: &str) -> Self {
+    pub(crate) async fn start(
+        name: &'static str,
+        plane: &'static ControlPlane,
+        ns: &str,
+        etcd: &str,
+    ) -> Self {
         plane.namespace(ns);
         let op = Operator::start_with(plane, ns, etcd, &["--cluster-name", name]).await;
         let client = plane.client().await;
@@ -41,13 +46,13 @@ impl Cluster {
         }
     }
 
-    fn declare(&self, ns: &str, lock: &str, spec: &str) {
+    pub(crate) fn declare(&self, ns: &str, lock: &str, spec: &str) {
         let yaml = lock_yaml(ns, lock, spec);
         assert!(self.plane.kubectl_stdin(&["apply", "-f", "-"], &yaml).0);
     }
 
     /// Waits until this cluster's status of `lock` shows `what`; fails with its operator's log.
-    async fn shows(&self, lock: &str, what: &str, check: impl Fn(&DistributedLockStatus) -> bool) {
+    pub(crate) async fn shows(&self, lock: &str, what: &str, check: impl Fn(&DistributedLockStatus) -> bool) {
         let status = || async { self.locks.get_status(lock).await.ok().and_then(|dl| dl.status) };
         let shown = wait_until(Duration::from_secs(10), || async {
             status().await.as_ref().is_some_and(&check)
@@ -60,6 +65,16 @@ impl Cluster {
                 self.op.log()
             );
         }
+    }
+
+    /// Stops its operator (its status stays in its API server); returns its control plane.
+    pub(crate) fn stop(self) -> &'static ControlPlane {
+        self.plane
+    }
+
+    /// Its operator's log so far.
+    pub(crate) fn log(&self) -> String {
+        self.op.log()
     }
 
     /// A running pod of this cluster and its sidecar (on the shared lock etcd).

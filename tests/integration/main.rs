@@ -14,6 +14,7 @@ mod chart_readme;
 mod chart_scan;
 mod checkz;
 mod clusters;
+mod clusters_wiped;
 mod connection;
 mod dashboards;
 mod docs;

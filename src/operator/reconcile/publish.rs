@@ -9,7 +9,7 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::epoch::{self, Choice};
+use super::epoch::{self, Choice, Renewal};
 use crate::crd::{DistributedLock, DistributedLockStatus};
 use crate::lock::{LockError, LockId, LockState, Settings, Token, may_publish};
 use crate::operator::context::{Context, event};
@@ -24,55 +24,101 @@ pub const NEW_EPOCH: &str = "NewFencingEpoch";
 
 /// Makes etcd have the spec's settings under the epoch the rule picks (unless it has them
 /// already, or another cluster sharing the lock etcd published them: see [`may_publish`]);
-/// returns the lock as etcd has it then.
+/// returns the lock as etcd has it then. Fencing outranks the publisher rule: when this
+/// cluster's status says the tokens another cluster's settings hand out fall below ones handed
+/// out before (its status behind ours after etcd was wiped twice), the operator moves those
+/// settings, as they are, to a new epoch (see [`Target`]).
 pub async fn settings(
     ctx: &Context,
     api: &Api<DistributedLock>,
     dl: &DistributedLock,
     id: &LockId,
 ) -> Result<LockState, Error> {
-    let spec = dl.spec.settings();
     ctx.store.declare_in(id, &ctx.cluster).await?;
     let mut status = dl.status.clone();
     let mut fresh = false;
     for _ in 0..ATTEMPTS {
-        let state = ctx.store.lock_state(id, spec.max_holders).await?;
-        if state.settings.is_some() && !may_publish(&state.publisher, &ctx.cluster) {
-            ctx.returned.done(id); // the publisher's operator sees the restore for itself
-            return Ok(state);
-        }
-        let found = state.epoch();
-        let want = |choice: Choice| Settings {
-            epoch: choice.epoch,
-            ..spec
-        };
-        let at = (state.revision, ctx.returned.pending(id));
-        let mut choice = choose(id, status.as_ref(), found, at)?;
-        if state.settings == Some(want(choice)) {
-            return Ok(state);
-        }
-        if !fresh {
+        let state = ctx.store.lock_state(id, dl.spec.settings().max_holders).await?;
+        let target = Target::of(ctx, dl, &state);
+        let at = (
+            state.revision,
+            target.theirs.is_none() && ctx.returned.pending(id),
+        );
+        let mut choice = choose(id, status.as_ref(), state.epoch(), at)?;
+        if !fresh && target.wants(&state, choice) {
             // Whatever is written now rests on the epochs recorded: decide on the status as
             // the API server has it, not on a cache that may lag the operator's last write.
             status = api.get_status(&dl.name_any()).await?.status;
             fresh = true;
-            choice = choose(id, status.as_ref(), found, at)?;
+            choice = choose(id, status.as_ref(), state.epoch(), at)?;
         }
-        let want = want(choice);
-        if state.settings == Some(want) {
+        if !target.wants(&state, choice) {
+            if target.theirs.is_some() {
+                ctx.returned.done(id); // the publisher's operator sees the restore for itself
+            }
             return Ok(state);
         }
         if status.as_ref().and_then(|s| s.fencing_epoch) < Some(choice.epoch) {
             status = Some(record_epoch(ctx, id, status, choice.epoch).await?);
         }
-        let renew = choice.renewal.is_some();
-        let over = state.settings_revision;
-        if let Some(ended) = ctx.store.publish(id, &want, &ctx.cluster, over, renew).await? {
+        let want = target.settings(choice);
+        let (over, renew) = (state.settings_revision, choice.renewal.is_some());
+        if let Some(ended) = ctx
+            .store
+            .publish(id, &want, &target.publisher, over, renew)
+            .await?
+        {
             ctx.returned.done(id);
-            announce(ctx, dl, id, &want, choice, ended).await;
+            announce(ctx, dl, id, (&want, &target), choice, ended).await;
         }
     }
     Err(Error::SettingsChanging(id.clone()))
+}
+
+/// What a reconcile may write: this spec's settings as this cluster, or, when another cluster
+/// published the settings etcd has, only those settings under a new epoch, in that cluster's
+/// name, and only when the tokens they hand out would fall (fencing outranks the publisher
+/// rule; the edges review's finding 6: docs/design.md, "Where the engine and the model part
+/// ways").
+struct Target {
+    base: Settings,
+    publisher: String,
+    /// The other cluster's name, when its settings are the base.
+    theirs: Option<String>,
+}
+
+impl Target {
+    fn of(ctx: &Context, dl: &DistributedLock, state: &LockState) -> Target {
+        match state.settings {
+            Some(theirs) if !may_publish(&state.publisher, &ctx.cluster) => Target {
+                base: theirs,
+                publisher: state.publisher.clone(),
+                theirs: Some(state.publisher.clone()),
+            },
+            _ => Target {
+                base: dl.spec.settings(),
+                publisher: ctx.cluster.clone(),
+                theirs: None,
+            },
+        }
+    }
+
+    /// The settings to publish under `choice`.
+    fn settings(&self, choice: Choice) -> Settings {
+        Settings {
+            epoch: choice.epoch,
+            ..self.base
+        }
+    }
+
+    /// Whether etcd's settings (in `state`) must be written under `choice`.
+    fn wants(&self, state: &LockState, choice: Choice) -> bool {
+        let fencing = matches!(
+            choice.renewal,
+            Some(Renewal::WentBack { .. } | Renewal::OlderEpoch { .. })
+        );
+        (self.theirs.is_none() || fencing) && state.settings != Some(self.settings(choice))
+    }
 }
 
 /// [`epoch::choose`], its error named for the lock.
@@ -112,7 +158,7 @@ async fn announce(
     ctx: &Context,
     dl: &DistributedLock,
     id: &LockId,
-    want: &Settings,
+    (want, target): (&Settings, &Target),
     choice: Choice,
     ended: i64,
 ) {
@@ -121,9 +167,14 @@ async fn announce(
         return;
     };
     let floor = Token::new(choice.epoch, 0).map_or(0, Token::get);
+    let over = (target.theirs.as_ref())
+        .map(|c| {
+            format!(" (over the settings cluster {c} published, which this cluster's status shows behind)")
+        })
+        .unwrap_or_default();
     let note = format!(
-        "{renewal}; fencing tokens continue at epoch {} (above {floor}); {ended} holds and \
-         waits of the old epoch ended",
+        "{renewal}; fencing tokens continue at epoch {} (above {floor}){over}; {ended} holds \
+         and waits of the old epoch ended",
         choice.epoch
     );
     warn!(lock = %id, epoch = choice.epoch, ended, "{note}");

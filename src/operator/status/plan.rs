@@ -43,8 +43,11 @@ pub struct Pending {
     pub object: ObjectReference,
     /// Its first holder differs from the one shown: a `HolderChanged` Event is due.
     pub first_changed: bool,
-    /// Its holders (by token) differ from those shown (served first).
-    holders_changed: bool,
+    /// Its holders (by token) differ from those shown, or its fencing epoch rose: served
+    /// first, without the interval. An epoch another cluster published is one this cluster's
+    /// operator must know before etcd may be wiped again (docs/operator.md, "Locks shared by
+    /// several clusters").
+    prompt: bool,
     /// When the lock first had something to write since it was last written.
     since: Instant,
 }
@@ -113,15 +116,18 @@ impl Writes {
         let first = |s: &DistributedLockStatus| s.holders.first().map(|h| h.pod.clone());
         // Against the holders last written: the cache lags the operator's own writes, and a
         // waiter count offered just after a holder's write is not a holder change.
-        let holders_changed = match self.shown.get(id).and_then(|s| s.holders.as_ref()) {
+        let shown = self.shown.get(id);
+        let holders_changed = match shown.and_then(|s| s.holders.as_ref()) {
             Some(written) => *written != tokens(&status),
             None => tokens(&status) != tokens(cached),
         };
+        let known_epoch = shown.and_then(|s| s.epoch).max(cached.fencing_epoch);
+        let epoch_rose = status.fencing_epoch > known_epoch;
         let earlier = self.pending.remove(id);
         let pending = Pending {
             first_changed: first(&status) != first(cached)
                 || earlier.as_ref().is_some_and(|p| p.first_changed),
-            holders_changed: holders_changed || earlier.as_ref().is_some_and(|p| p.holders_changed),
+            prompt: holders_changed || epoch_rose || earlier.as_ref().is_some_and(|p| p.prompt),
             since: earlier.map_or(now, |p| p.since),
             status,
             object,
@@ -161,11 +167,7 @@ impl Writes {
             // A new holder is written as soon as the lock's last write has landed: the
             // interval would add to the status lag it is measured by. Other changes wait for
             // it, and a backlog (the line, behind older changes) paces every lock alike.
-            let interval = if p.holders_changed {
-                Duration::ZERO
-            } else {
-                interval
-            };
+            let interval = if p.prompt { Duration::ZERO } else { interval };
             let ready_at = self.shown.get(id).map_or(now, |s| s.ready_at(interval, now));
             if ready_at > now {
                 wake = Some(wake.map_or(ready_at, |w| w.min(ready_at)));
@@ -263,7 +265,7 @@ impl Pending {
     }
 
     fn urgent(&self, now: Instant) -> bool {
-        self.holders_changed || now.duration_since(self.since) >= STARVED
+        self.prompt || now.duration_since(self.since) >= STARVED
     }
 }
 

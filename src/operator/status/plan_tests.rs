@@ -255,3 +255,23 @@ fn a_holders_acquired_at_recorded_after_its_write_is_not_a_holder_change() {
     let (first, _) = w.take(t0 + Duration::from_secs(1)).unwrap();
     assert_eq!(first, id("m"), "the new holder goes first");
 }
+
+#[test]
+fn a_fencing_epoch_that_rose_is_written_without_the_interval() {
+    let (mut w, t0) = (Writes::default(), Instant::now());
+    let cached = held("a", 0);
+    offer(&mut w, "l", &cached, held("a", 1), t0);
+    let (_, p) = w.take(t0).unwrap();
+    let took = Duration::from_millis(100);
+    written(&mut w, "l", &p.status, took, t0 + took);
+    // A waiter count waits for the interval; the epoch another cluster published does not.
+    offer(&mut w, "l", &cached, held("a", 2), t0 + took);
+    assert_eq!(w.take(t0 + took), Err(Some(t0 + interval(took))));
+    let risen = DistributedLockStatus {
+        fencing_epoch: Some(1),
+        ..held("a", 2)
+    };
+    offer(&mut w, "l", &cached, risen, t0 + took);
+    let (_, p) = w.take(t0 + took).unwrap();
+    assert_eq!(p.status.fencing_epoch, Some(1));
+}
