@@ -1,6 +1,6 @@
 //! One lock's keys as the replay of an era leaves them, and the protocol's admission rule.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use super::Event;
 use crate::objects::NAMESPACE;
@@ -133,9 +133,30 @@ pub struct Applied {
 pub struct Era {
     pub locks: HashMap<String, Lock>,
     created: HashMap<String, i64>,
+    /// The keys (lock, create revision) that held when the era before ended.
+    held_before: HashSet<(String, i64)>,
 }
 
 impl Era {
+    /// An era that follows `before`: a restore may bring back a key that waited when the
+    /// snapshot was taken and held when `before` ended, its client granted there. The grant
+    /// record its sidecar sent then can land in this era (sent again after the restore, its
+    /// guards met by the keys the snapshot brought back), behind the keys of holds released
+    /// after the snapshot that came back with it. Its admission is the earlier era's.
+    pub fn after(before: &Era) -> Era {
+        let held = before.locks.iter().flat_map(|(name, lock)| {
+            let live = lock
+                .keys
+                .iter()
+                .filter(|(_, k)| k.admitted.is_some() && k.deleted.is_none());
+            live.map(|(c, _)| (name.clone(), *c))
+        });
+        Era {
+            held_before: held.collect(),
+            ..Era::default()
+        }
+    }
+
     /// Applies one event. A grant recorded by a key not admitted is a violation, unless the
     /// key was seeded: the state an era starts from is checked as a whole, once applied.
     pub fn apply(&mut self, e: &Event) -> Applied {
@@ -173,9 +194,10 @@ impl Era {
             found.handed_slot = lock.limit.is_some_and(|l| l > 1);
         }
         k.granted = v["acquiredAt"].is_string();
-        if e.seeded && (k.granted || v["handed"] == true) {
-            // Brought back as it was: it held when the snapshot was taken, admitted in the
-            // era it comes from (and checked there).
+        let held_before = self.held_before.contains(&(name.to_string(), c));
+        if e.seeded && (k.granted || v["handed"] == true || held_before) {
+            // Brought back as it was: it held when the snapshot was taken or when the era
+            // before ended, admitted there (and checked there).
             k.admitted.get_or_insert(e.revision);
         }
         if k.granted && k.admitted.is_none() && !e.seeded {

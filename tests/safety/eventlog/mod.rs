@@ -96,7 +96,10 @@ pub fn replay(log: &Log) -> Replay {
     events.dedup_by(|a, b| (a.era, a.revision, &a.key) == (b.era, b.revision, &b.key));
     let mut r = Replay::default();
     for era in events.chunk_by(|a, b| a.era == b.era) {
-        r.eras.resize_with(era[0].era + 1, Era::default);
+        while r.eras.len() <= era[0].era {
+            let next = r.eras.last().map_or_else(Era::default, Era::after);
+            r.eras.push(next);
+        }
         let locks = r.eras.last_mut().unwrap();
         for same in era.chunk_by(|a, b| a.revision == b.revision) {
             let revision = same[0].revision;

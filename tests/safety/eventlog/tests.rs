@@ -194,3 +194,48 @@ fn a_grant_admitted_in_a_lost_tail_of_its_era_is_unverifiable() {
     r.check_grants(&[late], &arrivals);
     assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
 }
+
+/// A restore brings back a (released) holder a and b waiting behind it, as the snapshot had
+/// them; b held when the era before ended (a released there), and the grant record its sidecar
+/// sent then lands in the restored era: admitted in the era before, no violation. c, which
+/// waited behind b there, recording its grant is one.
+#[test]
+fn a_key_that_held_when_its_era_ended_may_record_its_grant_after_a_restore() {
+    let before = log(vec![
+        entry("a", false),
+        entry("a", true),
+        entry("b", false),
+        entry("c", false),
+        delete("a"),
+    ]);
+    let restored = |holder, granted, created, revision| Event {
+        era: 1,
+        revision,
+        created,
+        seeded: revision == 1_000_010,
+        ..entry(holder, granted)
+    };
+    let config = put(1_000_010, "/podlock/v1/config/safety/m", json!({"maxHolders": 1}));
+    let era = |last: Event| {
+        let mut events = before.events.clone();
+        let config = Event {
+            era: 1,
+            seeded: true,
+            ..config.clone()
+        };
+        events.extend([
+            config,
+            restored("a", true, 2, 1_000_010),
+            restored("b", false, 4, 1_000_010),
+        ]);
+        events.extend([restored("c", false, 5, 1_000_010), last]);
+        replay(&Log {
+            events,
+            arrivals: vec![],
+        })
+    };
+    let r = era(restored("b", true, 4, 1_000_011));
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    let r = era(restored("c", true, 5, 1_000_011));
+    assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
+}
