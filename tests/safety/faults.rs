@@ -334,23 +334,13 @@ async fn answers(endpoint: &str) -> bool {
     http.get(format!("{endpoint}/health")).send().await.is_ok()
 }
 
-/// The kinds a run injects. The CI form (`seconds` 0) leaves out the faults that rebuild etcd
-/// unless `PODLOCK_SAFETY_REBUILD=1`: one CI-form run of five with them failed etcd's log check
-/// (issue #40, open; the long form, 10 minutes, passed with them).
-fn cycle(seconds: f64) -> Vec<Kind> {
-    let rebuild = seconds > 0.0 || std::env::var("PODLOCK_SAFETY_REBUILD").is_ok_and(|v| v == "1");
-    (Kind::CYCLE.into_iter())
-        .filter(|k| rebuild || !k.rebuilds())
-        .collect()
-}
-
 /// Injects faults for `seconds`, and at least two of each kind, each after half a second of
 /// normal work and only once the lock made progress after the previous one.
 pub async fn run(rig: &mut Rig, seconds: f64) -> Vec<Fault> {
     let start = now();
     let mut faults = vec![];
     let mut round = 0;
-    let cycle = cycle(seconds);
+    let cycle = Kind::CYCLE;
     while now() - start < seconds || round < 2 * cycle.len() {
         sleep(Duration::from_millis(500)).await;
         let kind = cycle[round % cycle.len()];
