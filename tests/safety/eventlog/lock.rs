@@ -142,7 +142,8 @@ impl Era {
     /// snapshot was taken and held when `before` ended, its client granted there. The grant
     /// record its sidecar sent then can land in this era (sent again after the restore, its
     /// guards met by the keys the snapshot brought back), behind the keys of holds released
-    /// after the snapshot that came back with it. Its admission is the earlier era's.
+    /// after the snapshot that came back with it. Its admission is the earlier era's: the
+    /// record is no violation, and no admission here either (the key waits behind them).
     pub fn after(before: &Era) -> Era {
         let held = before.locks.iter().flat_map(|(name, lock)| {
             let live = lock
@@ -194,13 +195,15 @@ impl Era {
             found.handed_slot = lock.limit.is_some_and(|l| l > 1);
         }
         k.granted = v["acquiredAt"].is_string();
-        let held_before = self.held_before.contains(&(name.to_string(), c));
-        if e.seeded && (k.granted || v["handed"] == true || held_before) {
-            // Brought back as it was: it held when the snapshot was taken or when the era
-            // before ended, admitted there (and checked there).
+        if e.seeded && (k.granted || v["handed"] == true) {
+            // Brought back as it was: it held when the snapshot was taken, admitted in the
+            // era it comes from (and checked there).
             k.admitted.get_or_insert(e.revision);
         }
-        if k.granted && k.admitted.is_none() && !e.seeded {
+        // A record decided in the era before lands here; it is no admission in this one,
+        // where the key waits behind the holds the restore brought back.
+        let decided_before = self.held_before.contains(&(name.to_string(), c));
+        if k.granted && k.admitted.is_none() && !e.seeded && !decided_before {
             found.violation = Some(format!(
                 "{name}: key {c} recorded its grant at revision {} unadmitted",
                 e.revision
