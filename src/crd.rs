@@ -223,6 +223,29 @@ pub struct DistributedLockStatus {
     pub holder_service: Option<HolderServiceStatus>,
 }
 
+/// The fields of [`DistributedLockStatus`] it leaves out while `None`.
+const STATUS_OPTIONAL: [&str; 5] = [
+    "phase",
+    "fencingToken",
+    "fencingEpoch",
+    "observedGeneration",
+    "holderService",
+];
+
+impl DistributedLockStatus {
+    /// The body of a JSON merge patch (RFC 7386) of the `status` subresource that leaves it
+    /// exactly this: each list replaces the one there, and each field this status leaves out
+    /// is removed (`null`), as a server-side apply of the whole status does.
+    pub fn merge_patch(&self) -> serde_json::Value {
+        let mut status = serde_json::to_value(self).expect("a status serializes");
+        let fields = status.as_object_mut().expect("a status is an object");
+        for field in STATUS_OPTIONAL {
+            fields.entry(field).or_insert(serde_json::Value::Null);
+        }
+        serde_json::json!({ "status": status })
+    }
+}
+
 /// What the holder Service routes to.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
@@ -313,4 +336,32 @@ pub async fn remove_if_still(
     api.patch(name, &params, &kube::api::Patch::Json::<()>(patch))
         .await
         .map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A merge patch names every field of the status, so that one left out is removed: a
+    /// field added to the status without a place in `STATUS_OPTIONAL` fails here.
+    #[test]
+    fn a_status_merge_patch_names_every_field() {
+        let full = DistributedLockStatus {
+            phase: Some("Held".into()),
+            fencing_token: Some(7),
+            fencing_epoch: Some(1),
+            observed_generation: Some(2),
+            holder_service: Some(HolderServiceStatus::default()),
+            ..Default::default()
+        };
+        let keys = |v: serde_json::Value| {
+            let mut k: Vec<String> = v["status"].as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        };
+        let empty = DistributedLockStatus::default().merge_patch();
+        assert_eq!(keys(empty.clone()), keys(full.merge_patch()));
+        assert!(empty["status"]["phase"].is_null());
+        assert_eq!(full.merge_patch()["status"]["fencingEpoch"], 1);
+    }
 }

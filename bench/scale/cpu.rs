@@ -59,7 +59,7 @@ fn machine() -> (f64, f64) {
 }
 
 /// The CPU seconds of every running process named `name`.
-fn by_name(name: &str) -> f64 {
+pub fn by_name(name: &str) -> f64 {
     let Ok(dir) = std::fs::read_dir("/proc") else {
         return 0.0;
     };

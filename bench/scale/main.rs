@@ -16,6 +16,7 @@ mod cpu;
 mod fleet;
 mod load;
 mod stages;
+mod status;
 
 use std::time::{Duration, Instant};
 
@@ -47,6 +48,9 @@ pub struct Sizes {
     pub waiters: usize,
     /// Holds taken by one sidecar.
     pub holds: usize,
+    /// Locks and status writes of the comparison of two ways to write a status.
+    pub status_locks: usize,
+    pub status_writes: usize,
 }
 
 impl Sizes {
@@ -61,6 +65,8 @@ impl Sizes {
             window: Duration::from_secs(if quick { 15 } else { 60 }),
             waiters: 1_000 / tenth,
             holds: 200 / tenth,
+            status_locks: 200 / tenth,
+            status_writes: 2_000 / tenth,
         }
     }
 }
@@ -85,6 +91,7 @@ async fn main() {
         format!("{:.1} s", took.as_secs_f64()),
         "",
     )]);
+    table.add(&status::compare(plane, sizes.status_locks, sizes.status_writes).await);
     let own_ns = plane.namespace("podlock-scale");
     let started = Instant::now();
     let operator = Operator::start_cluster_wide(plane, &own_ns, &[]).await;
