@@ -3,7 +3,8 @@
 //! The request waits in the queue like an acquire and fails like one (409 `lock_held` at the
 //! deadline, 4xx for bad input). Once granted, the answer is a `text/event-stream` whose first
 //! event is the grant (`acquired`); a comment line every `keepAliveSeconds` keeps idle proxies
-//! from closing it; a `lost` or `released` event ends it. The hold lasts exactly as long as the
+//! from closing it; a `deadline` event warns of the end of a hold with a maximum hold time; a
+//! `lost` or `released` event ends it. The hold lasts exactly as long as the
 //! client reads: when it closes the connection, or its process dies and the kernel closes the
 //! socket, the stream is dropped and the sidecar releases the hold at once, with no heartbeat and
 //! no TTL to wait out. `curl -N` is then a complete lock holder for a shell script.
@@ -52,9 +53,9 @@ pub async fn hold(
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(interval)))
 }
 
-/// The events that end the hold (`lost` or `released`, then the stream ends). If the engine's
-/// events stop first (the sidecar is stopping, or this stream fell behind), the stream ends
-/// too, and with it the hold.
+/// The hold's events after its grant: a `deadline` warning, then the one that ends it (`lost`
+/// or `released`), after which the stream ends. If the engine's events stop first (the
+/// sidecar is stopping, or this stream fell behind), the stream ends too, and with it the hold.
 fn ending(
     events: tokio::sync::mpsc::Receiver<crate::lock::HoldEvent>,
     mut guard: Bound,
@@ -63,17 +64,18 @@ fn ending(
     ReceiverStream::new(events)
         .filter(move |ev| {
             let ours = ev.holder_id == grant.holder_id && ev.fencing_token == grant.fencing_token;
-            std::future::ready(ours && matches!(ev.kind, EventKind::Lost | EventKind::Released))
+            std::future::ready(ours && ev.kind != EventKind::Acquired)
         })
-        .take(1)
+        .scan(false, |ended, ev| {
+            let next = (!*ended).then_some(ev);
+            *ended = next.as_ref().is_none_or(|ev| ev.kind.ends());
+            std::future::ready(next)
+        })
         .map(move |ev| {
-            guard.ended(); // the guard lives as long as this stream
-            let kind = if ev.kind == EventKind::Lost {
-                "lost"
-            } else {
-                "released"
-            };
-            Ok(Event::default().event(kind).json_data(&ev).unwrap())
+            if ev.kind.ends() {
+                guard.ended(); // the guard lives as long as this stream
+            }
+            Ok(Event::default().event(ev.kind.as_str()).json_data(&ev).unwrap())
         })
 }
 
