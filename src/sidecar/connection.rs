@@ -61,22 +61,25 @@ fn ending(
     mut guard: Bound,
     grant: Grant,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    ReceiverStream::new(events)
-        .filter(move |ev| {
-            let ours = ev.holder_id == grant.holder_id && ev.fencing_token == grant.fencing_token;
-            std::future::ready(ours && ev.kind != EventKind::Acquired)
-        })
-        .scan(false, |ended, ev| {
-            let next = (!*ended).then_some(ev);
-            *ended = next.as_ref().is_none_or(|ev| ev.kind.ends());
-            std::future::ready(next)
-        })
-        .map(move |ev| {
-            if ev.kind.ends() {
-                guard.ended(); // the guard lives as long as this stream
-            }
-            Ok(Event::default().event(ev.kind.as_str()).json_data(&ev).unwrap())
-        })
+    let ours = ReceiverStream::new(events).filter(move |ev| {
+        let ours = ev.holder_id == grant.holder_id && ev.fencing_token == grant.fencing_token;
+        std::future::ready(ours && ev.kind != EventKind::Acquired)
+    });
+    // Ends right after the event that ends the hold, without waiting for another.
+    let until_ended = stream::unfold((Box::pin(ours), false), |(mut ours, ended)| async move {
+        if ended {
+            return None;
+        }
+        let ev = ours.next().await?;
+        let ends = ev.kind.ends();
+        Some((ev, (ours, ends)))
+    });
+    until_ended.map(move |ev| {
+        if ev.kind.ends() {
+            guard.ended(); // the guard lives as long as this stream
+        }
+        Ok(Event::default().event(ev.kind.as_str()).json_data(&ev).unwrap())
+    })
 }
 
 /// Releases the hold when the stream is dropped before the hold ended: the client went away.
