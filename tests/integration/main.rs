@@ -16,6 +16,7 @@ mod checkz;
 mod clusters;
 mod connection;
 mod dashboards;
+mod deadline;
 mod docs;
 mod drain;
 mod edges;
