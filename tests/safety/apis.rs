@@ -31,10 +31,7 @@ fn hold_time(token: i64) -> Duration {
 /// Asks for a hold bound to the connection; the grant (and the client under the holder id it
 /// names) and the rest of its stream, or `None` (refused or unanswered, as recorded).
 async fn hold(c: &LockClient, addr: &str, call: f64) -> Option<(LockClient, Grant, HoldStream)> {
-    let mut options = json!({"waitSeconds": 5});
-    if c.mode == "shared" {
-        options["mode"] = json!("shared");
-    }
+    let mut options = c.acquire_options();
     if let Some(h) = &c.holder {
         options["holderId"] = json!(h);
     }

@@ -127,14 +127,18 @@ const SIDECARS: usize = 6;
 /// naming the same holder id (one holder, as the contract says), a reader and a writer through
 /// `/hold` on another without one (two holders), and a writer through `podlock lock`. Then two
 /// sets: the semaphore with the mutex (on a mutex worker's sidecar, so that the mutex's faults
-/// hit it too) and the reader-writer lock with the semaphore.
+/// hit it too) and the reader-writer lock with the semaphore. A mutex worker and the
+/// semaphore's `/hold` worker ask for a maximum hold time of 1 s, above their holds' work and
+/// below a stall ([`worker::STALL`]): a stalled hold of theirs ends at its deadline (`lost`,
+/// reason `deadline`) while its worker still means to write, which the fenced counter must
+/// refuse once a later holder wrote.
 const WORKERS: [Spec; 13] = [
     Spec::acquire(COUNTER, 0),
     Spec::acquire(COUNTER, 1),
-    Spec::acquire(COUNTER, 2),
+    Spec::acquire(COUNTER, 2).deadline(1),
     Spec::acquire(POOL, 3),
     Spec::acquire(POOL, 4),
-    Spec::with(POOL, 5, Api::Hold, "exclusive", None),
+    Spec::with(POOL, 5, Api::Hold, "exclusive", None).deadline(1),
     Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
     Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
     Spec::with(RW, 4, Api::Hold, "shared", None),

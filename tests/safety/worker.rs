@@ -274,6 +274,8 @@ pub struct Spec {
     pub holder: Option<&'static str>,
     /// The further locks it takes as one with `lock` (through `POST .../acquire` only).
     pub with: &'static [&'static str],
+    /// The maximum hold time it asks for, in seconds (through `/acquire` or `/hold`).
+    pub max_hold: Option<u32>,
 }
 
 impl Spec {
@@ -297,6 +299,16 @@ impl Spec {
             mode,
             holder,
             with: &[],
+            max_hold: None,
+        }
+    }
+
+    /// The same worker, asking for a maximum hold time of `seconds`: far above its holds' work,
+    /// below a stall, so that only a stalled hold reaches its deadline.
+    pub const fn deadline(self, seconds: u32) -> Self {
+        Spec {
+            max_hold: Some(seconds),
+            ..self
         }
     }
 
@@ -344,6 +356,7 @@ pub async fn run(
         sidecar: spec.sidecar,
         mode: spec.mode,
         with: spec.with,
+        max_hold: spec.max_hold,
     };
     match spec.api {
         Api::Acquire => acquire_loop(Worker { slot, store, c }, stop).await,
