@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::common::events::Events;
 use crate::common::kube::{Operator, with_crd};
-use crate::common::{EtcdServer, Sidecar, declare, podlock_bin};
+use crate::common::{EtcdServer, Sidecar, declare, podlock_bin, wait_until};
 use crate::force_release::event;
 use crate::operator::{declare_until_free, status_until};
 
@@ -172,8 +172,11 @@ async fn asking_for_more_than_the_lock_allows_is_refused_naming_the_field_and_th
         false,
         "a refused request holds"
     );
-    let (code, grant) = s.post("capped", "acquire", json!({"maxHoldSeconds": 30})).await;
-    assert_eq!((code, &grant["maxHoldSeconds"]), (200, &json!(30)), "{grant}");
+    let (code, grant) = s.post("capped", "acquire", json!({"maxHoldSeconds": 5})).await;
+    assert_eq!((code, &grant["maxHoldSeconds"]), (200, &json!(5)), "{grant}");
+    // No heartbeat keeps it past its deadline, before its lease's 15 s.
+    let (code, beat) = s.post("capped", "heartbeat", json!({})).await;
+    assert_eq!((code, &beat["expiresAt"]), (200, &grant["deadline"]), "{beat}");
 }
 
 #[tokio::test]
@@ -266,4 +269,40 @@ async fn the_operator_ends_an_expired_hold_whose_sidecar_is_gone() {
     );
     let line = "podlock_forced_releases_total{reason=\"deadline\"} 1";
     assert!(op.metrics().await.contains(line), "{line} missing");
+}
+
+#[tokio::test]
+async fn a_set_gets_the_strictest_limit_of_its_locks_and_each_lock_ends_at_the_deadline() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["left", "--max-hold-seconds", "60"]);
+    declare(&etcd.endpoint, &["right", "--max-hold-seconds", "2"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let (code, body) = s
+        .post(
+            "left",
+            "acquire",
+            json!({"with": ["right"], "maxHoldSeconds": 30}),
+        )
+        .await;
+    assert_eq!((code, &body["maxHoldSeconds"]), (400, &json!(2)), "{body}");
+    let mut events = [Events::open(&s, "left").await, Events::open(&s, "right").await];
+    let (code, grant) = s.post("left", "acquire", json!({"with": ["right"]})).await;
+    assert_eq!((code, &grant["maxHoldSeconds"]), (200, &json!(2)), "{grant}");
+    for stream in &mut events {
+        assert_eq!(stream.next(Duration::from_secs(1)).await["type"], "acquired");
+        assert_eq!(stream.next(Duration::from_secs(2)).await["type"], "deadline");
+        let lost = stream.next(Duration::from_secs(2)).await;
+        assert_eq!(
+            (lost["type"].as_str(), lost["reason"].as_str()),
+            (Some("lost"), Some("deadline")),
+            "{lost}"
+        );
+    }
+    for lock in ["left", "right"] {
+        let path = format!("/v1/locks/{lock}");
+        let free = wait_until(Duration::from_secs(2), || async {
+            s.get(&path).await.1["held"] == false
+        });
+        free.await.unwrap_or_else(|e| panic!("{lock} still held: {e}"));
+    }
 }

@@ -124,17 +124,21 @@ impl Hold {
     }
 
     /// Restarts the heartbeat window; returns when the hold will end without another heartbeat
-    /// (for a hold without a window: when its lease may expire without keepalives).
+    /// (for a hold without a window: when its lease may expire without keepalives), or at its
+    /// deadline if that comes first.
     pub fn heartbeat(&self) -> SystemTime {
-        if self.heartbeat.is_zero() {
+        let expires = if self.heartbeat.is_zero() {
             let left = self
                 .session
                 .expires_at()
                 .saturating_duration_since(Instant::now());
-            return SystemTime::now() + left;
-        }
-        self.deadline.send_replace(Instant::now() + self.heartbeat);
-        SystemTime::now() + self.heartbeat
+            SystemTime::now() + left
+        } else {
+            self.deadline.send_replace(Instant::now() + self.heartbeat);
+            SystemTime::now() + self.heartbeat
+        };
+        // No heartbeat keeps a hold past its maximum hold time.
+        self.max_hold.map_or(expires, |d| expires.min(d.wall))
     }
 }
 

@@ -17,7 +17,7 @@ use crate::lock::txn::handoff;
 use crate::lock::txn::multi_lock;
 use crate::lock::txn::queue;
 use crate::lock::txn::queue::Ticket;
-use crate::lock::txn::release_note::{self, NOTE_READ};
+use crate::lock::txn::release_note::{self, DEADLINE, NOTE_READ};
 
 impl Engine {
     /// Releases a hold: deletes its key (guarded by its create revision) and ends it. A key
@@ -144,10 +144,15 @@ impl Engine {
         if !self.end_lost_one(hold, reason) {
             return false;
         }
+        // Every hold of a set shares its deadline: each reached it, not lost it by another's.
+        let theirs = match reason {
+            DEADLINE => reason.to_string(),
+            _ => format!("{SET_LOST} ({}: {reason})", hold.lock.name),
+        };
         for (lock, token) in hold.set.iter().filter(|(l, _)| *l != hold.lock) {
             let slot = (lock.clone(), hold.holder_id.clone());
             if let Some(m) = self.0.registry.held(&slot).filter(|m| m.fencing == *token) {
-                self.end_lost_one(&m, &format!("{SET_LOST} ({}: {reason})", hold.lock.name));
+                self.end_lost_one(&m, &theirs);
             }
         }
         true

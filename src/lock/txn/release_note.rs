@@ -68,7 +68,11 @@ pub(in crate::lock) async fn release(
     why: Ending,
 ) -> Result<bool, LockError> {
     let lease = etcd.lease_grant(NOTE_TTL).await?;
-    let note = serde_json::json!({ "fencingToken": ticket.revision, "ending": why.code() }).to_string();
+    let mut note = serde_json::json!({ "fencingToken": ticket.revision });
+    if let Some(code) = why.code() {
+        note["ending"] = code.into();
+    }
+    let note = note.to_string();
     let key = note_key(lock, ticket.lease, holder);
     let put = TxnOp::put(key, note, Some(PutOptions::new().with_lease(lease)));
     // The note's lease is never revoked: with nothing on it (the key was gone) it expires
