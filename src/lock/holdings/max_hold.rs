@@ -24,7 +24,7 @@ const MIN_WARNING: Duration = Duration::from_secs(1);
 
 /// What an acquire asks for and its locks allow: the maximum hold time (0: none) and the
 /// warning's lead time, decided when its key is put.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct MaxHold {
     /// The maximum hold time, in seconds; 0: none.
     pub seconds: u32,
