@@ -6,7 +6,7 @@ use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use crate::lock::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
+use crate::lock::{Bound, HEARTBEAT, MAX_HOLD, MAX_HOLDERS, Settings, TTL};
 use crate::lock::{HolderInfo, Mode};
 use schemars::{Schema, SchemaGenerator, json_schema};
 
@@ -72,6 +72,13 @@ pub struct DistributedLockSpec {
     #[serde(default)]
     #[schemars(schema_with = "heartbeat_schema")]
     pub heartbeat_timeout_seconds: u32,
+    /// 0: a hold lasts until it is released or lost otherwise; N: no hold lasts longer than N
+    /// seconds (an acquire may ask for less with `maxHoldSeconds`, never more): at its deadline
+    /// its sidecar ends it (`lost`, reason `deadline`), or the operator does if the sidecar
+    /// cannot.
+    #[serde(default)]
+    #[schemars(schema_with = "max_hold_schema")]
+    pub max_hold_seconds: u32,
     /// A Service the operator keeps pointing at the pods that hold the lock, so that an
     /// active/passive system routes to its current leader with a plain Service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -166,6 +173,10 @@ fn heartbeat_schema(_: &mut SchemaGenerator) -> Schema {
     bounded(&HEARTBEAT)
 }
 
+fn max_hold_schema(_: &mut SchemaGenerator) -> Schema {
+    bounded(&MAX_HOLD)
+}
+
 fn default_ttl() -> u32 {
     Settings::default().ttl_seconds
 }
@@ -181,6 +192,7 @@ impl DistributedLockSpec {
             ttl_seconds: self.ttl_seconds,
             max_holders: self.max_holders,
             heartbeat_timeout_seconds: self.heartbeat_timeout_seconds,
+            max_hold_seconds: self.max_hold_seconds,
             epoch: 0,
         }
     }

@@ -7,7 +7,7 @@ use anyhow::bail;
 use clap::Args;
 
 use crate::etcd_args::EtcdArgs;
-use crate::lock::{HEARTBEAT, MAX_HOLDERS, Settings, TTL};
+use crate::lock::{HEARTBEAT, MAX_HOLD, MAX_HOLDERS, Settings, TTL};
 use crate::lock::{LockId, Store, Token, next_epoch};
 
 /// How many times a declare is tried while the settings change under it.
@@ -33,6 +33,10 @@ pub struct DeclareArgs {
     #[arg(long, env = "PODLOCK_HEARTBEAT_TIMEOUT_SECONDS", default_value_t = HEARTBEAT.default,
           value_parser = clap::value_parser!(u32).range(HEARTBEAT.range()))]
     pub heartbeat_timeout_seconds: u32,
+    /// 0: holds last until released or lost; N: no hold lasts longer than N seconds.
+    #[arg(long, env = "PODLOCK_MAX_HOLD_SECONDS", default_value_t = MAX_HOLD.default,
+          value_parser = clap::value_parser!(u32).range(MAX_HOLD.range()))]
+    pub max_hold_seconds: u32,
     /// Every fencing token handed out from now on lies above N: after the lock etcd was wiped,
     /// rebuilt or restored from a snapshot, pass the highest token your fenced resources have
     /// seen. Moves the lock to a new token epoch if etcd's could hand out N or less (its holds
@@ -60,13 +64,15 @@ pub async fn run(args: DeclareArgs) -> anyhow::Result<()> {
         ttl_seconds: args.ttl_seconds,
         max_holders: args.max_holders,
         heartbeat_timeout_seconds: args.heartbeat_timeout_seconds,
+        max_hold_seconds: args.max_hold_seconds,
         epoch: 0,
     };
     let min = args.min_token.map(Token::from_raw);
     let (s, ended) = publish(&store, &lock, spec, min).await?;
     println!(
-        "declared lock {lock}: ttlSeconds={} maxHolders={} heartbeatTimeoutSeconds={} epoch={}",
-        s.ttl_seconds, s.max_holders, s.heartbeat_timeout_seconds, s.epoch
+        "declared lock {lock}: ttlSeconds={} maxHolders={} heartbeatTimeoutSeconds={} \
+         maxHoldSeconds={} epoch={}",
+        s.ttl_seconds, s.max_holders, s.heartbeat_timeout_seconds, s.max_hold_seconds, s.epoch
     );
     if let Some(ended) = ended {
         let floor = Token::new(s.epoch, 0)?;

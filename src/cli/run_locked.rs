@@ -6,7 +6,9 @@
 //! the sidecar releases the hold at once; CMD is then sent SIGTERM by the kernel (it never
 //! outlives the hold's process). It exports `PODLOCK_FENCING_TOKEN`; sends CMD SIGTERM when the
 //! hold is lost (a `lost` event, or the stream ending); releases when CMD exits and passes on
-//! CMD's exit status, unless the release finds the hold already lost.
+//! CMD's exit status, unless the release finds the hold already lost. A hold with a maximum
+//! hold time (`--max-hold`, or the lock's) sends CMD SIGTERM at its `deadline` warning, and
+//! SIGKILL at the deadline itself (the hold is gone: CMD must not run on unprotected).
 
 use clap::Args;
 use eventsource_stream::Eventsource;
@@ -19,6 +21,8 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
+use crate::lock::DEADLINE;
+
 /// Exit status when the hold was lost while CMD ran.
 pub const EXIT_LOST: i32 = 75;
 /// Exit status when the lock could not be acquired.
@@ -28,7 +32,7 @@ pub const EXIT_NOT_ACQUIRED: i32 = 1;
 #[derive(Debug, Args)]
 #[command(
     after_help = "Exit status: CMD's own (128+N if killed by signal N); 1 if the lock could not be \
-acquired; 75 if the hold was lost while CMD ran (CMD then got SIGTERM)."
+acquired; 75 if the hold was lost while CMD ran (CMD then got SIGTERM; SIGKILL at a deadline)."
 )]
 pub struct LockArgs {
     /// The lock's name.
@@ -47,6 +51,14 @@ pub struct LockArgs {
     /// is a holder of its own.
     #[arg(long, env = "PODLOCK_HOLDER_ID")]
     pub holder_id: Option<String>,
+    /// The longest the hold may last, in seconds (at most the lock's maxHoldSeconds; default:
+    /// the lock's). CMD gets SIGTERM at the deadline's warning and SIGKILL at the deadline.
+    #[arg(long, env = "PODLOCK_MAX_HOLD", value_name = "SECONDS")]
+    pub max_hold: Option<u32>,
+    /// How long before the deadline CMD gets SIGTERM, in seconds (default: a tenth of the hold,
+    /// at least 1).
+    #[arg(long, env = "PODLOCK_DEADLINE_WARNING", value_name = "SECONDS")]
+    pub deadline_warning: Option<u32>,
     /// This app container's name (the injector sets PODLOCK_CONTAINER): the operator then ends
     /// the hold when this container restarts, not when another container of the pod does.
     #[arg(long, env = "PODLOCK_CONTAINER")]
@@ -75,12 +87,12 @@ pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
         return Ok(EXIT_NOT_ACQUIRED);
     };
     let token = grant["fencingToken"].as_i64().unwrap_or_default();
-    let (lost_tx, lost_rx) = mpsc::channel::<String>(1);
-    tokio::spawn(watch_for_loss(events, lost_tx));
+    let (notices, notices_rx) = mpsc::channel::<Notice>(1);
+    tokio::spawn(watch_hold(events, notices));
     let child = command(&args, &sidecar.holder, token)
         .spawn()
         .map_err(|e| anyhow::anyhow!("cannot run {:?}: {e}", args.command[0]))?;
-    let Some(exit) = supervise(child, lost_rx, &args.name, token).await? else {
+    let Some(exit) = supervise(child, notices_rx, &args.name, token).await? else {
         return Ok(EXIT_LOST);
     };
     Ok(match sidecar.release(&args.name).await {
@@ -148,6 +160,12 @@ impl Sidecar {
         if !args.with.is_empty() {
             options["with"] = json!(args.with);
         }
+        if let Some(seconds) = args.max_hold {
+            options["maxHoldSeconds"] = json!(seconds);
+        }
+        if let Some(seconds) = args.deadline_warning {
+            options["deadlineWarningSeconds"] = json!(seconds);
+        }
         let resp = self
             .http
             .post(format!("{}/hold", self.base))
@@ -199,56 +217,85 @@ impl Sidecar {
     }
 }
 
-/// Waits for CMD to exit, passing SIGTERM on, and sending it SIGTERM if the hold is lost;
-/// returns its exit status, or `None` if the hold was lost meanwhile.
+/// What the hold's stream tells CMD's supervisor.
+#[derive(Debug, PartialEq, Eq)]
+enum Notice {
+    /// The hold's deadline is near (the RFC 3339 time given): CMD is asked to stop.
+    Deadline(String),
+    /// The hold ended, for this reason.
+    Ended(String),
+}
+
+/// Waits for CMD to exit, passing SIGTERM on; sends it SIGTERM at a deadline's warning or if
+/// the hold is lost, SIGKILL if the hold reached its deadline; returns its exit status, or
+/// `None` if the hold ended meanwhile.
 async fn supervise(
     mut child: Child,
-    mut lost_rx: mpsc::Receiver<String>,
+    mut notices: mpsc::Receiver<Notice>,
     name: &str,
     token: i64,
 ) -> anyhow::Result<Option<ExitStatus>> {
     let pid = child.id().map(|p| Pid::from_raw(p as i32));
     let mut term = signal(SignalKind::terminate())?;
-    let mut lost = false;
+    let mut ended = false;
     loop {
         tokio::select! {
-            status = child.wait() => return Ok((!lost).then_some(status?)),
-            reason = lost_rx.recv(), if !lost => {
-                let reason = reason.unwrap_or_else(|| "the sidecar's event stream ended".into());
-                eprintln!("podlock: lost lock {name} (token {token}): {reason}; sending SIGTERM");
-                lost = true;
-                send_sigterm(pid);
+            status = child.wait() => return Ok((!ended).then_some(status?)),
+            notice = notices.recv(), if !ended => {
+                let gone = || Notice::Ended("the sidecar's event stream ended".into());
+                let (what, sig) = match notice.unwrap_or_else(gone) {
+                    Notice::Deadline(at) => (format!("its deadline is at {at}"), Signal::SIGTERM),
+                    Notice::Ended(reason) => {
+                        ended = true;
+                        let sig = if reason == DEADLINE { Signal::SIGKILL } else { Signal::SIGTERM };
+                        (format!("lost: {reason}"), sig)
+                    }
+                };
+                eprintln!("podlock: lock {name} (token {token}): {what}; sending {sig}");
+                send(pid, sig);
             }
-            _ = term.recv() => send_sigterm(pid),
+            _ = term.recv() => send(pid, Signal::SIGTERM),
         }
     }
 }
 
-/// Reads the hold's stream until it says the hold ended (`lost`, or `released` by someone
-/// else), or ends: then the hold is gone.
-async fn watch_for_loss(mut events: HoldEvents, lost: mpsc::Sender<String>) {
+/// Reads the hold's stream: passes on a deadline's warning, and ends when the stream says the
+/// hold ended (`lost`, or `released` by someone else), or ends: then the hold is gone.
+async fn watch_hold(mut events: HoldEvents, notices: mpsc::Sender<Notice>) {
     while let Some(Ok(event)) = events.next().await {
-        if let Some(reason) = lost_reason(&event.event, &event.data) {
-            let _ = lost.send(reason).await;
-            return;
+        match notice(&event.event, &event.data) {
+            Some(Notice::Deadline(at)) => {
+                let _ = notices.send(Notice::Deadline(at)).await;
+            }
+            Some(ended) => {
+                let _ = notices.send(ended).await;
+                return;
+            }
+            None => {}
         }
     }
-    let _ = lost.send("the sidecar closed the hold's stream".into()).await;
+    let _ = notices
+        .send(Notice::Ended("the sidecar closed the hold's stream".into()))
+        .await;
 }
 
-/// Why the hold stream's event `kind` with JSON `data` means the hold ended, if it does.
-fn lost_reason(kind: &str, data: &str) -> Option<String> {
+/// What the hold stream's event `kind` with JSON `data` tells, if anything.
+fn notice(kind: &str, data: &str) -> Option<Notice> {
     let ev: Value = serde_json::from_str(data).ok()?;
+    let field = |f: &str| ev[f].as_str().unwrap_or("unknown").to_string();
     match kind {
-        "lost" => Some(ev["reason"].as_str().unwrap_or("unknown").to_string()),
-        "released" => Some("released by another request of the same holder".into()),
+        "deadline" => Some(Notice::Deadline(field("deadline"))),
+        "lost" => Some(Notice::Ended(field("reason"))),
+        "released" => Some(Notice::Ended(
+            "released by another request of the same holder".into(),
+        )),
         _ => None,
     }
 }
 
-fn send_sigterm(pid: Option<Pid>) {
+fn send(pid: Option<Pid>, sig: Signal) {
     if let Some(pid) = pid {
-        let _ = kill(pid, Signal::SIGTERM);
+        let _ = kill(pid, sig);
     }
 }
 
@@ -282,8 +329,15 @@ mod tests {
     #[test]
     fn the_hold_ends_with_lost_or_someone_elses_release() {
         let data = r#"{"type":"lost","holderId":"a","fencingToken":7,"reason":"x"}"#;
-        assert_eq!(lost_reason("lost", data).as_deref(), Some("x"));
-        assert!(lost_reason("released", data).is_some());
-        assert_eq!(lost_reason("acquired", data), None);
+        assert_eq!(notice("lost", data), Some(Notice::Ended("x".into())));
+        assert!(matches!(notice("released", data), Some(Notice::Ended(_))));
+        assert_eq!(notice("acquired", data), None);
+    }
+
+    #[test]
+    fn a_deadline_warning_names_the_deadline_and_ends_nothing() {
+        let data = r#"{"type":"deadline","fencingToken":7,"deadline":"2026-11-28T10:00:00.000Z"}"#;
+        let told = notice("deadline", data);
+        assert_eq!(told, Some(Notice::Deadline("2026-11-28T10:00:00.000Z".into())));
     }
 }

@@ -76,6 +76,20 @@ pub enum LockError {
         asked: Mode,
     },
 
+    /// A request asked for a longer hold than its lock allows (`spec.maxHoldSeconds`).
+    #[error(
+        "maxHoldSeconds {asked} is above lock {lock}'s maxHoldSeconds {limit} (spec.maxHoldSeconds \
+         of its DistributedLock): ask for at most {limit}, or leave maxHoldSeconds out to hold up to {limit}"
+    )]
+    AboveMaxHold {
+        /// The lock whose limit it is.
+        lock: LockId,
+        /// The maximum hold time asked for, in seconds.
+        asked: u32,
+        /// The lock's limit, in seconds.
+        limit: u32,
+    },
+
     /// The holder id does not hold this lock (never did, or already released).
     #[error("{holder} does not hold lock {lock}{why}")]
     NotHolder {

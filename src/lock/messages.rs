@@ -19,6 +19,12 @@ pub struct AcquireRequest {
     pub ttl_seconds: Option<u32>,
     /// Overrides the lock's `heartbeatTimeoutSeconds` for this hold.
     pub heartbeat_timeout_seconds: Option<u32>,
+    /// The longest the hold may last, in seconds (at most the lock's `maxHoldSeconds`; `None`:
+    /// the lock's).
+    pub max_hold_seconds: Option<u32>,
+    /// How long before that deadline the `deadline` event comes (`None`: a tenth of the hold,
+    /// at least 1 s).
+    pub deadline_warning_seconds: Option<u32>,
     /// The app container that asks, recorded in the entry for the operator.
     pub container: Option<String>,
     /// Exclusive, or shared with other shared holders (a lock with `maxHolders` 1).
@@ -50,6 +56,12 @@ pub struct Grant {
     pub heartbeat_timeout_seconds: u32,
     /// When the hold began (RFC 3339).
     pub acquired_at: String,
+    /// The hold's maximum hold time, in seconds (absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_hold_seconds: Option<u32>,
+    /// When the hold ends unless released before (RFC 3339; absent: no maximum hold time).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
     /// `exclusive` or `shared`: what the hold allows, stated on every grant.
     pub mode: Mode,
     /// Granted after waiting in the queue for an earlier holder: a handoff (for metrics; not
@@ -82,6 +94,26 @@ pub enum EventKind {
     Released,
     /// It ended by anything but release.
     Lost,
+    /// It reaches its maximum hold time soon: it ends (`lost`, reason `deadline`) at its
+    /// `deadline` unless released before.
+    Deadline,
+}
+
+impl EventKind {
+    /// The event's name on a stream.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            EventKind::Acquired => "acquired",
+            EventKind::Released => "released",
+            EventKind::Lost => "lost",
+            EventKind::Deadline => "deadline",
+        }
+    }
+
+    /// Whether the hold ended with it: nothing follows on a hold's stream.
+    pub fn ends(&self) -> bool {
+        matches!(self, EventKind::Released | EventKind::Lost)
+    }
 }
 
 /// An event about one hold, as streamed on `/v1/locks/{name}/events`.
@@ -103,6 +135,9 @@ pub struct HoldEvent {
     /// Why a hold was lost.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// When a hold with a maximum hold time ends (RFC 3339; absent: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<String>,
     /// When (RFC 3339).
     pub at: String,
 }

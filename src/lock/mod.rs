@@ -31,6 +31,7 @@ mod txn;
 pub use error::{LockError, Unavailable};
 pub use etcd::Stats;
 pub use etcd::link::Link;
+pub use holdings::max_hold::{REQUEST_MAX_HOLD, WARNING_FIELD};
 pub use messages::{
     AcquireRequest, EventKind, FenceCheck, Grant, HoldEvent, HolderSet, LocalEntry, LockDeleted, LockInfo,
     LockToken, Observed,
@@ -47,7 +48,8 @@ pub use store::changes::{Change, Changes, QueueEntry};
 pub use store::clusters::{Withdrawn, may_publish};
 pub use store::{LockState, NamespacePassword, Revoked, RoundTripError, Store};
 pub use txn::queue::QueueState;
-pub use txn::settings::{Bound, HEARTBEAT, MAX_HOLDERS, Settings, TTL};
+pub use txn::release_note::{DEADLINE, Ending};
+pub use txn::settings::{Bound, HEARTBEAT, MAX_HOLD, MAX_HOLDERS, Settings, TTL};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -175,6 +177,7 @@ impl Engine {
             fencing_token: hold.token(),
             mode: hold.mode,
             reason,
+            deadline: hold.max_hold.map(|d| rfc3339(d.wall)),
             at: rfc3339(SystemTime::now()),
         };
         self.0.events.publish(&hold.lock, &event);

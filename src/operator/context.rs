@@ -9,6 +9,7 @@ use super::backoff::Backoff;
 use super::isolation::Isolation;
 use super::liveness::noticed::Noticed;
 use super::liveness::returned::Returned;
+use super::reconcile::deadline::Clocks;
 use super::status::writer::StatusWriter;
 use crate::crd::DistributedLock;
 use crate::lock::{LockId, Store};
@@ -34,6 +35,8 @@ pub struct Context {
     pub returned: Arc<Returned>,
     /// Writes each lock's status, latest state first.
     pub status: Arc<StatusWriter>,
+    /// When each hold with a maximum hold time began, as the operator reckons it.
+    pub deadlines: Clocks,
     /// This cluster's name (`--cluster-name`; empty: the only one): the operator ends only
     /// the holds of its pods.
     pub cluster: String,

@@ -96,7 +96,12 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     };
     let metrics = OperatorMetrics::new();
     let reasons = liveness::Reason::ALL.map(liveness::Reason::label);
-    let reasons = [&reasons[..], &[reconcile::LOCK_DELETED, release::REASON]].concat();
+    let ended = [
+        reconcile::LOCK_DELETED,
+        release::REASON,
+        reconcile::deadline::REASON,
+    ];
+    let reasons = [&reasons[..], &ended].concat();
     metrics.start_at_zero(&reconcile_error::Error::LABELS, &reasons);
     let owner = owner::cluster_role(&client, args.owner_cluster_role.as_deref()).await?;
     let ctx = context(&client, &store, &metrics, &args, owner.clone())?;
@@ -224,6 +229,7 @@ fn context(
         isolation: isolation::Isolation::new(args.etcd.has_credentials(), ca, owner, &args.cluster_name),
         noticed: Arc::default(),
         returned: Arc::default(),
+        deadlines: Default::default(),
         cluster: args.cluster_name.clone(),
         status: Arc::new(status::writer::StatusWriter::new(
             metrics.clone(),

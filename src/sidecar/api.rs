@@ -107,6 +107,8 @@ async fn try_acquire(
         connection_bound: binding == Binding::Connection,
         ttl_seconds: opts.ttl_seconds,
         heartbeat_timeout_seconds: heartbeat,
+        max_hold_seconds: opts.max_hold_seconds,
+        deadline_warning_seconds: opts.deadline_warning_seconds,
         container: opts.container,
         mode: opts.mode.unwrap_or_default(),
         with: with_locks(&st.namespace, opts.with)?,

@@ -3,7 +3,8 @@
 //! The request waits in the queue like an acquire and fails like one (409 `lock_held` at the
 //! deadline, 4xx for bad input). Once granted, the answer is a `text/event-stream` whose first
 //! event is the grant (`acquired`); a comment line every `keepAliveSeconds` keeps idle proxies
-//! from closing it; a `lost` or `released` event ends it. The hold lasts exactly as long as the
+//! from closing it; a `deadline` event warns of the end of a hold with a maximum hold time; a
+//! `lost` or `released` event ends it. The hold lasts exactly as long as the
 //! client reads: when it closes the connection, or its process dies and the kernel closes the
 //! socket, the stream is dropped and the sidecar releases the hold at once, with no heartbeat and
 //! no TTL to wait out. `curl -N` is then a complete lock holder for a shell script.
@@ -52,29 +53,33 @@ pub async fn hold(
     Ok(Sse::new(stream).keep_alive(KeepAlive::new().interval(interval)))
 }
 
-/// The events that end the hold (`lost` or `released`, then the stream ends). If the engine's
-/// events stop first (the sidecar is stopping, or this stream fell behind), the stream ends
-/// too, and with it the hold.
+/// The hold's events after its grant: a `deadline` warning, then the one that ends it (`lost`
+/// or `released`), after which the stream ends. If the engine's events stop first (the
+/// sidecar is stopping, or this stream fell behind), the stream ends too, and with it the hold.
 fn ending(
     events: tokio::sync::mpsc::Receiver<crate::lock::HoldEvent>,
     mut guard: Bound,
     grant: Grant,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    ReceiverStream::new(events)
-        .filter(move |ev| {
-            let ours = ev.holder_id == grant.holder_id && ev.fencing_token == grant.fencing_token;
-            std::future::ready(ours && matches!(ev.kind, EventKind::Lost | EventKind::Released))
-        })
-        .take(1)
-        .map(move |ev| {
+    let ours = ReceiverStream::new(events).filter(move |ev| {
+        let ours = ev.holder_id == grant.holder_id && ev.fencing_token == grant.fencing_token;
+        std::future::ready(ours && ev.kind != EventKind::Acquired)
+    });
+    // Ends right after the event that ends the hold, without waiting for another.
+    let until_ended = stream::unfold((Box::pin(ours), false), |(mut ours, ended)| async move {
+        if ended {
+            return None;
+        }
+        let ev = ours.next().await?;
+        let ends = ev.kind.ends();
+        Some((ev, (ours, ends)))
+    });
+    until_ended.map(move |ev| {
+        if ev.kind.ends() {
             guard.ended(); // the guard lives as long as this stream
-            let kind = if ev.kind == EventKind::Lost {
-                "lost"
-            } else {
-                "released"
-            };
-            Ok(Event::default().event(kind).json_data(&ev).unwrap())
-        })
+        }
+        Ok(Event::default().event(ev.kind.as_str()).json_data(&ev).unwrap())
+    })
 }
 
 /// Releases the hold when the stream is dropped before the hold ended: the client went away.

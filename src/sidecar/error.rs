@@ -51,6 +51,10 @@ impl From<LockError> for ApiError {
             |message| ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "backend_unavailable", message);
         match e {
             LockError::Invalid(_) | LockError::Rejected(_) => ApiError::invalid(message),
+            LockError::AboveMaxHold { limit, .. } => ApiError {
+                extra: Some(("maxHoldSeconds", json!(limit))),
+                ..ApiError::invalid(message)
+            },
             LockError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "lock_not_found", message),
             LockError::Held { holders, .. } => ApiError {
                 extra: Some(("holders", json!(holders))),

@@ -1,5 +1,5 @@
-//! `GET /v1/locks/{name}/events`: a `text/event-stream` of this pod's `acquired`, `released`
-//! and `lost` events for one lock.
+//! `GET /v1/locks/{name}/events`: a `text/event-stream` of this pod's `acquired`, `released`,
+//! `lost` and `deadline` events for one lock.
 
 use axum::extract::{Path, State};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -20,8 +20,10 @@ pub async fn events(
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let lock = lock_id(&st.namespace, &name)?;
     let events = ReceiverStream::new(st.engine.subscribe(Some(lock))).filter_map(|ev| async move {
-        let kind = serde_json::to_value(ev.kind).ok()?.as_str()?.to_string();
-        Some(Ok(Event::default().event(kind).json_data(&ev).ok()?))
+        Some(Ok(Event::default()
+            .event(ev.kind.as_str())
+            .json_data(&ev)
+            .ok()?))
     });
     let lagged = Event::default().event("lagged").data(
         r#"{"message":"this stream ends (it fell behind, or the sidecar is stopping): treat every hold of this lock as lost unless GET /v1/locks still lists it"}"#,

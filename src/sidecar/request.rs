@@ -8,7 +8,7 @@ use serde::de::DeserializeOwned;
 use std::time::Duration;
 
 use super::error::ApiError;
-use crate::lock::{HEARTBEAT, TTL, check_container};
+use crate::lock::{HEARTBEAT, REQUEST_MAX_HOLD, TTL, WARNING_FIELD, check_container};
 use crate::lock::{LockId, Mode};
 
 /// The longest an acquire may wait, in seconds.
@@ -33,6 +33,10 @@ pub struct AcquireOptions {
     pub ttl_seconds: Option<u32>,
     /// Heartbeat window for this hold.
     pub heartbeat_timeout_seconds: Option<u32>,
+    /// The longest the hold may last, in seconds (at most the lock's `maxHoldSeconds`).
+    pub max_hold_seconds: Option<u32>,
+    /// How long before the hold's deadline its `deadline` event comes, in seconds.
+    pub deadline_warning_seconds: Option<u32>,
     /// The app container that asks (its `PODLOCK_CONTAINER`).
     pub container: Option<String>,
     /// `POST .../hold` only: seconds between the comment lines that keep the stream alive.
@@ -80,6 +84,8 @@ impl Merge for AcquireOptions {
             holder_id: body.holder_id.or(self.holder_id),
             ttl_seconds: body.ttl_seconds.or(self.ttl_seconds),
             heartbeat_timeout_seconds: body.heartbeat_timeout_seconds.or(self.heartbeat_timeout_seconds),
+            max_hold_seconds: body.max_hold_seconds.or(self.max_hold_seconds),
+            deadline_warning_seconds: body.deadline_warning_seconds.or(self.deadline_warning_seconds),
             container: body.container.or(self.container),
             keep_alive_seconds: body.keep_alive_seconds.or(self.keep_alive_seconds),
             mode: body.mode.or(self.mode),
@@ -192,6 +198,20 @@ impl AcquireOptions {
         }
         if let Some(h) = self.heartbeat_timeout_seconds {
             HEARTBEAT.check(h)?;
+        }
+        for (field, value) in [
+            ("maxHoldSeconds", self.max_hold_seconds),
+            (WARNING_FIELD, self.deadline_warning_seconds),
+        ] {
+            match value {
+                Some(v) if !REQUEST_MAX_HOLD.contains(&v) => {
+                    let (min, max) = REQUEST_MAX_HOLD.into_inner();
+                    return Err(ApiError::invalid(format!(
+                        "{field} must be between {min} and {max}, got {v}"
+                    )));
+                }
+                _ => {}
+            }
         }
         if let Some(c) = &self.container {
             check_container(c)?;

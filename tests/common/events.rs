@@ -24,6 +24,11 @@ impl Events {
     pub async fn open_at(s: &Sidecar, path: &str) -> Self {
         let resp = reqwest::get(format!("{}{path}", s.addr)).await.unwrap();
         assert_eq!(resp.status(), 200, "{path}: {:?}", resp.text().await);
+        Self::of_response(resp)
+    }
+
+    /// The event stream a response carries (a `POST .../hold`'s, say); panics unless it is one.
+    pub fn of_response(resp: reqwest::Response) -> Self {
         let ctype = resp.headers()["content-type"].to_str().unwrap().to_string();
         assert!(ctype.starts_with("text/event-stream"), "{ctype}");
         Events(resp.bytes_stream().eventsource().boxed())

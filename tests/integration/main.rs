@@ -17,6 +17,7 @@ mod clusters;
 mod clusters_wiped;
 mod connection;
 mod dashboards;
+mod deadline;
 mod docs;
 mod drain;
 mod edges;

@@ -40,6 +40,8 @@ async fn the_crd_rejects_invalid_specs_naming_the_field_and_fills_defaults() {
         ("{maxHolders: 0}", "spec.maxHolders"),
         ("{maxHolders: 10001}", "spec.maxHolders"),
         ("{heartbeatTimeoutSeconds: -1}", "spec.heartbeatTimeoutSeconds"),
+        ("{maxHoldSeconds: -1}", "spec.maxHoldSeconds"),
+        ("{maxHoldSeconds: 604801}", "spec.maxHoldSeconds"),
         ("{ttlSeconds: soon}", "spec.ttlSeconds"),
         ("{holderService: {ports: []}}", "spec.holderService.ports"),
         (
@@ -73,7 +75,7 @@ async fn the_crd_rejects_invalid_specs_naming_the_field_and_fills_defaults() {
     let spec: serde_json::Value = serde_json::from_str(&spec).unwrap();
     assert_eq!(
         spec,
-        json!({"ttlSeconds": 15, "maxHolders": 1, "heartbeatTimeoutSeconds": 0})
+        json!({"ttlSeconds": 15, "maxHolders": 1, "heartbeatTimeoutSeconds": 0, "maxHoldSeconds": 0})
     );
 }
 

@@ -6,6 +6,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod deadline;
 mod fence;
 mod helm_test;
 mod holder_service;
@@ -143,6 +144,7 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     holder_service::the_service_follows_the_holder(&node, &client).await;
     let holder = fence::any_pod_checks_the_holders_token(&node);
     multi::a_pod_takes_two_locks_as_one(&node, &holder);
+    deadline::a_hold_ends_at_its_deadline_and_the_next_pod_is_granted(&node, &holder);
     workload::pod_deletion_hands_the_lock_on(&node, &client).await;
     workload::app_crash_ends_the_hold(&node).await;
     lifecycle::helm_upgrade_reaches_new_pods(&node);

@@ -24,7 +24,7 @@ spec: {ttlSeconds: 30}
 
 /// `curl -XPOST $PODLOCK_ADDR/v1/locks/{path} -d BODY` from `pod`'s app container: the status
 /// and the JSON answer.
-fn post(node: &Node, pod: &str, path: &str, body: &str) -> (u16, Value) {
+pub fn post(node: &Node, pod: &str, path: &str, body: &str) -> (u16, Value) {
     let script =
         format!("curl -s -w '\\n%{{http_code}}' -XPOST \"$PODLOCK_ADDR/v1/locks/{path}\" -d '{body}'");
     let (ok, out, err) = node.kubectl(&["exec", "-n", "app", pod, "-c", "app", "--", "sh", "-c", &script]);

@@ -23,18 +23,19 @@ use crate::common::podlock_bin;
 /// A hold's stream of events after its grant.
 type HoldStream = Pin<Box<dyn Stream<Item = Result<Event, EventStreamError<reqwest::Error>>> + Send>>;
 
-/// How long a worker holds: 20 to 80 ms, by its token, so that holds overlap in every way.
-fn hold_time(token: i64) -> Duration {
-    Duration::from_millis(20 + token.rem_euclid(5) as u64 * 15)
+/// How long a worker holds: 20 to 80 ms, by its token, so that holds overlap in every way; a
+/// worker with a maximum hold time outstays it on one hold in 8, so that its deadline ends it.
+fn hold_time(token: i64, max_hold: Option<u32>) -> Duration {
+    match max_hold {
+        Some(s) if token.rem_euclid(8) == 0 => Duration::from_secs(s.into()) + Duration::from_millis(500),
+        _ => Duration::from_millis(20 + token.rem_euclid(5) as u64 * 15),
+    }
 }
 
 /// Asks for a hold bound to the connection; the grant (and the client under the holder id it
 /// names) and the rest of its stream, or `None` (refused or unanswered, as recorded).
 async fn hold(c: &LockClient, addr: &str, call: f64) -> Option<(LockClient, Grant, HoldStream)> {
-    let mut options = json!({"waitSeconds": 5});
-    if c.mode == "shared" {
-        options["mode"] = json!("shared");
-    }
+    let mut options = c.acquire_options();
     if let Some(h) = &c.holder {
         options["holderId"] = json!(h);
     }
@@ -80,10 +81,10 @@ fn refused<T>(c: &LockClient, api: &'static str, call: f64, outcome: Outcome) ->
     None
 }
 
-/// Holds for `hold_time`, watching the hold's stream; when the stream said the hold ended
-/// (`lost`, or the stream ending), if it did.
-async fn keep(events: &mut HoldStream, token: i64) -> Option<f64> {
-    let held = sleep(hold_time(token));
+/// Holds for `hold_time`, watching the hold's stream (a `deadline` warning goes by); when the
+/// stream said the hold ended (`lost`, or the stream ending), if it did.
+async fn keep(events: &mut HoldStream, token: i64, max_hold: Option<u32>) -> Option<f64> {
+    let held = sleep(hold_time(token, max_hold));
     tokio::pin!(held);
     loop {
         tokio::select! {
@@ -134,7 +135,7 @@ pub async fn hold_loop(c: &LockClient, slot: &Slot, stop: CancellationToken) {
             sleep(Duration::from_millis(50)).await;
             continue;
         };
-        match keep(&mut events, g.token).await {
+        match keep(&mut events, g.token, c.max_hold).await {
             Some(told) => hc.told(&g, g.call, told, true),
             None => close(&hc, &g, events, &notices).await,
         }

@@ -58,6 +58,10 @@ pub struct LockClient {
     /// The further locks it takes as one with `lock` (a multi-lock acquire); every operation
     /// is recorded on each lock of the set.
     pub with: &'static [&'static str],
+    /// The maximum hold time it asks for, in seconds (`None`: the lock's, none here): a hold
+    /// that outlives it (a stalled worker's) ends at its deadline, `lost` with reason
+    /// `deadline`, and the next worker is granted.
+    pub max_hold: Option<u32>,
 }
 
 impl LockClient {
@@ -152,12 +156,23 @@ impl LockClient {
         options
     }
 
-    /// Acquires the lock (waiting up to 5 s), asked at `call`: the grant, or `None`.
-    pub async fn acquire(&self, addr: &str, call: f64, heartbeat: Duration) -> Option<Grant> {
-        let mut options = json!({"waitSeconds": 5, "heartbeatTimeoutSeconds": heartbeat.as_secs()});
+    /// The options of an acquire (`/acquire` or `/hold`), waiting up to 5 s: its mode, and
+    /// its maximum hold time if it asks for one.
+    pub fn acquire_options(&self) -> Value {
+        let mut options = json!({"waitSeconds": 5});
         if self.mode == "shared" {
             options["mode"] = json!("shared");
         }
+        if let Some(seconds) = self.max_hold {
+            options["maxHoldSeconds"] = json!(seconds);
+        }
+        options
+    }
+
+    /// Acquires the lock (waiting up to 5 s), asked at `call`: the grant, or `None`.
+    pub async fn acquire(&self, addr: &str, call: f64, heartbeat: Duration) -> Option<Grant> {
+        let mut options = self.acquire_options();
+        options["heartbeatTimeoutSeconds"] = json!(heartbeat.as_secs());
         if !self.with.is_empty() {
             options["with"] = json!(self.with);
         }

@@ -127,20 +127,26 @@ const SIDECARS: usize = 6;
 /// naming the same holder id (one holder, as the contract says), a reader and a writer through
 /// `/hold` on another without one (two holders), and a writer through `podlock lock`. Then two
 /// sets: the semaphore with the mutex (on a mutex worker's sidecar, so that the mutex's faults
-/// hit it too) and the reader-writer lock with the semaphore.
+/// hit it too) and the reader-writer lock with the semaphore. The semaphore's `/hold` worker and
+/// the semaphore-and-mutex set ask for a maximum hold time of 1 s, and outstay it on one hold in
+/// 8 (the set's worker pausing before its write to the counter, without a heartbeat window):
+/// their deadline ends those holds (`lost`, reason `deadline`, on both locks of the set) while
+/// the set's worker still means to write, which the fenced counter must refuse once a later
+/// holder wrote. (Not the mutex's own workers: the fault loop's stalls of them must end by their
+/// heartbeat window, a force release or their pod's deletion.)
 const WORKERS: [Spec; 13] = [
     Spec::acquire(COUNTER, 0),
     Spec::acquire(COUNTER, 1),
     Spec::acquire(COUNTER, 2),
     Spec::acquire(POOL, 3),
     Spec::acquire(POOL, 4),
-    Spec::with(POOL, 5, Api::Hold, "exclusive", None),
+    Spec::with(POOL, 5, Api::Hold, "exclusive", None).deadline(1),
     Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
     Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
     Spec::with(RW, 4, Api::Hold, "shared", None),
     Spec::with(RW, 4, Api::Hold, "exclusive", None),
     Spec::with(RW, 5, Api::LockCmd, "exclusive", None),
-    Spec::set(POOL, &[COUNTER], 1, "pool-counter"),
+    Spec::set(POOL, &[COUNTER], 1, "pool-counter").deadline(1),
     Spec::set(RW, &[POOL], 5, "rw-pool"),
 ];
 

@@ -156,7 +156,7 @@ impl Worker {
             Some(_) => self.fence_check(addr, g.token).await,
             None => false,
         };
-        let paused = slot.stall.swap(false, Ordering::Relaxed);
+        let paused = slot.stall.swap(false, Ordering::Relaxed) || self.outstays(g.token);
         if paused {
             slot.stalling.store(true, Ordering::Relaxed);
             match slot.stall_beating.swap(false, Ordering::Relaxed) {
@@ -192,6 +192,12 @@ impl Worker {
             slot.stalling.store(false, Ordering::Relaxed);
         }
         (write, confirmed)
+    }
+
+    /// Whether the hold with `token` outstays its maximum hold time: one in 8 of a worker that
+    /// asks for one pauses for [`STALL`], past its deadline, before its write, as a stall does.
+    fn outstays(&self, token: i64) -> bool {
+        self.c.max_hold.is_some() && token.rem_euclid(8) == 0
     }
 
     /// Stalls for [`STALL`], heartbeating every 300 ms (inside the 1 s window) until the hold
@@ -274,6 +280,8 @@ pub struct Spec {
     pub holder: Option<&'static str>,
     /// The further locks it takes as one with `lock` (through `POST .../acquire` only).
     pub with: &'static [&'static str],
+    /// The maximum hold time it asks for, in seconds (through `/acquire` or `/hold`).
+    pub max_hold: Option<u32>,
 }
 
 impl Spec {
@@ -297,6 +305,16 @@ impl Spec {
             mode,
             holder,
             with: &[],
+            max_hold: None,
+        }
+    }
+
+    /// The same worker, asking for a maximum hold time of `seconds`, far above its holds' work:
+    /// one hold in 8 outstays it (see `outstays`, `apis::hold_time`).
+    pub const fn deadline(self, seconds: u32) -> Self {
+        Spec {
+            max_hold: Some(seconds),
+            ..self
         }
     }
 
@@ -344,6 +362,7 @@ pub async fn run(
         sidecar: spec.sidecar,
         mode: spec.mode,
         with: spec.with,
+        max_hold: spec.max_hold,
     };
     match spec.api {
         Api::Acquire => acquire_loop(Worker { slot, store, c }, stop).await,
@@ -363,8 +382,15 @@ async fn acquire_loop(w: Worker, stop: CancellationToken) {
             continue;
         };
         let call = now();
+        // A worker with a maximum hold time has no heartbeat window: its deadline ends its
+        // outstaying holds, not a missed heartbeat.
+        let window = if w.c.max_hold.is_some() {
+            Duration::ZERO
+        } else {
+            HEARTBEAT
+        };
         let grant = tokio::select! {
-            grant = w.c.acquire(&addr, call, HEARTBEAT) => grant,
+            grant = w.c.acquire(&addr, call, window) => grant,
             _ = stop.cancelled() => {
                 w.c.record(OpKind::Acquire, "acquire", call, Outcome::Unknown, 0);
                 return abandon(&w.c, &addr).await;

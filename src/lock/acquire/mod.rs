@@ -15,6 +15,7 @@ use crate::lock::Engine;
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::session::Session;
 use crate::lock::holdings::hold::{Hold, Terms};
+use crate::lock::holdings::max_hold::MaxHold;
 use crate::lock::holdings::registry::{Claimed, SlotKey};
 use crate::lock::life::detached;
 use crate::lock::life::monitor::{self, MarkWhen};
@@ -46,6 +47,8 @@ struct Placed {
     session: Arc<Session>,
     /// Where the key stands (`None`: not known without a read).
     standing: Option<Standing>,
+    /// The hold's maximum hold time, as its entry records it.
+    max_hold: MaxHold,
 }
 
 impl Placed {
@@ -141,10 +144,11 @@ impl Engine {
         for _ in 0..MAX_PLACEMENTS {
             let s = declared.settings;
             check_mode(&req.lock, req.mode, s)?;
+            let max_hold = MaxHold::of(req, &[(&req.lock, s.max_hold_seconds)])?;
             let ttl = req.ttl_seconds.unwrap_or(s.ttl_seconds);
             let ttl = TTL.check(ttl)?;
             let session = self.0.sessions.get(ttl).await?;
-            let entry = self.entry(req, ttl, s, s.epoch);
+            let entry = self.entry(req, ttl, s, s.epoch, max_hold);
             let key = req.lock.entry_key(session.id, &req.holder_id);
             self.0.registry.placing(&pending.slots[0], &key);
             let enqueue = {
@@ -166,6 +170,7 @@ impl Engine {
                         token,
                         session,
                         standing,
+                        max_hold,
                     });
                 }
                 Ok(Enqueued::SettingsChanged(kv)) => {
@@ -262,9 +267,10 @@ impl Engine {
             ticket,
             token,
             session,
+            max_hold,
             ..
         } = placed;
-        let mut entry = self.entry(&req, session.ttl, settings, token.epoch());
+        let mut entry = self.entry(&req, session.ttl, settings, token.epoch(), max_hold);
         // Stamped before the grant is recorded in etcd (which may admit the next waiter of a
         // semaphore), and answered as the same instant etcd shows: grants' `acquiredAt` then
         // follow the order the lock made them in, whichever answer arrives first.
@@ -283,6 +289,7 @@ impl Engine {
             connection_bound: req.connection_bound,
             chain: Chain::of(declared, req.mode, chain),
             set: vec![],
+            max_hold: max_hold.start(acquired_at),
         };
         let hold = Arc::new(Hold::new(
             req.lock,
@@ -301,8 +308,15 @@ impl Engine {
         Ok(Grant::of(&hold))
     }
 
-    /// The entry of `req`'s key, enqueued under token epoch `epoch`.
-    pub(super) fn entry(&self, req: &AcquireRequest, ttl: u32, s: Settings, epoch: u32) -> Entry {
+    /// The entry of `req`'s key, enqueued under token epoch `epoch`, with its maximum hold time.
+    pub(super) fn entry(
+        &self,
+        req: &AcquireRequest,
+        ttl: u32,
+        s: Settings,
+        epoch: u32,
+        max_hold: MaxHold,
+    ) -> Entry {
         Entry {
             holder_id: req.holder_id.clone(),
             pod: self.0.pod.clone(),
@@ -312,6 +326,7 @@ impl Engine {
             heartbeat_timeout_seconds: req
                 .heartbeat_timeout_seconds
                 .unwrap_or(s.heartbeat_timeout_seconds),
+            max_hold_seconds: max_hold.seconds,
             container: req.container.clone(),
             mode: req.mode,
             epoch,

@@ -25,6 +25,7 @@ use crate::lock::Engine;
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::session::Session;
 use crate::lock::holdings::hold::{Hold, Terms};
+use crate::lock::holdings::max_hold::MaxHold;
 use crate::lock::holdings::registry::Claimed;
 use crate::lock::life::detached;
 use crate::lock::life::monitor::{self, MarkWhen};
@@ -49,6 +50,8 @@ struct Placed {
     session: Arc<Session>,
     /// Each lock's token epoch when the keys were enqueued: their tokens' epochs.
     epochs: Vec<u32>,
+    /// The set's maximum hold time: the request's, within every lock's, else the strictest.
+    max_hold: MaxHold,
 }
 
 /// Why a set's wait ended without every turn.
@@ -215,6 +218,10 @@ impl Engine {
         for (lock, d) in locks.iter().zip(declared) {
             crate::lock::acquire::check_mode(lock, req.mode, d.settings)?;
         }
+        let limits: Vec<(&LockId, u32)> = (locks.iter().zip(declared))
+            .map(|(l, d)| (l, d.settings.max_hold_seconds))
+            .collect();
+        let max_hold = MaxHold::of(req, &limits)?;
         let shortest = declared.iter().map(|d| d.settings.ttl_seconds).min();
         let ttl = req.ttl_seconds.or(shortest).unwrap_or_default();
         let session = self.0.sessions.get(TTL.check(ttl)?).await?;
@@ -227,6 +234,7 @@ impl Engine {
             tickets: locks.iter().map(ticket).collect(),
             epochs: declared.iter().map(|d| d.settings.epoch).collect(),
             session,
+            max_hold,
         })
     }
 
@@ -279,7 +287,7 @@ impl Engine {
                 with: others(lock),
                 acquired_at: acquired.map(rfc3339),
                 heartbeat_timeout_seconds: heartbeat(req, declared),
-                ..self.entry(req, placed.session.ttl, d.settings, epoch)
+                ..self.entry(req, placed.session.ttl, d.settings, epoch, placed.max_hold)
             })
             .collect()
     }
@@ -307,6 +315,7 @@ impl Engine {
                     connection_bound: req.connection_bound,
                     chain: None,
                     set: set.clone(),
+                    max_hold: placed.max_hold.start(acquired_at),
                 };
                 let (ticket, session) = (ticket.clone(), placed.session.clone());
                 let hold = Hold::new(

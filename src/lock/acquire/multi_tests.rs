@@ -10,6 +10,8 @@ fn request(lock: &str, with: &[&str]) -> AcquireRequest {
         wait: Duration::ZERO,
         ttl_seconds: None,
         heartbeat_timeout_seconds: None,
+        max_hold_seconds: None,
+        deadline_warning_seconds: None,
         container: None,
         mode: Default::default(),
         connection_bound: false,

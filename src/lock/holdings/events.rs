@@ -65,6 +65,7 @@ mod tests {
             fencing_token: 1,
             mode: crate::lock::Mode::Exclusive,
             reason: None,
+            deadline: None,
             at: String::new(),
         }
     }

@@ -7,6 +7,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::max_hold::Deadline;
 use crate::lock::etcd::session::Session;
 use crate::lock::messages::{Grant, LockToken};
 use crate::lock::protocol::entry::Mode;
@@ -45,6 +46,8 @@ pub struct Hold {
     /// A multi-lock hold's whole set, this lock among them, each with its token (see
     /// [`multi`](crate::lock::acquire::multi)); empty for a single lock. Released, heartbeated and lost as one.
     pub set: Vec<(LockId, Token)>,
+    /// When the hold ends at the latest (its maximum hold time), if it has one.
+    pub max_hold: Option<Deadline>,
     /// When the heartbeat window ends; each heartbeat moves it.
     pub(in crate::lock) deadline: watch::Sender<Instant>,
     /// Cancelled when the hold ends, by release or loss.
@@ -64,6 +67,8 @@ pub struct Terms {
     pub chain: Option<Chain>,
     /// A multi-lock hold's whole set, each lock with its token; empty for a single lock.
     pub set: Vec<(LockId, Token)>,
+    /// Its deadline, if it has a maximum hold time.
+    pub max_hold: Option<Deadline>,
 }
 
 #[cfg(test)]
@@ -76,6 +81,7 @@ impl Terms {
             connection_bound: false,
             chain: None,
             set: vec![],
+            max_hold: None,
         }
     }
 }
@@ -106,6 +112,7 @@ impl Hold {
             connection_bound: terms.connection_bound,
             chain: terms.chain,
             set: terms.set,
+            max_hold: terms.max_hold,
             deadline,
             ended: CancellationToken::new(),
         }
@@ -117,17 +124,21 @@ impl Hold {
     }
 
     /// Restarts the heartbeat window; returns when the hold will end without another heartbeat
-    /// (for a hold without a window: when its lease may expire without keepalives).
+    /// (for a hold without a window: when its lease may expire without keepalives), or at its
+    /// deadline if that comes first.
     pub fn heartbeat(&self) -> SystemTime {
-        if self.heartbeat.is_zero() {
+        let expires = if self.heartbeat.is_zero() {
             let left = self
                 .session
                 .expires_at()
                 .saturating_duration_since(Instant::now());
-            return SystemTime::now() + left;
-        }
-        self.deadline.send_replace(Instant::now() + self.heartbeat);
-        SystemTime::now() + self.heartbeat
+            SystemTime::now() + left
+        } else {
+            self.deadline.send_replace(Instant::now() + self.heartbeat);
+            SystemTime::now() + self.heartbeat
+        };
+        // No heartbeat keeps a hold past its maximum hold time.
+        self.max_hold.map_or(expires, |d| expires.min(d.wall))
     }
 }
 
@@ -141,6 +152,8 @@ impl Grant {
             ttl_seconds: hold.session.ttl,
             heartbeat_timeout_seconds: hold.heartbeat.as_secs() as u32,
             acquired_at: rfc3339(hold.acquired_at),
+            max_hold_seconds: hold.max_hold.map(|d| d.seconds),
+            deadline: hold.max_hold.map(|d| rfc3339(d.wall)),
             mode: hold.mode,
             handed_on: false,
             locks: (hold.set.iter())

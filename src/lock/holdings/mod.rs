@@ -4,4 +4,5 @@
 
 pub(super) mod events;
 pub(super) mod hold;
+pub(super) mod max_hold;
 pub(super) mod registry;

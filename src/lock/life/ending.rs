@@ -17,7 +17,7 @@ use crate::lock::txn::handoff;
 use crate::lock::txn::multi_lock;
 use crate::lock::txn::queue;
 use crate::lock::txn::queue::Ticket;
-use crate::lock::txn::release_note::{self, ADMIN_RELEASED, NOTE_READ};
+use crate::lock::txn::release_note::{self, DEADLINE, NOTE_READ};
 
 impl Engine {
     /// Releases a hold: deletes its key (guarded by its create revision) and ends it. A key
@@ -113,12 +113,13 @@ impl Engine {
         }
     }
 
-    /// Why `hold`'s key, found deleted, is gone: an administrator's release if the operator left
-    /// a note for exactly this hold (read within [`NOTE_READ`]), else [`KEY_DELETED`].
+    /// Why `hold`'s key, found deleted, is gone: the operator's reason (an administrator's
+    /// release, a deadline) if it left a note for exactly this hold (read within
+    /// [`NOTE_READ`]), else [`KEY_DELETED`].
     pub(crate) async fn why_key_deleted(&self, hold: &Hold) -> &'static str {
         let note = release_note::noted(&self.0.etcd, &hold.lock, &hold.holder_id, &hold.ticket);
         match tokio::time::timeout(NOTE_READ, note).await {
-            Ok(Ok(true)) => ADMIN_RELEASED,
+            Ok(Ok(Some(ending))) => ending.reason(),
             _ => KEY_DELETED,
         }
     }
@@ -143,10 +144,15 @@ impl Engine {
         if !self.end_lost_one(hold, reason) {
             return false;
         }
+        // Every hold of a set shares its deadline: each reached it, not lost it by another's.
+        let theirs = match reason {
+            DEADLINE => reason.to_string(),
+            _ => format!("{SET_LOST} ({}: {reason})", hold.lock.name),
+        };
         for (lock, token) in hold.set.iter().filter(|(l, _)| *l != hold.lock) {
             let slot = (lock.clone(), hold.holder_id.clone());
             if let Some(m) = self.0.registry.held(&slot).filter(|m| m.fencing == *token) {
-                self.end_lost_one(&m, &format!("{SET_LOST} ({}: {reason})", hold.lock.name));
+                self.end_lost_one(&m, &theirs);
             }
         }
         true

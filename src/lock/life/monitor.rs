@@ -2,7 +2,7 @@
 //!
 //! A hold ends by release, or it is *lost*: its key was deleted (the lock was deleted, the
 //! operator revoked it), its session was lost (lease expired or revoked, keepalives failed for a
-//! whole TTL), or its heartbeat window passed. Whichever comes first wins under the engine's
+//! whole TTL), its heartbeat window passed, or its maximum hold time ran out. Whichever comes first wins under the engine's
 //! registry lock, and exactly one event (`released` or `lost`) is published (see [`ending`]).
 //!
 //! [`ending`]: super::ending
@@ -13,6 +13,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{Instrument, info_span, warn};
 
+use super::deadline;
 use crate::lock::Engine;
 use crate::lock::etcd::watch::Target;
 use crate::lock::holdings::hold::Hold;
@@ -72,6 +73,7 @@ pub(crate) fn spawn_monitor(engine: Engine, hold: Arc<Hold>, mark: MarkWhen, ent
                 _ = hold.session.lost() => SESSION_LOST,
                 reason = async { tokio::join!(record, key_deleted(&engine, &hold)).1 } => reason,
                 _ = heartbeat_missed(&hold) => "no heartbeat within heartbeatTimeoutSeconds",
+                reason = deadline::reached(&engine, &hold) => reason,
             };
             let reason = match reason {
                 KEY_DELETED => {

@@ -69,6 +69,10 @@ pub struct Entry {
     pub ttl_seconds: u32,
     /// The heartbeat window of this hold (0: none).
     pub heartbeat_timeout_seconds: u32,
+    /// The hold's maximum hold time in seconds (absent: none): the operator ends a hold its
+    /// sidecar did not end by then.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_hold_seconds: u32,
     /// The app container that asked, if the app named it (`PODLOCK_CONTAINER`): the operator
     /// then judges restarts of that container only.
     #[serde(default, skip_serializing_if = "Option::is_none")]

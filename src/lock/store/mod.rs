@@ -20,7 +20,7 @@ use crate::lock::protocol::keys;
 use crate::lock::protocol::names::LockId;
 use crate::lock::txn::multi_lock;
 use crate::lock::txn::queue::{self, QueueState, Ticket};
-use crate::lock::txn::release_note;
+use crate::lock::txn::release_note::{self, Ending};
 use crate::lock::txn::settings::{self, Settings};
 pub use auth::NamespacePassword;
 use changes::{Changes, QueueEntry};
@@ -46,6 +46,9 @@ pub struct LockState {
     /// While it has no settings: the token epoch kept when it was removed, if it was removed
     /// under an epoch above 0 (see `settings::retire`).
     pub retired: Option<u32>,
+    /// The entries that hold it with a maximum hold time (`maxHoldSeconds`), in queue order:
+    /// those the operator ends if their sidecar did not by their deadline.
+    pub timed: Vec<QueueEntry>,
 }
 
 impl LockState {
@@ -64,6 +67,20 @@ pub enum Revoked {
     Gone,
     /// It carries this key of another namespace, so it was left alone.
     Foreign(String),
+}
+
+/// The entries of a queue range that hold, in queue order, by the one rule of who holds under
+/// `max_holders`.
+fn holding(kvs: &[etcd_client::KeyValue], max_holders: u32) -> Vec<QueueEntry> {
+    let entries: Vec<(Option<QueueEntry>, Queued)> = (kvs.iter())
+        .filter_map(QueueEntry::of)
+        .map(|e| {
+            let q = queue::queued(e.entry.as_ref());
+            (e.entry.is_some().then_some(e), q)
+        })
+        .collect();
+    let held = queue::held(&entries, max_holders);
+    entries.into_iter().take(held).filter_map(|(e, _)| e).collect()
 }
 
 /// The lease TTL of [`Store::round_trip`]: its key goes with the lease even if the revoke fails.
@@ -161,6 +178,13 @@ impl Store {
             Some(_) => None,
             None => settings::retired(&self.0, lock).await?,
         };
+        let timed = match &read.declared {
+            Some(d) => holding(&read.queue, d.settings.max_holders),
+            None => vec![],
+        };
+        let timed = (timed.into_iter())
+            .filter(|e| e.entry.as_ref().is_some_and(|e| e.max_hold_seconds > 0))
+            .collect();
         Ok(LockState {
             settings: read.declared.as_ref().map(|d| d.settings),
             publisher: (read.declared.as_ref()).map_or(String::new(), |d| settings::publisher(&d.value)),
@@ -168,6 +192,7 @@ impl Store {
             queue: queue::split_queue(&read.queue, max_holders),
             revision: read.revision,
             retired,
+            timed,
         })
     }
 
@@ -178,25 +203,18 @@ impl Store {
         let Some(declared) = read.declared else {
             return Ok(vec![]);
         };
-        let entries: Vec<(Option<QueueEntry>, Queued)> = (read.queue.iter())
-            .filter_map(QueueEntry::of)
-            .map(|e| {
-                let q = queue::queued(e.entry.as_ref());
-                (e.entry.is_some().then_some(e), q)
-            })
-            .collect();
-        let held = queue::held(&entries, declared.settings.max_holders);
-        Ok(entries.into_iter().take(held).filter_map(|(e, _)| e).collect())
+        Ok(holding(&read.queue, declared.settings.max_holders))
     }
 
-    /// Ends the hold `held` at an administrator's request, if its key still has its create
-    /// revision (a later hold of the same holder id is never touched), leaving a note that its
-    /// sidecar reads to say so (see `released`). Returns whether it ended it.
-    pub async fn release(&self, held: &QueueEntry) -> Result<bool, LockError> {
+    /// Ends the hold `held` for `why` (an administrator's request, its deadline), if its key
+    /// still has its create revision (a later hold of the same holder id is never touched),
+    /// leaving a note that its sidecar reads to say so (see `release_note`). Returns whether
+    /// it ended it.
+    pub async fn release(&self, held: &QueueEntry, why: Ending) -> Result<bool, LockError> {
         let Some((_, holder)) = keys::parse_entry_key(&held.key) else {
             return Ok(false); // not a key the engine writes: no sidecar to tell
         };
-        release_note::release(&self.0, &held.lock, &holder, &held.ticket()).await
+        release_note::release(&self.0, &held.lock, &holder, &held.ticket(), why).await
     }
 
     /// Every lock with settings or queue keys in `namespace` (all when `None`).

@@ -197,6 +197,7 @@ mod tests {
             acquired_at: None,
             ttl_seconds: 15,
             heartbeat_timeout_seconds: 0,
+            max_hold_seconds: 0,
             container: None,
             mode,
             epoch: 0,

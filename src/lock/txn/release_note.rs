@@ -1,7 +1,8 @@
-//! An administrator's release (`podlock.io/release` on a DistributedLock): the operator deletes
-//! the hold's key and, in the same transaction, leaves a *note* saying why; the hold's sidecar,
-//! seeing its key deleted, reads the note and tells its app `lost` with [`ADMIN_RELEASED`]
-//! instead of the generic reason.
+//! A hold the operator ends on purpose: an administrator's release (`podlock.io/release` on a
+//! DistributedLock), or a hold past its maximum hold time whose sidecar did not end it. The
+//! operator deletes the hold's key and, in the same transaction, leaves a *note* saying why;
+//! the hold's sidecar, seeing its key deleted, reads the note and tells its app `lost` with
+//! the note's reason ([`Ending::reason`]) instead of the generic one.
 //!
 //! The note lives under the namespace's settings prefix (`config/{ns}/.released/...`): that
 //! namespace's etcd role may read it but not write it, so a tenant cannot make another pod's
@@ -19,9 +20,36 @@ use crate::lock::etcd::Etcd;
 use crate::lock::protocol::keys::release_note_key as note_key;
 use crate::lock::protocol::names::LockId;
 
-/// The reason a hold ended by an administrator's release is reported `lost` with.
-pub(crate) const ADMIN_RELEASED: &str =
-    "an administrator released it (podlock.io/release on its DistributedLock)";
+/// Why the operator ended a hold, as its note says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ending {
+    /// An administrator's release (`podlock.io/release`).
+    Admin,
+    /// The hold outlived its maximum hold time (`maxHoldSeconds`).
+    Deadline,
+}
+
+impl Ending {
+    /// The reason the hold's `lost` event gives.
+    pub fn reason(self) -> &'static str {
+        match self {
+            Ending::Admin => "an administrator released it (podlock.io/release on its DistributedLock)",
+            Ending::Deadline => DEADLINE,
+        }
+    }
+
+    /// How the note names it (absent: an administrator's, as notes were before deadlines).
+    fn code(self) -> Option<&'static str> {
+        match self {
+            Ending::Admin => None,
+            Ending::Deadline => Some(DEADLINE),
+        }
+    }
+}
+
+/// The reason of the `lost` event of a hold that reached its maximum hold time, whoever ended
+/// it: its sidecar, or the operator.
+pub const DEADLINE: &str = "deadline";
 
 /// How long a note outlives the deletion it explains.
 const NOTE_TTL: u32 = 60;
@@ -30,38 +58,46 @@ const NOTE_TTL: u32 = 60;
 /// the note costs the `lost` event at most this (within the 1 s the contract allows).
 pub(crate) const NOTE_READ: Duration = Duration::from_millis(300);
 
-/// Ends the hold at `ticket` (of `holder` in `lock`) as an administrator's release, if its key
-/// still has its create revision; returns whether it did.
+/// Ends the hold at `ticket` (of `holder` in `lock`) for `why`, if its key still has its create
+/// revision; returns whether it did.
 pub(in crate::lock) async fn release(
     etcd: &Etcd,
     lock: &LockId,
     holder: &str,
     ticket: &Ticket,
+    why: Ending,
 ) -> Result<bool, LockError> {
     let lease = etcd.lease_grant(NOTE_TTL).await?;
-    let note = serde_json::json!({ "fencingToken": ticket.revision }).to_string();
+    let mut note = serde_json::json!({ "fencingToken": ticket.revision });
+    if let Some(code) = why.code() {
+        note["ending"] = code.into();
+    }
+    let note = note.to_string();
     let key = note_key(lock, ticket.lease, holder);
     let put = TxnOp::put(key, note, Some(PutOptions::new().with_lease(lease)));
     // The note's lease is never revoked: with nothing on it (the key was gone) it expires
     // unused, and a `false` may come from a copy of the transaction sent again after an
     // earlier copy deleted the key and left the note (see `etcd`), which the note then tells.
     let released = queue::remove_noting(etcd, ticket, put).await?;
-    Ok(released || noted(etcd, lock, holder, ticket).await?)
+    Ok(released || noted(etcd, lock, holder, ticket).await?.is_some())
 }
 
-/// Whether the deletion of `ticket`'s key (of `holder` in `lock`) was an administrator's
-/// release of exactly that hold (the note names its fencing token).
+/// Why the operator deleted `ticket`'s key (of `holder` in `lock`), if it left a note for
+/// exactly that hold (the note names its fencing token).
 pub(in crate::lock) async fn noted(
     etcd: &Etcd,
     lock: &LockId,
     holder: &str,
     ticket: &Ticket,
-) -> Result<bool, LockError> {
+) -> Result<Option<Ending>, LockError> {
     let resp = etcd.get(note_key(lock, ticket.lease, holder), None).await?;
-    let token = (resp.kvs().first())
+    let note = (resp.kvs().first())
         .and_then(|kv| serde_json::from_slice::<serde_json::Value>(kv.value()).ok())
-        .and_then(|v| v["fencingToken"].as_i64());
-    Ok(token == Some(ticket.revision))
+        .filter(|v| v["fencingToken"].as_i64() == Some(ticket.revision));
+    Ok(note.map(|v| match v["ending"].as_str() {
+        Some(DEADLINE) => Ending::Deadline,
+        _ => Ending::Admin,
+    }))
 }
 
 #[cfg(test)]

@@ -20,6 +20,12 @@ pub struct Settings {
     pub max_holders: u32,
     /// 0: a hold lives as long as its pod; >0: the app must heartbeat within this window.
     pub heartbeat_timeout_seconds: u32,
+    /// 0: a hold lasts until it ends otherwise; N: no hold lasts longer than N seconds (a
+    /// request may ask for less). Absent from the stored value while 0, so that settings
+    /// written before it existed read as 0 and settings without it are written byte for byte
+    /// as before.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_hold_seconds: u32,
     /// The fencing tokens' epoch (see [`Token`](crate::lock::Token)): 0 in a lock's first etcd,
     /// raised when it is published again in an etcd that lost it. Absent from the stored value
     /// while 0, so that settings written before epochs existed read as epoch 0.
@@ -37,6 +43,7 @@ impl Default for Settings {
             ttl_seconds: TTL.default,
             max_holders: MAX_HOLDERS.default,
             heartbeat_timeout_seconds: HEARTBEAT.default,
+            max_hold_seconds: MAX_HOLD.default,
             epoch: 0,
         }
     }
@@ -79,6 +86,15 @@ pub const HEARTBEAT: Bound = Bound {
     default: 0,
 };
 
+/// `maxHoldSeconds` of a lock: 0 for none; at most a week, beyond which a hold is no longer a
+/// lock's business but a lease's.
+pub const MAX_HOLD: Bound = Bound {
+    field: "maxHoldSeconds",
+    min: 0,
+    max: 604_800,
+    default: 0,
+};
+
 impl Bound {
     /// `value` if it lies within the bounds; else an error naming the field and the bounds.
     pub fn check(&self, value: u32) -> Result<u32, LockError> {
@@ -103,6 +119,7 @@ impl Settings {
         TTL.check(self.ttl_seconds)?;
         MAX_HOLDERS.check(self.max_holders)?;
         HEARTBEAT.check(self.heartbeat_timeout_seconds)?;
+        MAX_HOLD.check(self.max_hold_seconds)?;
         if self.epoch > MAX_EPOCH {
             return Err(LockError::Invalid(
                 TokenError::Epoch(self.epoch.into()).to_string(),
@@ -306,6 +323,11 @@ mod tests {
         };
         assert!(bad.validate().unwrap_err().to_string().contains("maxHolders"));
         let bad = Settings {
+            max_hold_seconds: MAX_HOLD.max + 1,
+            ..Settings::default()
+        };
+        assert!(bad.validate().unwrap_err().to_string().contains("maxHoldSeconds"));
+        let bad = Settings {
             epoch: MAX_EPOCH + 1,
             ..Settings::default()
         };
@@ -321,6 +343,12 @@ mod tests {
         let later = Settings { epoch: 2, ..read };
         let text = String::from_utf8(serde_json::to_vec(&later).unwrap()).unwrap();
         assert!(text.ends_with(r#""epoch":2}"#), "{text}");
+        let limited = Settings {
+            max_hold_seconds: 60,
+            ..read
+        };
+        let text = String::from_utf8(serde_json::to_vec(&limited).unwrap()).unwrap();
+        assert!(text.contains(r#""maxHoldSeconds":60"#), "{text}");
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! The reconciler: publishes each DistributedLock's settings to etcd, mirrors its queue into
 //! `status`, and deletes its etcd keys when the object is deleted (finalizer).
 
+pub mod deadline;
 mod epoch;
 pub(super) mod holder_service;
 mod publish;
@@ -84,8 +85,9 @@ pub fn error_policy(dl: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) 
     Action::requeue(retry)
 }
 
-/// Acts on a force release (`podlock.io/release`), publishes the lock's settings to etcd and
-/// mirrors its queue into `status`.
+/// Acts on a force release (`podlock.io/release`), publishes the lock's settings to etcd,
+/// mirrors its queue into `status` and ends the holds past their deadline (their sidecar did
+/// not); comes again when the next deadline is due.
 async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) -> Result<Action, Error> {
     release::handle(dl, api, ctx).await?;
     let id = lock_id(dl);
@@ -93,7 +95,7 @@ async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) 
         .ensure(&ctx.client, &ctx.store, &id.namespace)
         .await
         .map_err(|e| Error::Isolation(e.into()))?;
-    let state = match publish::settings(ctx, api, dl, &id).await {
+    let mut state = match publish::settings(ctx, api, dl, &id).await {
         Ok(state) => state,
         Err(e @ Error::Kube(_)) => return Err(e),
         Err(e) => {
@@ -110,8 +112,10 @@ async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) 
             return Err(e);
         }
     };
+    let timed = std::mem::take(&mut state.timed);
     mirror_status(dl, ctx, &id, state).await?;
-    Ok(Action::requeue(RESYNC))
+    let next = deadline::enforce(ctx, dl, &id, timed).await?;
+    Ok(Action::requeue(next.map_or(RESYNC, |n| n.min(RESYNC))))
 }
 
 /// Mirrors the queue into the object's `status` (offered to the status writer) and the lock's
@@ -239,6 +243,7 @@ async fn cleanup(dl: &DistributedLock, ctx: &Context) -> Result<Action, Error> {
         others,
     } = withdrawn.ok_or(Error::SettingsChanging(id.clone()))?;
     ctx.status.forget(&id);
+    ctx.deadlines.forget(&id);
     info!(lock = %id, ended, removed, ?others, "withdrew from the lock in etcd");
     if ended > 0 {
         ctx.metrics

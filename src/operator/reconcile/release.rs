@@ -21,7 +21,7 @@ use kube::runtime::events::EventType;
 use tracing::info;
 
 use crate::crd::{DistributedLock, remove_if_still};
-use crate::lock::{QueueEntry, check_holder_id};
+use crate::lock::{Ending, QueueEntry, check_holder_id};
 use crate::operator::context::{Context, event, lock_id};
 use crate::operator::reconcile_error::Error;
 
@@ -71,7 +71,7 @@ pub async fn handle(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Cont
     let elsewhere: Vec<String> = elsewhere.into_iter().map(describe).collect();
     let mut released = vec![];
     for entry in &named {
-        match ctx.store.release(entry).await {
+        match ctx.store.release(entry, Ending::Admin).await {
             Ok(true) => {
                 ctx.metrics.forced_releases.with_label_values(&[REASON]).inc();
                 released.push(describe(entry));

@@ -48,6 +48,9 @@ impl Protocol {
                 if spec.heartbeat && s.faults > 0 {
                     can(Step::HeartbeatMiss);
                 }
+                if self.timed(s, c) {
+                    can(Step::Deadline);
+                }
             }
             Phase::Releasing { .. } => can(Step::Resend),
         }
@@ -154,7 +157,8 @@ impl Protocol {
     }
 
     /// A holder's step: it records its grant, releases, learns its hold ended, or misses its
-    /// heartbeat (the sidecar ends the hold, then removes its key in the background).
+    /// heartbeat or reaches its deadline (the sidecar ends the hold, then removes its key in
+    /// the background).
     fn holder_step(&self, s: &mut State, c: u8, step: Step, (ticket, session): (Rev, u8), chain: Vec<Rev>) {
         let me = &mut s.clients[c as usize];
         match step {
@@ -179,11 +183,15 @@ impl Protocol {
                     me.removals.sort_unstable();
                 }
             }
-            Step::HeartbeatMiss => {
+            Step::HeartbeatMiss | Step::Deadline => {
                 me.phase = Phase::Idle;
                 me.removals.push(ticket);
                 me.removals.sort_unstable();
-                s.faults -= 1;
+                if step == Step::HeartbeatMiss {
+                    s.faults -= 1;
+                } else {
+                    s.deadline_ended.0 = true;
+                }
             }
             _ => unreachable!("{step:?} while holding"),
         }
@@ -232,7 +240,10 @@ impl Protocol {
             });
         }
         let ticket = s.next_rev();
-        let key = new_key((c, session, holder), epoch, ticket, spec.shared);
+        let key = Key {
+            timed: self.timed(s, c),
+            ..new_key((c, session, holder), epoch, ticket, spec.shared)
+        };
         s.locks[spec.lock as usize].queue.push(key);
         self.place(s, c, ticket, max);
     }
@@ -347,6 +358,7 @@ pub fn new_key((owner, session, holder): Name, epoch: u8, create: Rev, shared: b
         shared,
         record: Record::No,
         next: vec![],
+        timed: false,
     }
 }
 

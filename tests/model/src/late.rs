@@ -48,12 +48,16 @@ impl Protocol {
             return; // refused: the lease is gone, the settings changed, or the key is there
         }
         let create = s.next_rev();
-        let key = new_key(
-            (c, copy.session, copy.holder),
-            copy.cache.epoch,
-            create,
-            spec.shared,
-        );
+        // The copy is of the first enqueue, which asks for a maximum hold time if any does.
+        let key = Key {
+            timed: spec.deadline,
+            ..new_key(
+                (c, copy.session, copy.holder),
+                copy.cache.epoch,
+                create,
+                spec.shared,
+            )
+        };
         s.locks[spec.lock as usize].queue.push(key);
         s.late_landed = true;
         if self.spec.bug != Some(Bug::LateCopyUnguarded) {

@@ -12,6 +12,7 @@
 
 mod client;
 mod clusters;
+mod deadline;
 mod decide;
 mod late;
 mod liveness;

@@ -52,6 +52,8 @@ pub enum Step {
     Removal(u8),
     /// The app misses its heartbeat: the sidecar ends the hold and removes its key.
     HeartbeatMiss,
+    /// The hold reaches its maximum hold time: the sidecar ends it and removes its key.
+    Deadline,
 }
 
 /// One step of the model.
@@ -82,6 +84,12 @@ pub enum Action {
     ReleaseRead(u8, Rev),
     /// The operator deletes the key it read for the release, guarded by its create revision.
     ReleaseDelete,
+    /// The operator reads a lock and picks the holder key with this create revision whose
+    /// entry has a maximum hold time, as past its deadline (see [`crate::deadline`]).
+    DeadlineRead(u8, Rev),
+    /// The operator deletes the key it read as past its deadline, guarded by its create
+    /// revision.
+    DeadlineDelete,
     /// etcd is wiped and started again, empty.
     Wipe,
     /// A snapshot of etcd is taken.
@@ -118,7 +126,7 @@ impl Action {
         match self {
             Action::Client(_, step) => !matches!(
                 step,
-                Step::Rewatch | Step::RewatchLock(_) | Step::GiveUp | Step::HeartbeatMiss
+                Step::Rewatch | Step::RewatchLock(_) | Step::GiveUp | Step::HeartbeatMiss | Step::Deadline
             ),
             Action::Expire(_)
             | Action::Revoke(..)
@@ -201,6 +209,9 @@ impl Protocol {
             releases: self.spec.releases,
             release: None,
             released_holder: false,
+            deadlines: self.spec.deadlines,
+            deadline: None,
+            deadline_ended: (false, false),
             revoked: false,
             late_landed: false,
             resent_own: false,

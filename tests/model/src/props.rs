@@ -104,6 +104,11 @@ pub fn properties() -> Vec<Property<Protocol>> {
             s.broken != Some(Broken::ReleaseAnswer)
         }),
         Property::sometimes(crate::resend::RESENT_OWN, |_, s: &State| s.resent_own),
+        Property::always(crate::deadline::OWN_HOLD, |_, s: &State| {
+            s.broken != Some(Broken::DeadlineOther)
+        }),
+        Property::sometimes(crate::deadline::BY_SIDECAR, |_, s: &State| s.deadline_ended.0),
+        Property::sometimes(crate::deadline::BY_OPERATOR, |_, s: &State| s.deadline_ended.1),
     ]
 }
 
@@ -113,8 +118,9 @@ pub const LANDED: &str = "a late copy of an enqueue lands";
 /// The `sometimes` properties a configuration must reach, by its features.
 pub fn examples(model: &Protocol) -> Vec<&'static str> {
     let spec = &model.spec;
-    // A key vanishes under its holder only by a fault, a force release or etcd's rebuild.
-    let vanish = spec.faults > 0 || spec.releases > 0 || spec.rebuild.is_some();
+    // A key vanishes under its holder only by a fault, a force release, a deadline or etcd's
+    // rebuild.
+    let vanish = spec.faults > 0 || spec.releases > 0 || spec.deadlines > 0 || spec.rebuild.is_some();
     let mut out: Vec<&'static str> = vanish
         .then_some("a holder outlives its key")
         .into_iter()
@@ -187,6 +193,12 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     }
     if spec.clients.iter().any(|c| c.also.is_some()) {
         out.push(crate::multi::HELD);
+    }
+    if spec.clients.iter().any(|c| c.deadline) {
+        out.push(crate::deadline::BY_SIDECAR);
+    }
+    if spec.deadlines > 0 {
+        out.push(crate::deadline::BY_OPERATOR);
     }
     out
 }

@@ -35,6 +35,7 @@ pub(crate) fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8
         clients,
         faults: 1,
         releases: 0,
+        deadlines: 0,
         lock_deletion: false,
         on_behalf: OnBehalf::Off,
         bug: None,
@@ -333,6 +334,7 @@ pub fn runs() -> Vec<Run> {
         crate::clusters::runs(),
         crate::resend::runs(),
         crate::publishers::runs(),
+        crate::deadline::runs(),
     ];
     [protocol(), handoff(), on_behalf(), bugs(), crate::rebuild::runs()]
         .into_iter()

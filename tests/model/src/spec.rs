@@ -21,6 +21,9 @@ pub struct ClientSpec {
     pub heartbeat: bool,
     /// How many acquires it makes, one after the other.
     pub acquires: u8,
+    /// Its first acquire asks for a maximum hold time (its later ones do not): its hold may end
+    /// at any moment, by its sidecar or by the operator ([`crate::deadline`]).
+    pub deadline: bool,
 }
 
 /// Recording the grant of a key ahead whose owner left it unrecorded: a rejected design (it
@@ -149,6 +152,9 @@ pub enum Bug {
     /// A release's copy that finds its key gone answers `released`, as if its own first copy
     /// had deleted it: a hold ended otherwise (its lease, an administrator) is called released.
     GoneIsReleased,
+    /// The operator's deadline release deletes the key by its name, not guarded by the create
+    /// revision it read: a later hold under the same key name is ended.
+    DeadlineByName,
 }
 
 /// One configuration to check.
@@ -170,6 +176,9 @@ pub struct Spec {
     /// How many force releases (`podlock.io/release`) an administrator may ask for in a run,
     /// besides the faults.
     pub releases: u8,
+    /// How many holds the operator may end at their deadline in a run (their sidecar had
+    /// not), besides the faults.
+    pub deadlines: u8,
     /// Whether the operator may delete a lock (and declare it again).
     pub lock_deletion: bool,
     /// The recording-on-behalf variant.
@@ -214,6 +223,7 @@ impl ClientSpec {
             connection: false,
             heartbeat: false,
             acquires: 1,
+            deadline: false,
         }
     }
 
@@ -234,6 +244,14 @@ impl ClientSpec {
     pub fn heartbeat(self) -> Self {
         ClientSpec {
             heartbeat: true,
+            ..self
+        }
+    }
+
+    /// The same, its first acquire asking for a maximum hold time.
+    pub fn deadline(self) -> Self {
+        ClientSpec {
+            deadline: true,
             ..self
         }
     }

@@ -56,6 +56,8 @@ pub struct Key {
     /// The chain handed on with a [`Record::Handed`] grant: the keys behind it the releaser
     /// knew (create revisions, nearest first).
     pub next: Vec<Rev>,
+    /// Its entry asks for a maximum hold time (`maxHoldSeconds`).
+    pub timed: bool,
 }
 
 impl Key {
@@ -189,6 +191,9 @@ pub enum Broken {
     LiveRevoked,
     /// A release answered otherwise than what its own copy did (see [`crate::resend`]).
     ReleaseAnswer,
+    /// The operator's deadline release ended another hold than the one it read as due (see
+    /// [`crate::deadline`]).
+    DeadlineOther,
 }
 
 /// The whole model state.
@@ -209,6 +214,14 @@ pub struct State {
     pub release: Option<(u8, Rev)>,
     /// Whether a force release ended a hold its client believed it had.
     pub released_holder: bool,
+    /// Holds the operator may still end at their deadline.
+    pub deadlines: u8,
+    /// A deadline release the operator has read but not yet applied: the lock, and the create
+    /// revision and name of the timed holder's key it read.
+    pub deadline: Option<(u8, Rev, Name)>,
+    /// Whether a hold was ended at its deadline by its sidecar, and by the operator while its
+    /// client believed it held.
+    pub deadline_ended: (bool, bool),
     /// An operator ended the holds of a dead pod of its cluster.
     pub revoked: bool,
     /// A late copy of an enqueue put its key back after the key had left the queue.
@@ -282,6 +295,9 @@ impl State {
             }
         }
         if let Some((_, create)) = &mut self.release {
+            f(create);
+        }
+        if let Some((_, create, _)) = &mut self.deadline {
             f(create);
         }
         for client in &mut self.clients {

@@ -47,6 +47,7 @@ impl Protocol {
         if s.release.is_some() {
             out.push(Action::ReleaseDelete);
         }
+        self.deadline_steps(s, out);
         for (c, client) in s.clients.iter().enumerate() {
             if let Late::InFlight(_) = client.late {
                 out.push(Action::LateCopy(c as u8));
@@ -101,6 +102,7 @@ impl Protocol {
                     s.released_holder = true;
                 }
             }
+            Action::DeadlineRead(..) | Action::DeadlineDelete => self.deadline_step(s, action),
             Action::Revoke(_, p) => self.revoke(s, p),
             Action::LateCopy(c) => self.late_copy(s, c),
             Action::Client(..) => unreachable!("a client's step"),
