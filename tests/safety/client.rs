@@ -5,6 +5,7 @@ use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use serde_json::{Value, json};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 use tokio::time::timeout;
@@ -290,14 +291,33 @@ impl Notices {
     }
 }
 
+/// What the events streams said of maximum hold times over the run: `deadline` warnings, and
+/// `lost` notices with reason `deadline` (one per lock of a set).
+#[derive(Default)]
+pub struct Deadlines {
+    pub warned: AtomicUsize,
+    pub ended: AtomicUsize,
+}
+
+/// The run's [`Deadlines`].
+pub static DEADLINES: Deadlines = Deadlines {
+    warned: AtomicUsize::new(0),
+    ended: AtomicUsize::new(0),
+};
+
 /// Reads a lock's events stream until it ends, recording the holds lost and released. A
 /// stream that ends (its sidecar died, or it lagged) makes every hold on it count as lost.
 async fn follow(events: reqwest::Response, notices: Arc<Mutex<Notices>>) {
     let mut stream = events.bytes_stream().eventsource();
     while let Some(Ok(event)) = stream.next().await {
-        let token = serde_json::from_str::<Value>(&event.data)
-            .ok()
-            .and_then(|ev| ev["fencingToken"].as_i64());
+        let data = serde_json::from_str::<Value>(&event.data).unwrap_or_default();
+        let token = data["fencingToken"].as_i64();
+        let count = match (event.event.as_str(), data["reason"].as_str()) {
+            ("deadline", _) => Some(&DEADLINES.warned),
+            ("lost", Some("deadline")) => Some(&DEADLINES.ended),
+            _ => None,
+        };
+        count.map(|c| c.fetch_add(1, Ordering::Relaxed));
         let mut n = notices.lock().unwrap();
         let seen = match event.event.as_str() {
             "lost" => &mut n.lost,

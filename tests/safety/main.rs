@@ -242,6 +242,19 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
         "  late answers: {} requests made their member answer late",
         rig.late.held()
     );
+    let deadlines = &client::DEADLINES;
+    let (warned, ended) = (
+        deadlines.warned.load(Ordering::Relaxed),
+        deadlines.ended.load(Ordering::Relaxed),
+    );
+    eprintln!(
+        "  maximum hold times: {ended} lost notices with reason deadline (each lock of a set \
+         its own), {warned} deadline warnings before"
+    );
+    assert!(
+        ended > 0 && warned > 0,
+        "no hold ended at its deadline ({ended}) or was warned of it ({warned})"
+    );
     let (checked, late_writes) = stores.register.out_of_order();
     eprintln!(
         "  fence check, then a write to a register that keeps no token: {checked} writes, \
