@@ -6,31 +6,19 @@
 //! `two clusters publish, etcd wiped twice`). Run with `--nocapture` to see the tokens.
 
 use serde_json::json;
-use std::time::Duration;
 
 use crate::clusters::Cluster;
 use crate::common::kube::{other_cluster, with_crd};
 use crate::common::store::FencedStore;
 use crate::common::{EtcdServer, Sidecar};
+use crate::etcd_rebuild::granted_after_rebuild;
 
 const LOCK: &str = "ledger";
 
-/// The first token `s` is granted once the lock is published again after a wipe (404 until
-/// then, 503 while its lease is replaced); released at once.
+/// The first token `s` is granted once the lock is published again after a wipe; released
+/// at once.
 async fn next_token(s: &Sidecar) -> i64 {
-    let start = std::time::Instant::now();
-    let token = loop {
-        let (status, body) = s.post(LOCK, "acquire", json!({"waitSeconds": 5})).await;
-        if status == 200 {
-            break body["fencingToken"].as_i64().unwrap();
-        }
-        assert!(
-            [404, 503].contains(&status) && start.elapsed() < Duration::from_secs(30),
-            "acquire after the wipe: {status} {body}\n{}",
-            s.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let token = granted_after_rebuild(s, LOCK).await;
     let (status, body) = s.post(LOCK, "release", json!({})).await;
     assert_eq!(status, 200, "{body}");
     token

@@ -34,19 +34,7 @@ async fn grants(s: &Sidecar, store: &FencedStore, n: usize) -> Vec<i64> {
 /// 404 until the lock is published again and 503 while its lease is being replaced. Written
 /// to `store`, which must accept it, and released; returns the token.
 async fn first_grant_after(s: &Sidecar, store: &FencedStore) -> i64 {
-    let start = Instant::now();
-    let token = loop {
-        let (status, body) = s.post(LOCK, "acquire", json!({"waitSeconds": 5})).await;
-        if status == 200 {
-            break body["fencingToken"].as_i64().unwrap();
-        }
-        assert!(
-            [404, 503].contains(&status) && start.elapsed() < Duration::from_secs(30),
-            "acquire after the rebuild: {status} {body}\n{}",
-            s.log()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let token = granted_after_rebuild(s, LOCK).await;
     let written = store.write(token, &s.pod).await;
     assert_eq!(
         written,
@@ -57,6 +45,24 @@ async fn first_grant_after(s: &Sidecar, store: &FencedStore) -> i64 {
     let (status, body) = s.post(LOCK, "release", json!({})).await;
     assert_eq!(status, 200, "{body}");
     token
+}
+
+/// The token of `s`'s first grant of `lock` once etcd, rebuilt, has the lock published again
+/// (404 until then, 503 while the sidecar's lease is being replaced), within 30 s.
+pub(crate) async fn granted_after_rebuild(s: &Sidecar, lock: &str) -> i64 {
+    let start = Instant::now();
+    loop {
+        let (status, body) = s.post(lock, "acquire", json!({"waitSeconds": 5})).await;
+        if status == 200 {
+            return body["fencingToken"].as_i64().unwrap();
+        }
+        assert!(
+            [404, 503].contains(&status) && start.elapsed() < Duration::from_secs(30),
+            "acquire after the rebuild: {status} {body}\n{}",
+            s.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// An operator for namespace `name` on its own lock etcd, with the lock declared and Free.

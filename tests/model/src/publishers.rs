@@ -11,9 +11,9 @@
 
 use crate::model::{Action, Protocol};
 use crate::props::{FENCING, REUSE};
-use crate::rebuild::behind;
-use crate::runs::{Expect, Run, spec};
-use crate::spec::{Bug, ClientSpec as C, Rebuild, Spec};
+use crate::rebuild::{behind, rebuilt};
+use crate::runs::{Expect, Run};
+use crate::spec::{Bug, EpochRule, Rebuild, Spec};
 use crate::state::{Lock, Rebuilt, State, Status};
 
 impl Rebuilt {
@@ -61,17 +61,8 @@ impl Protocol {
 /// status lagging; etcd wiped twice.
 fn published_twice(name: &'static str, bug: Option<Bug>) -> Spec {
     Spec {
-        rebuild: Some(Rebuild::Wipe),
-        status_lag: true,
         two_publishers: true,
-        bug,
-        faults: 0,
-        ..spec(
-            name,
-            vec![1],
-            vec![vec![]],
-            vec![C::new(0, 0).acquires(2), C::new(1, 0)],
-        )
+        ..rebuilt(name, Rebuild::Wipe, EpochRule::WriteAhead, true, bug)
     }
 }
 

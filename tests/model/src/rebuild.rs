@@ -245,11 +245,16 @@ fn watches_break(s: &mut State) {
     }
 }
 
-/// etcd wiped, or restored from an earlier snapshot, under a lock two pods take in turn, and
-/// the operator publishing the lock again (docs/operations.md, "Backup and restore"); then the
-/// rule's parts taken away, each of which the checker must find missing.
-pub fn runs() -> Vec<Run> {
-    let rebuilt = |name, rebuild, epoch_rule, status_lag, bug| Spec {
+/// A run `name` in which etcd is rebuilt (`rebuild`) under a lock two pods take in turn, the
+/// operator choosing epochs by `epoch_rule`, its status behind etcd if `status_lag`.
+pub(crate) fn rebuilt(
+    name: &'static str,
+    rebuild: Rebuild,
+    epoch_rule: EpochRule,
+    status_lag: bool,
+    bug: Option<Bug>,
+) -> Spec {
+    Spec {
         rebuild: Some(rebuild),
         epoch_rule,
         status_lag,
@@ -261,7 +266,13 @@ pub fn runs() -> Vec<Run> {
             vec![vec![]],
             vec![C::new(0, 0).acquires(2), C::new(1, 0)],
         )
-    };
+    }
+}
+
+/// etcd wiped, or restored from an earlier snapshot, under a lock two pods take in turn, and
+/// the operator publishing the lock again (docs/operations.md, "Backup and restore"); then the
+/// rule's parts taken away, each of which the checker must find missing.
+pub fn runs() -> Vec<Run> {
     let (wipe, bumped) = (Rebuild::Wipe, Rebuild::Restore { bump_revision: true });
     let restore = Rebuild::Restore { bump_revision: false };
     let rule = EpochRule::WriteAhead;
