@@ -9,7 +9,7 @@ use super::backoff::Backoff;
 use super::isolation::Isolation;
 use super::liveness::noticed::Noticed;
 use super::liveness::returned::Returned;
-use super::reconcile::deadline::Clocks;
+use super::reconcile::clocks::Clocks;
 use super::status::writer::StatusWriter;
 use crate::crd::DistributedLock;
 use crate::lock::{LockId, Store};

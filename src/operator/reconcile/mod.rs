@@ -1,6 +1,7 @@
 //! The reconciler: publishes each DistributedLock's settings to etcd, mirrors its queue into
 //! `status`, and deletes its etcd keys when the object is deleted (finalizer).
 
+pub mod clocks;
 pub mod deadline;
 mod epoch;
 pub(super) mod holder_service;
