@@ -40,10 +40,7 @@ pub async fn settings(
     for _ in 0..ATTEMPTS {
         let state = ctx.store.lock_state(id, dl.spec.settings().max_holders).await?;
         let target = Target::of(ctx, dl, &state);
-        let at = (
-            state.revision,
-            target.theirs.is_none() && ctx.returned.pending(id),
-        );
+        let at = (state.revision, !target.theirs && ctx.returned.pending(id));
         let mut choice = choose(id, status.as_ref(), state.epoch(), at)?;
         if !fresh && target.wants(&state, choice) {
             // Whatever is written now rests on the epochs recorded: decide on the status as
@@ -53,7 +50,7 @@ pub async fn settings(
             choice = choose(id, status.as_ref(), state.epoch(), at)?;
         }
         if !target.wants(&state, choice) {
-            if target.theirs.is_some() {
+            if target.theirs {
                 ctx.returned.done(id); // the publisher's operator sees the restore for itself
             }
             return Ok(state);
@@ -83,8 +80,8 @@ pub async fn settings(
 struct Target {
     base: Settings,
     publisher: String,
-    /// The other cluster's name, when its settings are the base.
-    theirs: Option<String>,
+    /// Whether the base is another cluster's settings (that cluster is then `publisher`).
+    theirs: bool,
 }
 
 impl Target {
@@ -93,12 +90,12 @@ impl Target {
             Some(theirs) if !may_publish(&state.publisher, &ctx.cluster) => Target {
                 base: theirs,
                 publisher: state.publisher.clone(),
-                theirs: Some(state.publisher.clone()),
+                theirs: true,
             },
             _ => Target {
                 base: dl.spec.settings(),
                 publisher: ctx.cluster.clone(),
-                theirs: None,
+                theirs: false,
             },
         }
     }
@@ -117,7 +114,7 @@ impl Target {
             choice.renewal,
             Some(Renewal::WentBack { .. } | Renewal::OlderEpoch { .. })
         );
-        (self.theirs.is_none() || fencing) && state.settings != Some(self.settings(choice))
+        (!self.theirs || fencing) && state.settings != Some(self.settings(choice))
     }
 }
 
@@ -167,11 +164,13 @@ async fn announce(
         return;
     };
     let floor = Token::new(choice.epoch, 0).map_or(0, Token::get);
-    let over = (target.theirs.as_ref())
-        .map(|c| {
-            format!(" (over the settings cluster {c} published, which this cluster's status shows behind)")
-        })
-        .unwrap_or_default();
+    let over = match target.theirs {
+        true => format!(
+            " (over the settings cluster {} published, which this cluster's status shows behind)",
+            target.publisher
+        ),
+        false => String::new(),
+    };
     let note = format!(
         "{renewal}; fencing tokens continue at epoch {} (above {floor}){over}; {ended} holds \
          and waits of the old epoch ended",
