@@ -172,6 +172,7 @@ impl Protocol {
                 self.record(s, c, ticket);
             }
             Step::Release => {
+                self.note_release(s, c, ticket);
                 let own = self.release_copy(s, c, (ticket, session), &chain);
                 s.clients[c as usize].phase = self.after_release(ticket, session, own);
             }
@@ -242,6 +243,7 @@ impl Protocol {
         let ticket = s.next_rev();
         let key = Key {
             timed: self.timed(s, c),
+            yielding: false,
             ..new_key((c, session, holder), epoch, ticket, spec.shared)
         };
         s.locks[spec.lock as usize].queue.push(key);
@@ -359,6 +361,7 @@ pub fn new_key((owner, session, holder): Name, epoch: u8, create: Rev, shared: b
         record: Record::No,
         next: vec![],
         timed: false,
+        yielding: false,
     }
 }
 

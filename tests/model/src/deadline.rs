@@ -30,8 +30,9 @@ impl Protocol {
         spec.deadline && s.clients[c as usize].left + 1 == spec.acquires
     }
 
-    /// The operator's deadline steps possible now: a read that picks a timed holder of a lock,
-    /// or the deletion of the one it picked.
+    /// The operator's deadline steps possible now: a read that picks a timed holder of a lock
+    /// (or one asked to yield, whose deadline is the request's: [`crate::yielding`]), or the
+    /// deletion of the one it picked.
     pub fn deadline_steps(&self, s: &State, out: &mut Vec<Action>) {
         if s.deadline.is_some() {
             return out.push(Action::DeadlineDelete);
@@ -40,7 +41,7 @@ impl Protocol {
             return;
         }
         for l in 0..s.locks.len() as u8 {
-            let due = named(self, s, l).into_iter().filter(|k| k.timed);
+            let due = named(self, s, l).into_iter().filter(|k| k.timed || k.yielding);
             out.extend(due.map(|k| Action::DeadlineRead(l, k.create)));
         }
     }

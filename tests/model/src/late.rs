@@ -51,6 +51,7 @@ impl Protocol {
         // The copy is of the first enqueue, which asks for a maximum hold time if any does.
         let key = Key {
             timed: spec.deadline,
+            yielding: false,
             ..new_key(
                 (c, copy.session, copy.holder),
                 copy.cache.epoch,

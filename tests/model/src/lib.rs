@@ -28,6 +28,7 @@ mod spec;
 mod state;
 mod view;
 mod world;
+mod yielding;
 
 use std::collections::BTreeSet;
 use std::process::ExitCode;

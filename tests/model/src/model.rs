@@ -8,7 +8,7 @@ use stateright::{Model, Property};
 use crate::late::Late;
 use crate::props;
 use crate::spec::Spec;
-use crate::state::{Cached, Client, Lock, Phase, Pod, Rebuilt, Rev, State, Status};
+use crate::state::{Cached, Client, Lock, Phase, Pod, Rebuilt, Rev, State, Status, Yields};
 
 /// One client's step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -90,6 +90,11 @@ pub enum Action {
     /// The operator deletes the key it read as past its deadline, guarded by its create
     /// revision.
     DeadlineDelete,
+    /// The operator reads a lock for a yield request and picks the holder key with this create
+    /// revision (see [`crate::yielding`]).
+    YieldRead(u8, Rev),
+    /// The operator writes the request into the key it read, guarded by its mod revision.
+    YieldWrite,
     /// etcd is wiped and started again, empty.
     Wipe,
     /// A snapshot of etcd is taken.
@@ -212,6 +217,10 @@ impl Protocol {
             deadlines: self.spec.deadlines,
             deadline: None,
             deadline_ended: (false, false),
+            yields: Yields {
+                left: self.spec.yields,
+                ..Yields::default()
+            },
             revoked: false,
             late_landed: false,
             resent_own: false,

@@ -250,6 +250,9 @@ impl Protocol {
         let rev = s.next_rev();
         let key = s.key_mut(lock, ticket).expect("in place");
         (key.record, key.modrev, key.next) = (Record::Own, rev, vec![]);
+        if self.spec.bug == Some(Bug::MarkOverYield) {
+            key.yielding = false;
+        }
     }
 
     /// Deletes `c`'s keys of create revision `ticket` in every lock it takes, in one

@@ -109,6 +109,8 @@ pub fn properties() -> Vec<Property<Protocol>> {
         }),
         Property::sometimes(crate::deadline::BY_SIDECAR, |_, s: &State| s.deadline_ended.0),
         Property::sometimes(crate::deadline::BY_OPERATOR, |_, s: &State| s.deadline_ended.1),
+        Property::always(crate::yielding::KEPT, |_, s: &State| crate::yielding::kept(s)),
+        Property::sometimes(crate::yielding::YIELDED, |_, s: &State| s.yields.yielded),
     ]
 }
 
@@ -199,6 +201,9 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     }
     if spec.deadlines > 0 {
         out.push(crate::deadline::BY_OPERATOR);
+    }
+    if spec.yields > 0 {
+        out.push(crate::yielding::YIELDED);
     }
     out
 }

@@ -99,8 +99,9 @@ fn key(k: &Key) -> String {
         true => String::new(),
         false => format!(", then {:?}", k.next),
     };
+    let asked = if k.yielding { " asked to yield" } else { "" };
     format!(
-        "c{}:{mode}#{} (epoch {}, mod {}){record}{next}",
+        "c{}:{mode}#{} (epoch {}, mod {}){record}{asked}{next}",
         k.owner, k.create, k.epoch, k.modrev
     )
 }

@@ -36,6 +36,7 @@ pub(crate) fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8
         faults: 1,
         releases: 0,
         deadlines: 0,
+        yields: 0,
         lock_deletion: false,
         on_behalf: OnBehalf::Off,
         bug: None,
@@ -335,6 +336,7 @@ pub fn runs() -> Vec<Run> {
         crate::resend::runs(),
         crate::publishers::runs(),
         crate::deadline::runs(),
+        crate::yielding::runs(),
     ];
     [protocol(), handoff(), on_behalf(), bugs(), crate::rebuild::runs()]
         .into_iter()

@@ -155,6 +155,9 @@ pub enum Bug {
     /// The operator's deadline release deletes the key by its name, not guarded by the create
     /// revision it read: a later hold under the same key name is ended.
     DeadlineByName,
+    /// The holder records its grant by writing its own entry over the one in etcd, guarded by
+    /// create revision only: a yield request written before is lost.
+    MarkOverYield,
 }
 
 /// One configuration to check.
@@ -179,6 +182,8 @@ pub struct Spec {
     /// How many holds the operator may end at their deadline in a run (their sidecar had
     /// not), besides the faults.
     pub deadlines: u8,
+    /// How many yield requests (`podlock.io/yield`) an administrator may make in a run.
+    pub yields: u8,
     /// Whether the operator may delete a lock (and declare it again).
     pub lock_deletion: bool,
     /// The recording-on-behalf variant.

@@ -15,6 +15,7 @@ pub type Rev = u16;
 pub use crate::multi::Turn;
 pub use crate::resend::Receipt;
 pub use crate::view::{Cached, Client, Name, Phase, Wait};
+pub use crate::yielding::Yields;
 
 /// A fencing token: the lock's epoch when its key was enqueued, then the key's create revision
 /// (`Token` in the engine: `epoch * 2^40 + revision`; (0, 0): none).
@@ -58,6 +59,8 @@ pub struct Key {
     pub next: Vec<Rev>,
     /// Its entry asks for a maximum hold time (`maxHoldSeconds`).
     pub timed: bool,
+    /// Its entry carries a yield request ([`crate::yielding`]).
+    pub yielding: bool,
 }
 
 impl Key {
@@ -222,6 +225,8 @@ pub struct State {
     /// Whether a hold was ended at its deadline by its sidecar, and by the operator while its
     /// client believed it held.
     pub deadline_ended: (bool, bool),
+    /// The yield requests ([`crate::yielding`]).
+    pub yields: Yields,
     /// An operator ended the holds of a dead pod of its cluster.
     pub revoked: bool,
     /// A late copy of an enqueue put its key back after the key had left the queue.
@@ -300,6 +305,7 @@ impl State {
         if let Some((_, create, _)) = &mut self.deadline {
             f(create);
         }
+        self.yields.each_rev(&mut f);
         for client in &mut self.clients {
             f(&mut client.cache.modrev);
             client.also_cache.iter_mut().for_each(|c| f(&mut c.modrev));

@@ -48,6 +48,7 @@ impl Protocol {
             out.push(Action::ReleaseDelete);
         }
         self.deadline_steps(s, out);
+        self.yield_steps(s, out);
         for (c, client) in s.clients.iter().enumerate() {
             if let Late::InFlight(_) = client.late {
                 out.push(Action::LateCopy(c as u8));
@@ -103,6 +104,7 @@ impl Protocol {
                 }
             }
             Action::DeadlineRead(..) | Action::DeadlineDelete => self.deadline_step(s, action),
+            Action::YieldRead(..) | Action::YieldWrite => self.yield_step(s, action),
             Action::Revoke(_, p) => self.revoke(s, p),
             Action::LateCopy(c) => self.late_copy(s, c),
             Action::Client(..) => unreachable!("a client's step"),
