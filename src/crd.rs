@@ -79,6 +79,11 @@ pub struct DistributedLockSpec {
     #[serde(default)]
     #[schemars(schema_with = "max_hold_schema")]
     pub max_hold_seconds: u32,
+    /// How long a holder asked to yield (`podlock.io/yield`) has to release before the
+    /// operator ends its hold, when the request names no `podlock.io/yield-grace`.
+    #[serde(default = "default_yield_grace")]
+    #[schemars(schema_with = "yield_grace_schema")]
+    pub yield_grace_seconds: u32,
     /// A Service the operator keeps pointing at the pods that hold the lock, so that an
     /// active/passive system routes to its current leader with a plain Service.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -175,6 +180,22 @@ fn heartbeat_schema(_: &mut SchemaGenerator) -> Schema {
 
 fn max_hold_schema(_: &mut SchemaGenerator) -> Schema {
     bounded(&MAX_HOLD)
+}
+
+/// `yieldGraceSeconds`: at least a second, at most a day.
+pub const YIELD_GRACE: Bound = Bound {
+    field: "yieldGraceSeconds",
+    min: 1,
+    max: 86_400,
+    default: 30,
+};
+
+fn yield_grace_schema(_: &mut SchemaGenerator) -> Schema {
+    bounded(&YIELD_GRACE)
+}
+
+fn default_yield_grace() -> u32 {
+    YIELD_GRACE.default
 }
 
 fn default_ttl() -> u32 {
@@ -287,6 +308,10 @@ pub struct Holder {
     /// `exclusive`, or `shared` with the other shared holders (a reader-writer lock).
     #[serde(default = "exclusive")]
     pub mode: String,
+    /// The time an administrator asked the holder to yield by (`podlock.io/yield`), if one
+    /// did: the operator ends the hold then unless it is released first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yield_deadline: Option<String>,
 }
 
 fn exclusive() -> String {
@@ -302,6 +327,7 @@ impl From<HolderInfo> for Holder {
             fencing_token: h.fencing_token,
             acquired_at: h.acquired_at,
             mode: h.mode.as_str().into(),
+            yield_deadline: h.yield_deadline,
         }
     }
 }
@@ -332,18 +358,24 @@ pub fn crd_yaml() -> String {
     serde_yaml::to_string(&DistributedLock::crd()).expect("CRD serializes")
 }
 
-/// Removes the JSON value at `path` of DistributedLock `name` if it still is `value`, in one
-/// JSON patch (`test`, then `remove`): a change made since it was read is never undone. The
-/// API server answers 404 when the lock is gone, 422 when the test fails.
+/// Removes the JSON values at the paths of `taken` from DistributedLock `name` if each still
+/// is its value, in one JSON patch (a `test`, then a `remove`, for each): a change made since
+/// they were read is never undone. The API server answers 404 when the lock is gone, 422 when
+/// a test fails.
 pub async fn remove_if_still(
     api: &kube::Api<DistributedLock>,
     name: &str,
-    path: &str,
-    value: &str,
+    taken: &[(String, &str)],
 ) -> Result<(), kube::Error> {
-    let ops =
-        serde_json::json!([{"op": "test", "path": path, "value": value}, {"op": "remove", "path": path}]);
-    let patch: json_patch::Patch = serde_json::from_value(ops).expect("a JSON patch");
+    let ops: Vec<serde_json::Value> = (taken.iter())
+        .flat_map(|(path, value)| {
+            [
+                serde_json::json!({"op": "test", "path": path, "value": value}),
+                serde_json::json!({"op": "remove", "path": path}),
+            ]
+        })
+        .collect();
+    let patch: json_patch::Patch = serde_json::from_value(ops.into()).expect("a JSON patch");
     let params = kube::api::PatchParams::default();
     api.patch(name, &params, &kube::api::Patch::Json::<()>(patch))
         .await

@@ -198,7 +198,7 @@ async fn remove_finalizer(locks: &Api<DistributedLock>, dl: &DistributedLock) ->
         Some(ns) => Api::namespaced(locks.clone().into_client(), &ns),
         None => locks.clone(),
     };
-    match remove_if_still(&api, &dl.name_any(), &path, FINALIZER).await {
+    match remove_if_still(&api, &dl.name_any(), &[(path, FINALIZER)]).await {
         Ok(_) => Ok(true),
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
         Err(e) => Err(Error::Locks(e)),

@@ -8,7 +8,9 @@
 //! hold is lost (a `lost` event, or the stream ending); releases when CMD exits and passes on
 //! CMD's exit status, unless the release finds the hold already lost. A hold with a maximum
 //! hold time (`--max-hold`, or the lock's) sends CMD SIGTERM at its `deadline` warning, and
-//! SIGKILL at the deadline itself (the hold is gone: CMD must not run on unprotected).
+//! SIGKILL at the deadline itself (the hold is gone: CMD must not run on unprotected). A
+//! request to yield (`podlock.io/yield` on the lock) is passed on the same way: SIGTERM at the
+//! `yield` event, SIGKILL if the operator ends the hold at the request's deadline.
 
 use clap::Args;
 use eventsource_stream::Eventsource;
@@ -21,7 +23,7 @@ use tokio::process::{Child, Command};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
-use crate::lock::DEADLINE;
+use crate::lock::{DEADLINE, YIELD};
 
 /// Exit status when the hold was lost while CMD ran.
 pub const EXIT_LOST: i32 = 75;
@@ -32,7 +34,8 @@ pub const EXIT_NOT_ACQUIRED: i32 = 1;
 #[derive(Debug, Args)]
 #[command(
     after_help = "Exit status: CMD's own (128+N if killed by signal N); 1 if the lock could not be \
-acquired; 75 if the hold was lost while CMD ran (CMD then got SIGTERM; SIGKILL at a deadline)."
+acquired; 75 if the hold was lost while CMD ran (CMD then got SIGTERM; SIGKILL at a deadline \
+or at the deadline of a request to yield)."
 )]
 pub struct LockArgs {
     /// The lock's name.
@@ -222,12 +225,15 @@ impl Sidecar {
 enum Notice {
     /// The hold's deadline is near (the RFC 3339 time given): CMD is asked to stop.
     Deadline(String),
+    /// An administrator asked the hold to yield by the RFC 3339 time given: CMD is asked to stop.
+    Yield(String),
     /// The hold ended, for this reason.
     Ended(String),
 }
 
-/// Waits for CMD to exit, passing SIGTERM on; sends it SIGTERM at a deadline's warning or if
-/// the hold is lost, SIGKILL if the hold reached its deadline; returns its exit status, or
+/// Waits for CMD to exit, passing SIGTERM on; sends it SIGTERM at a deadline's warning, a
+/// request to yield, or if the hold is lost, SIGKILL if the hold reached its deadline (or a
+/// request's); returns its exit status, or
 /// `None` if the hold ended meanwhile.
 async fn supervise(
     mut child: Child,
@@ -245,9 +251,11 @@ async fn supervise(
                 let gone = || Notice::Ended("the sidecar's event stream ended".into());
                 let (what, sig) = match notice.unwrap_or_else(gone) {
                     Notice::Deadline(at) => (format!("its deadline is at {at}"), Signal::SIGTERM),
+                    Notice::Yield(at) => (format!("asked to yield by {at}"), Signal::SIGTERM),
                     Notice::Ended(reason) => {
                         ended = true;
-                        let sig = if reason == DEADLINE { Signal::SIGKILL } else { Signal::SIGTERM };
+                        let at_deadline = reason == DEADLINE || reason == YIELD;
+                        let sig = if at_deadline { Signal::SIGKILL } else { Signal::SIGTERM };
                         (format!("lost: {reason}"), sig)
                     }
                 };
@@ -259,13 +267,13 @@ async fn supervise(
     }
 }
 
-/// Reads the hold's stream: passes on a deadline's warning, and ends when the stream says the
+/// Reads the hold's stream: passes on a deadline's warning and a request to yield, and ends when the stream says the
 /// hold ended (`lost`, or `released` by someone else), or ends: then the hold is gone.
 async fn watch_hold(mut events: HoldEvents, notices: mpsc::Sender<Notice>) {
     while let Some(Ok(event)) = events.next().await {
         match notice(&event.event, &event.data) {
-            Some(Notice::Deadline(at)) => {
-                let _ = notices.send(Notice::Deadline(at)).await;
+            Some(warning @ (Notice::Deadline(_) | Notice::Yield(_))) => {
+                let _ = notices.send(warning).await;
             }
             Some(ended) => {
                 let _ = notices.send(ended).await;
@@ -285,6 +293,7 @@ fn notice(kind: &str, data: &str) -> Option<Notice> {
     let field = |f: &str| ev[f].as_str().unwrap_or("unknown").to_string();
     match kind {
         "deadline" => Some(Notice::Deadline(field("deadline"))),
+        "yield" => Some(Notice::Yield(field("deadline"))),
         "lost" => Some(Notice::Ended(field("reason"))),
         "released" => Some(Notice::Ended(
             "released by another request of the same holder".into(),
@@ -339,5 +348,12 @@ mod tests {
         let data = r#"{"type":"deadline","fencingToken":7,"deadline":"2026-11-28T10:00:00.000Z"}"#;
         let told = notice("deadline", data);
         assert_eq!(told, Some(Notice::Deadline("2026-11-28T10:00:00.000Z".into())));
+    }
+
+    #[test]
+    fn a_request_to_yield_names_its_deadline_and_ends_nothing() {
+        let data = r#"{"type":"yield","fencingToken":7,"deadline":"2026-11-28T10:00:30.000Z"}"#;
+        let told = notice("yield", data);
+        assert_eq!(told, Some(Notice::Yield("2026-11-28T10:00:30.000Z".into())));
     }
 }

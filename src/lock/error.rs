@@ -209,6 +209,11 @@ pub enum Unavailable {
         attempts: usize,
     },
 
+    /// A queue entry changed under every attempt to write it (its owner and the operator
+    /// writing it at once, see `txn/entry_swap.rs`).
+    #[error("a queue entry changed under each of {0} attempts to write it; retry")]
+    EntryChanging(u32),
+
     /// Enqueueing a request panicked (a bug, logged) before etcd answered.
     #[error("enqueueing this request failed on a bug (see the sidecar's log); retry")]
     EnqueuePanicked,

@@ -135,6 +135,7 @@ mod tests {
                     acquired_at: String::new(),
                     mode,
                     with: vec![],
+                    yield_deadline: None,
                 };
                 let queued = Queued {
                     mode,

@@ -97,6 +97,9 @@ pub enum EventKind {
     /// It reaches its maximum hold time soon: it ends (`lost`, reason `deadline`) at its
     /// `deadline` unless released before.
     Deadline,
+    /// An administrator asked the holder to yield (`podlock.io/yield`): the operator ends the
+    /// hold (`lost`, reason `yield`) at its `deadline` unless it is released before.
+    Yield,
 }
 
 impl EventKind {
@@ -107,6 +110,7 @@ impl EventKind {
             EventKind::Released => "released",
             EventKind::Lost => "lost",
             EventKind::Deadline => "deadline",
+            EventKind::Yield => "yield",
         }
     }
 

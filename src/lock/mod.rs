@@ -48,7 +48,7 @@ pub use store::changes::{Change, Changes, QueueEntry};
 pub use store::clusters::{Withdrawn, may_publish};
 pub use store::{LockState, NamespacePassword, Revoked, RoundTripError, Store};
 pub use txn::queue::QueueState;
-pub use txn::release_note::{DEADLINE, Ending};
+pub use txn::release_note::{DEADLINE, Ending, YIELD};
 pub use txn::settings::{Bound, HEARTBEAT, MAX_HOLD, MAX_HOLDERS, Settings, TTL};
 
 use std::collections::HashMap;
@@ -170,6 +170,13 @@ impl Engine {
     }
 
     fn publish(&self, hold: &Hold, kind: EventKind, reason: Option<String>) {
+        let deadline = hold.max_hold.map(|d| rfc3339(d.wall));
+        self.announce(hold, kind, reason, deadline);
+    }
+
+    /// Publishes an event about `hold` that names `deadline` (its maximum hold time's, or the
+    /// one a yield request set).
+    fn announce(&self, hold: &Hold, kind: EventKind, reason: Option<String>, deadline: Option<String>) {
         let event = HoldEvent {
             kind,
             lock: hold.lock.clone(),
@@ -177,7 +184,7 @@ impl Engine {
             fencing_token: hold.token(),
             mode: hold.mode,
             reason,
-            deadline: hold.max_hold.map(|d| rfc3339(d.wall)),
+            deadline,
             at: rfc3339(SystemTime::now()),
         };
         self.0.events.publish(&hold.lock, &event);

@@ -169,6 +169,7 @@ mod tests {
             acquired_at: acquired_at.into(),
             mode,
             with: vec![],
+            yield_deadline: None,
         }
     }
 

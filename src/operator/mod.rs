@@ -100,6 +100,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         reconcile::LOCK_DELETED,
         release::REASON,
         reconcile::deadline::REASON,
+        reconcile::yielding::REASON,
     ];
     let reasons = [&reasons[..], &ended].concat();
     metrics.start_at_zero(&reconcile_error::Error::LABELS, &reasons);
@@ -304,7 +305,7 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: D
         ctx.metrics.clone(),
     );
     // Only a change of the spec (its generation, which a deletion bumps too), of the finalizers
-    // or of the force-release annotation starts a reconciliation. Without the filter, each
+    // or of the annotations of a force release or a yield request starts a reconciliation. Without the filter, each
     // status patch of the operator's own came back as a watch event and cost one more
     // reconciliation (an etcd read that found nothing to write): half of a busy lock's
     // reconciliations, queued ahead of the ones status lag waits for.
@@ -316,7 +317,8 @@ async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentials_check: D
         .predicate_filter(
             predicates::generation
                 .combine(predicates::finalizers)
-                .combine(release::requested),
+                .combine(release::requested)
+                .combine(reconcile::yielding::requested),
             Default::default(),
         );
     let controller = Controller::for_stream(changes, reader)

@@ -56,7 +56,7 @@ fn spawn_hold_metrics(engine: &Engine, metrics: &SidecarMetrics) {
                     metrics.locks_lost.with_label_values(&[&ev.lock.name]).inc();
                     metrics.hold_ended(&ev.lock.name, ev.fencing_token);
                 }
-                EventKind::Deadline => {} // a warning: the hold goes on
+                EventKind::Deadline | EventKind::Yield => {} // a warning: the hold goes on
             }
         }
         warn!("the hold metrics fell behind the engine's events and stopped counting");

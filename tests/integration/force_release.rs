@@ -19,7 +19,7 @@ use crate::operator::{declare_until_free, status_until};
 const ANNOTATION: &str = "podlock.io/release";
 
 /// The Events of object `name` in `ns`: (type, reason, message).
-fn events_of(plane: &ControlPlane, ns: &str, name: &str) -> Vec<(String, String, String)> {
+pub(crate) fn events_of(plane: &ControlPlane, ns: &str, name: &str) -> Vec<(String, String, String)> {
     let selector = format!("involvedObject.name={name}");
     let (ok, out, err) = plane.kubectl(&[
         "get",

@@ -51,3 +51,4 @@ mod status_size;
 mod truthful;
 mod watch;
 mod watch_sync;
+mod yielding;

@@ -8,17 +8,21 @@
 //! [`ending`]: super::ending
 
 use backon::Retryable;
+use etcd_client::EventType;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{Instant, sleep, sleep_until};
-use tracing::{Instrument, info_span, warn};
+use tracing::{Instrument, info, info_span, warn};
 
 use super::deadline;
 use crate::lock::Engine;
+use crate::lock::error::LockError;
+use crate::lock::etcd::watch::KeyWatch;
 use crate::lock::etcd::watch::Target;
 use crate::lock::holdings::hold::Hold;
+use crate::lock::messages::EventKind;
 use crate::lock::protocol::entry::{Entry, Mode};
-use crate::lock::txn::queue;
+use crate::lock::txn::entry_swap;
 use crate::retry;
 
 /// When a new hold records its grant (`acquiredAt` in its entry), which keys behind it in a
@@ -98,7 +102,7 @@ async fn record_grant(engine: &Engine, hold: &Hold, mark: MarkWhen, entry: Entry
     // Guarded by the key's create revision: landing after the release changes nothing. Retried
     // until it lands (the monitor drops this future when the hold ends): an unrecorded grant
     // holds back every key behind it in a semaphore's or readers' window. So it never fails.
-    let record = || queue::mark_acquired(engine.etcd(), &hold.ticket, &entry);
+    let record = || entry_swap::mark_acquired(engine.etcd(), &hold.ticket, &entry);
     let _ = record
         .retry(retry::etcd())
         .notify(|e, _| warn!(error = %e, "could not record acquiredAt; retrying"))
@@ -119,25 +123,27 @@ const MARK_DELAY: Duration = Duration::from_millis(30);
 /// Why a hold whose key disappeared was lost.
 pub(crate) const KEY_DELETED: &str = "its key was deleted (lock deleted or hold revoked)";
 
-/// Completes when the hold's key is deleted (or replaced).
+/// Completes when the hold's key is deleted (or replaced); meanwhile tells the hold's
+/// subscribers of a yield request written into its entry.
 async fn key_deleted(engine: &Engine, hold: &Hold) -> &'static str {
     let (etcd, ticket) = (engine.etcd(), &hold.ticket);
     sleep(KEY_WATCH_DELAY).await;
+    let mut told = None;
     // First from the confirmed revision; after a broken watch, from now, with a read.
     let mut from = Some(hold.confirmed + 1);
     loop {
         let started = Instant::now();
-        let key = [Target::deletion(ticket.key.as_bytes()).from(from.take())];
+        let key = [Target::any_change(ticket.key.as_bytes()).from(from.take())];
         match etcd.watch_keys(&key).await {
             Ok(mut w) => {
                 if w.start_revision != hold.confirmed {
-                    match queue::is_ours(etcd, ticket).await {
-                        Ok(false) => return KEY_DELETED,
-                        Ok(true) => {}
+                    match entry_swap::current(etcd, ticket).await {
+                        Ok(None) => return KEY_DELETED,
+                        Ok(Some((entry, _))) => tell_yield(engine, hold, &entry, &mut told),
                         Err(e) => warn!(error = %e, "could not confirm the hold's key; watching anyway"),
                     }
                 }
-                match w.changed().await {
+                match deletion(engine, hold, &mut w, &mut told).await {
                     Ok(()) => return KEY_DELETED,
                     Err(e) => warn!(error = %e, "hold watch broke; re-watching"),
                 }
@@ -146,6 +152,42 @@ async fn key_deleted(engine: &Engine, hold: &Hold) -> &'static str {
         }
         sleep_until(started + WATCH_RETRY_GAP).await;
     }
+}
+
+/// Follows the hold's key until its deletion, telling of the yield requests written into it
+/// on the way; fails if the watch breaks.
+async fn deletion(
+    engine: &Engine,
+    hold: &Hold,
+    watch: &mut KeyWatch,
+    told: &mut Option<String>,
+) -> Result<(), LockError> {
+    loop {
+        watch.changed().await?;
+        for event in watch.take_events() {
+            // A key put again under the same name comes after the deletion of this one.
+            if event.event_type() == EventType::Delete {
+                return Ok(());
+            }
+            if let Some(entry) = event.kv().and_then(|kv| Entry::decode(kv.value())) {
+                tell_yield(engine, hold, &entry, told);
+            }
+        }
+    }
+}
+
+/// Publishes a `yield` event if `entry` asks the hold to yield by a time not `told` yet.
+fn tell_yield(engine: &Engine, hold: &Hold, entry: &Entry, told: &mut Option<String>) {
+    let Some(by) = entry
+        .yield_deadline
+        .as_ref()
+        .filter(|by| told.as_ref() != Some(*by))
+    else {
+        return;
+    };
+    info!(deadline = %by, "an administrator asked the holder to yield");
+    engine.announce(hold, EventKind::Yield, None, Some(by.clone()));
+    *told = Some(by.clone());
 }
 
 /// The least time between the starts of two watches of a hold's key: a watch that served a

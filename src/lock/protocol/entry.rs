@@ -97,6 +97,11 @@ pub struct Entry {
     /// grant and hands none on.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub with: Vec<String>,
+    /// An administrator's request that the holder yield by this time (RFC 3339), written by
+    /// the operator (`podlock.io/yield`); the operator ends the hold then if it still holds.
+    /// Every later write of the entry keeps it (see `txn/yield_request.rs`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yield_deadline: Option<String>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -138,6 +143,7 @@ impl Entry {
             cluster: Some(self.pod.cluster).filter(|c| !c.is_empty()),
             mode: self.mode,
             with: self.with,
+            yield_deadline: self.yield_deadline,
         })
     }
 }
@@ -162,6 +168,9 @@ pub struct HolderInfo {
     /// The other locks it holds as one with this one (a multi-lock hold); absent: this alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub with: Vec<String>,
+    /// The time an administrator asked it to yield by (`podlock.io/yield`), if one did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub yield_deadline: Option<String>,
 }
 
 /// Formats a time as the API and the status write it: RFC 3339 with milliseconds, in UTC.

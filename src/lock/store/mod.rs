@@ -11,17 +11,18 @@ pub(super) mod clusters;
 
 use etcd_client::{GetOptions, Txn, TxnOp, WatchOptions};
 use std::collections::BTreeSet;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::lock::error::LockError;
 use crate::lock::etcd::Etcd;
 use crate::lock::protocol::Queued;
+use crate::lock::protocol::entry::rfc3339;
 use crate::lock::protocol::keys;
 use crate::lock::protocol::names::LockId;
-use crate::lock::txn::multi_lock;
 use crate::lock::txn::queue::{self, QueueState, Ticket};
 use crate::lock::txn::release_note::{self, Ending};
 use crate::lock::txn::settings::{self, Settings};
+use crate::lock::txn::{entry_swap, multi_lock};
 pub use auth::NamespacePassword;
 use changes::{Changes, QueueEntry};
 use clusters::Withdrawn;
@@ -46,8 +47,8 @@ pub struct LockState {
     /// While it has no settings: the token epoch kept when it was removed, if it was removed
     /// under an epoch above 0 (see `settings::retire`).
     pub retired: Option<u32>,
-    /// The entries that hold it with a maximum hold time (`maxHoldSeconds`), in queue order:
-    /// those the operator ends if their sidecar did not by their deadline.
+    /// The entries that hold it with a deadline, in queue order: a maximum hold time
+    /// (`maxHoldSeconds`), or a yield request's: those the operator ends if still there then.
     pub timed: Vec<QueueEntry>,
 }
 
@@ -183,7 +184,9 @@ impl Store {
             None => vec![],
         };
         let timed = (timed.into_iter())
-            .filter(|e| e.entry.as_ref().is_some_and(|e| e.max_hold_seconds > 0))
+            .filter(|e| {
+                (e.entry.as_ref()).is_some_and(|e| e.max_hold_seconds > 0 || e.yield_deadline.is_some())
+            })
             .collect();
         Ok(LockState {
             settings: read.declared.as_ref().map(|d| d.settings),
@@ -215,6 +218,13 @@ impl Store {
             return Ok(false); // not a key the engine writes: no sidecar to tell
         };
         release_note::release(&self.0, &held.lock, &holder, &held.ticket(), why).await
+    }
+
+    /// Asks the holder `held` to yield by `by` (see `entry_swap`), if its key still has its
+    /// create revision. Returns the deadline in force (an earlier request's, if sooner), or
+    /// `None` if the key is gone.
+    pub async fn ask_to_yield(&self, held: &QueueEntry, by: SystemTime) -> Result<Option<String>, LockError> {
+        entry_swap::ask_to_yield(&self.0, &held.ticket(), &rfc3339(by)).await
     }
 
     /// Every lock with settings or queue keys in `namespace` (all when `None`).

@@ -204,6 +204,7 @@ mod tests {
             handed: false,
             next: vec![],
             with: vec![],
+            yield_deadline: None,
         }
     }
 

@@ -7,7 +7,7 @@
 //!
 //! * `c == max_holders` (first waiter): every holder, for deletion; any release lets it in.
 //! * `c > max_holders`: its immediate predecessor, for deletion, and for semaphores also for
-//!   the write a waiter makes when it becomes a holder ([`mark_acquired`]). Without that write
+//!   the write a waiter makes when it becomes a holder (`entry_swap::mark_acquired`). Without that write
 //!   the second waiter would sleep on after the first one got in, a lost wake-up.
 //!
 //! A release thus wakes one waiter, plus one more in a semaphore, whatever the queue length.
@@ -172,15 +172,6 @@ fn enqueued(
         ticket,
         standing: None,
     }
-}
-
-/// Records that a waiter became a holder: writes `acquiredAt` into its entry, keeping its
-/// lease. This write is also what wakes the next waiter of a semaphore. Returns false if the
-/// key is no longer ours.
-pub async fn mark_acquired(etcd: &Etcd, ticket: &Ticket, entry: &Entry) -> Result<bool, LockError> {
-    let value = entry.encode();
-    let put = etcd_client::PutOptions::new().with_lease(ticket.lease);
-    if_still_ours(etcd, ticket, [TxnOp::put(ticket.key.as_str(), value, Some(put))]).await
 }
 
 /// Whether `ticket`'s key is still in place (same create revision).

@@ -1,5 +1,6 @@
 //! A hold the operator ends on purpose: an administrator's release (`podlock.io/release` on a
-//! DistributedLock), or a hold past its maximum hold time whose sidecar did not end it. The
+//! DistributedLock), a hold past its maximum hold time whose sidecar did not end it, or one
+//! asked to yield (`podlock.io/yield`) and not released by the request's deadline. The
 //! operator deletes the hold's key and, in the same transaction, leaves a *note* saying why;
 //! the hold's sidecar, seeing its key deleted, reads the note and tells its app `lost` with
 //! the note's reason ([`Ending::reason`]) instead of the generic one.
@@ -27,6 +28,8 @@ pub enum Ending {
     Admin,
     /// The hold outlived its maximum hold time (`maxHoldSeconds`).
     Deadline,
+    /// The hold was asked to yield (`podlock.io/yield`) and was not released in time.
+    Yield,
 }
 
 impl Ending {
@@ -35,6 +38,7 @@ impl Ending {
         match self {
             Ending::Admin => "an administrator released it (podlock.io/release on its DistributedLock)",
             Ending::Deadline => DEADLINE,
+            Ending::Yield => YIELD,
         }
     }
 
@@ -43,6 +47,7 @@ impl Ending {
         match self {
             Ending::Admin => None,
             Ending::Deadline => Some(DEADLINE),
+            Ending::Yield => Some(YIELD),
         }
     }
 }
@@ -50,6 +55,9 @@ impl Ending {
 /// The reason of the `lost` event of a hold that reached its maximum hold time, whoever ended
 /// it: its sidecar, or the operator.
 pub const DEADLINE: &str = "deadline";
+
+/// The reason of the `lost` event of a hold asked to yield and ended at the request's deadline.
+pub const YIELD: &str = "yield";
 
 /// How long a note outlives the deletion it explains.
 const NOTE_TTL: u32 = 60;
@@ -96,6 +104,7 @@ pub(in crate::lock) async fn noted(
         .filter(|v| v["fencingToken"].as_i64() == Some(ticket.revision));
     Ok(note.map(|v| match v["ending"].as_str() {
         Some(DEADLINE) => Ending::Deadline,
+        Some(YIELD) => Ending::Yield,
         _ => Ending::Admin,
     }))
 }

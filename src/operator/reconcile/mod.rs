@@ -1,12 +1,14 @@
 //! The reconciler: publishes each DistributedLock's settings to etcd, mirrors its queue into
 //! `status`, and deletes its etcd keys when the object is deleted (finalizer).
 
+mod annotated;
 pub mod clocks;
 pub mod deadline;
 mod epoch;
 pub(super) mod holder_service;
 mod publish;
 pub mod release;
+pub mod yielding;
 
 use kube::ResourceExt;
 use kube::api::Api;
@@ -86,11 +88,13 @@ pub fn error_policy(dl: Arc<DistributedLock>, error: &Error, ctx: Arc<Context>) 
     Action::requeue(retry)
 }
 
-/// Acts on a force release (`podlock.io/release`), publishes the lock's settings to etcd,
-/// mirrors its queue into `status` and ends the holds past their deadline (their sidecar did
-/// not); comes again when the next deadline is due.
+/// Acts on a force release (`podlock.io/release`) and a yield request (`podlock.io/yield`),
+/// publishes the lock's settings to etcd, mirrors its queue into `status` and ends the holds
+/// past their deadline (a maximum hold time's their sidecar did not end, a yield request's);
+/// comes again when the next deadline is due.
 async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) -> Result<Action, Error> {
     release::handle(dl, api, ctx).await?;
+    yielding::handle(dl, api, ctx).await?;
     let id = lock_id(dl);
     ctx.isolation
         .ensure(&ctx.client, &ctx.store, &id.namespace)
