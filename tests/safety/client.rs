@@ -272,6 +272,8 @@ pub struct Notices {
     lost: HashMap<i64, f64>,
     /// Token → when its `released` event arrived.
     released: HashMap<i64, f64>,
+    /// Token → when its `yield` event arrived.
+    asked: HashMap<i64, f64>,
     /// When the stream broke (the sidecar died): every hold on it counts as lost.
     broken: Option<f64>,
 }
@@ -285,25 +287,47 @@ impl Notices {
             .reduce(f64::min)
     }
 
+    /// When the hold with `token` was asked to yield, if it was.
+    pub fn asked(&self, token: i64) -> Option<f64> {
+        self.asked.get(&token).copied()
+    }
+
     /// When the hold with `token` was said released, if it was.
     pub fn released(&self, token: i64) -> Option<f64> {
         self.released.get(&token).copied()
     }
 }
 
-/// What the events streams said of maximum hold times over the run: `deadline` warnings, and
-/// `lost` notices with reason `deadline` (one per lock of a set).
+/// What the events streams said of one kind of ending told ahead over the run: its warnings,
+/// and its `lost` notices (one per lock of a set).
 #[derive(Default)]
-pub struct Deadlines {
+pub struct Endings {
     pub warned: AtomicUsize,
     pub ended: AtomicUsize,
 }
 
-/// The run's [`Deadlines`].
-pub static DEADLINES: Deadlines = Deadlines {
-    warned: AtomicUsize::new(0),
-    ended: AtomicUsize::new(0),
-};
+impl Endings {
+    const fn new() -> Self {
+        Endings {
+            warned: AtomicUsize::new(0),
+            ended: AtomicUsize::new(0),
+        }
+    }
+
+    /// Its (warnings, ends) so far.
+    pub fn counts(&self) -> (usize, usize) {
+        (
+            self.warned.load(Ordering::Relaxed),
+            self.ended.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// Maximum hold times: `deadline` warnings, and `lost` with reason `deadline`.
+pub static DEADLINES: Endings = Endings::new();
+
+/// Requests to yield: `yield` events, and `lost` with reason `yield`.
+pub static YIELDS: Endings = Endings::new();
 
 /// Reads a lock's events stream until it ends, recording the holds lost and released. A
 /// stream that ends (its sidecar died, or it lagged) makes every hold on it count as lost.
@@ -315,6 +339,8 @@ async fn follow(events: reqwest::Response, notices: Arc<Mutex<Notices>>) {
         let count = match (event.event.as_str(), data["reason"].as_str()) {
             ("deadline", _) => Some(&DEADLINES.warned),
             ("lost", Some("deadline")) => Some(&DEADLINES.ended),
+            ("yield", _) => Some(&YIELDS.warned),
+            ("lost", Some("yield")) => Some(&YIELDS.ended),
             _ => None,
         };
         count.map(|c| c.fetch_add(1, Ordering::Relaxed));
@@ -322,6 +348,7 @@ async fn follow(events: reqwest::Response, notices: Arc<Mutex<Notices>>) {
         let seen = match event.event.as_str() {
             "lost" => &mut n.lost,
             "released" => &mut n.released,
+            "yield" => &mut n.asked,
             _ => continue,
         };
         if let Some(token) = token {

@@ -62,6 +62,13 @@ pub enum Kind {
     /// the hold, its client is told `lost`, the next waiter is granted, and a stalled holder's
     /// late write is rejected by fencing.
     ForceRelease,
+    /// An administrator asks the mutex's holder to yield within 1 s (`kubectl annotate dlock
+    /// counter podlock.io/yield=HOLDER podlock.io/yield-grace=1s`, while that holder is stalled
+    /// between its grant and its write; or `=*` every other time, on whoever holds): a stalled
+    /// holder that heeds its `yield` event writes and releases in time; one that does not (a
+    /// hung app) is ended at the deadline, told `lost` with reason `yield`, and its late write
+    /// is rejected by fencing.
+    YieldAsked,
     /// The next request on the mutex's queue (an enqueue, a grant's record, a release) is
     /// applied by its member at once, but that member answers everything 1.5 s late for the
     /// next 1.5 s: the sidecar sends it again to another member after 500 ms (the hedge), whose
@@ -81,7 +88,7 @@ pub const LATE: Duration = Duration::from_millis(1500);
 
 impl Kind {
     /// Every kind, in the order the loop injects them.
-    pub const CYCLE: [Kind; 19] = [
+    pub const CYCLE: [Kind; 20] = [
         Kind::LeaderKill,
         Kind::SidecarKill,
         Kind::PoolLowered,
@@ -98,6 +105,7 @@ impl Kind {
         Kind::PodDeleted,
         Kind::ForceRelease,
         Kind::LockDeleted,
+        Kind::YieldAsked,
         Kind::Restored,
         Kind::LateAnswers,
         Kind::Wiped,
@@ -152,6 +160,7 @@ impl Kind {
             Kind::PoolLowered => "semaphore maxHolders 2 -> 1, waiters queued",
             Kind::PoolRaised => "semaphore maxHolders 1 -> 2, waiters queued",
             Kind::ForceRelease => "force release (kubectl annotate)",
+            Kind::YieldAsked => "holder asked to yield within 1 s (kubectl annotate)",
             Kind::LateAnswers => "etcd member answers 1.5 s late",
             Kind::Restored => "etcd restored from a snapshot, --bump-revision",
             Kind::Wiped => "etcd wiped, DistributedLock deleted and created again",
@@ -204,7 +213,7 @@ impl Rig {
                 (0, at)
             }
             Kind::PodDeleted => self.delete_pod(round).await,
-            Kind::ForceRelease => self.force_release(round).await,
+            Kind::ForceRelease | Kind::YieldAsked => self.administer(kind, round).await,
             Kind::PoolLowered | Kind::PoolRaised => self.set_pool_limit(kind).await,
             Kind::LateAnswers => {
                 self.late
@@ -253,7 +262,7 @@ impl Rig {
     pub async fn start_stall(&self, kind: Kind, i: usize) -> Option<usize> {
         let slot = &self.slots[i];
         // A hung app whose heartbeat still runs: only the operator ends its hold.
-        let beating = matches!(kind, Kind::ForceRelease | Kind::PodDeleted);
+        let beating = matches!(kind, Kind::ForceRelease | Kind::YieldAsked | Kind::PodDeleted);
         slot.stall_beating.store(beating, Ordering::Relaxed);
         let flag = if kind == Kind::ReleasePause {
             &slot.stall_release

@@ -80,6 +80,7 @@ mod rebuild;
 mod register;
 mod report;
 mod rig;
+mod spec;
 mod worker;
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -93,7 +94,7 @@ use check::Analysis;
 use faults::Kind;
 use history::History;
 use rig::Rig;
-use worker::{Api, Spec};
+use spec::WORKERS;
 
 /// The locks' TTL: short, to make every fault bite.
 const TTL: Duration = Duration::from_secs(2);
@@ -120,35 +121,6 @@ const RW: &str = "rw";
 
 /// The sidecars, each of its own pod.
 const SIDECARS: usize = 6;
-
-/// The workers. Three contend for the mutex, each on its own sidecar (the fault loop's victims),
-/// and three for the semaphore's two slots, so that a waiter always queues behind a full
-/// window, one of them through `/hold`. On the reader-writer lock: two readers on one sidecar
-/// naming the same holder id (one holder, as the contract says), a reader and a writer through
-/// `/hold` on another without one (two holders), and a writer through `podlock lock`. Then two
-/// sets: the semaphore with the mutex (on a mutex worker's sidecar, so that the mutex's faults
-/// hit it too) and the reader-writer lock with the semaphore. The semaphore's `/hold` worker and
-/// the semaphore-and-mutex set ask for a maximum hold time of 1 s, and outstay it on one hold in
-/// 8 (the set's worker pausing before its write to the counter, without a heartbeat window):
-/// their deadline ends those holds (`lost`, reason `deadline`, on both locks of the set) while
-/// the set's worker still means to write, which the fenced counter must refuse once a later
-/// holder wrote. (Not the mutex's own workers: the fault loop's stalls of them must end by their
-/// heartbeat window, a force release or their pod's deletion.)
-const WORKERS: [Spec; 13] = [
-    Spec::acquire(COUNTER, 0),
-    Spec::acquire(COUNTER, 1),
-    Spec::acquire(COUNTER, 2),
-    Spec::acquire(POOL, 3),
-    Spec::acquire(POOL, 4),
-    Spec::with(POOL, 5, Api::Hold, "exclusive", None).deadline(1),
-    Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
-    Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
-    Spec::with(RW, 4, Api::Hold, "shared", None),
-    Spec::with(RW, 4, Api::Hold, "exclusive", None),
-    Spec::with(RW, 5, Api::LockCmd, "exclusive", None),
-    Spec::set(POOL, &[COUNTER], 1, "pool-counter").deadline(1),
-    Spec::set(RW, &[POOL], 5, "rw-pool"),
-];
 
 /// Seconds since the Unix epoch, on one monotonic clock shared by the workers and the fault
 /// loop: the wall clock read once, then an [`Instant`] (so that the history's order is real
@@ -242,11 +214,7 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
         "  late answers: {} requests made their member answer late",
         rig.late.held()
     );
-    let deadlines = &client::DEADLINES;
-    let (warned, ended) = (
-        deadlines.warned.load(Ordering::Relaxed),
-        deadlines.ended.load(Ordering::Relaxed),
-    );
+    let (warned, ended) = client::DEADLINES.counts();
     eprintln!(
         "  maximum hold times: {ended} lost notices with reason deadline (each lock of a set \
          its own), {warned} deadline warnings before"
@@ -254,6 +222,12 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     assert!(
         ended > 0 && warned > 0,
         "no hold ended at its deadline ({ended}) or was warned of it ({warned})"
+    );
+    let (told, yielded) = client::YIELDS.counts();
+    eprintln!("  requests to yield: {told} yield events, {yielded} lost notices with reason yield");
+    assert!(
+        count(Kind::YieldAsked) < 2 || told > 0,
+        "holders were asked to yield but no yield event came"
     );
     let (checked, late_writes) = stores.register.out_of_order();
     eprintln!(
@@ -264,6 +238,7 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     );
     let (deleted, asked) = (count(Kind::PodDeleted), count(Kind::ForceRelease));
     let (mut ended, mut released, mut foreign, mut logs) = (0, 0, vec![], String::new());
+    let mut ended_at_yield = 0;
     let mut each = vec![];
     for (c, cluster) in rig.clusters.iter().enumerate() {
         let (metrics, log) = (cluster.operator.metrics().await, cluster.operator.log());
@@ -276,6 +251,7 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
         // first and end the old one's holds as replaced.
         ended += forced(&metrics, "pod_deleted") + forced(&metrics, "pod_replaced");
         released += forced(&metrics, "admin_release");
+        ended_at_yield += forced(&metrics, "yield");
         let theirs = clusters::foreign_ends(&log, c);
         each.push(clusters::ends(&log));
         eprintln!(
@@ -291,6 +267,10 @@ async fn fencing_and_lost_notices_keep_the_counter_right_under_process_and_etcd_
     }
     eprintln!("  operators: {ended} holds and waits ended for {deleted} deleted pods");
     eprintln!("  operators: {released} holds ended by {asked} force releases");
+    eprintln!(
+        "  operators: {ended_at_yield} holds ended at the deadline of {} requests to yield",
+        count(Kind::YieldAsked)
+    );
     assert!(
         foreign.is_empty(),
         "an operator ended another cluster's holds: {foreign:#?}"

@@ -5,6 +5,7 @@
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use podlock::crd::DistributedLock;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::clusters;
@@ -126,16 +127,21 @@ impl Rig {
         (i, at)
     }
 
-    /// Asks for a force release of the mutex's holder: on odd rounds by its holder id, of a
-    /// worker stalled between its grant and its write (a hung app whose heartbeats go on:
-    /// nothing else would end its hold), else as `*`, on whoever holds; waits until the operator has acted (the
+    /// An administrator's request about the mutex's holder, by annotation: a force release
+    /// (`podlock.io/release`) or a request to yield within 1 s (`podlock.io/yield`). On odd
+    /// rounds by its holder id, of a worker stalled between its grant and its write (a hung app
+    /// whose heartbeats go on: nothing else would end its hold; asked to yield, every other one
+    /// heeds it), else as `*`, on whoever holds; waits until the operator has acted (the
     /// annotation is gone). Returns the stalled worker (else the holder's, or 0) and when the
     /// annotation was set.
-    pub async fn force_release(&self, round: usize) -> (usize, f64) {
+    pub async fn administer(&self, kind: Kind, round: usize) -> (usize, f64) {
         let stalled = match round % 2 {
             1 => {
                 let i = round % self.counter_workers();
-                self.start_stall(Kind::ForceRelease, i).await
+                // Every other cycle's request to yield is heeded.
+                let heeds = kind == Kind::YieldAsked && (round / Kind::CYCLE.len()).is_multiple_of(2);
+                self.slots[i].heeds_yield.store(heeds, Ordering::Relaxed);
+                self.start_stall(kind, i).await
             }
             _ => None,
         };
@@ -150,15 +156,21 @@ impl Rig {
         };
         // Asked of the target's own cluster, whose operator alone may end its hold.
         let cluster = &self.clusters[clusters::of(self.slots[target].sidecar)];
+        let (annotation, also) = match kind {
+            Kind::YieldAsked => ("podlock.io/yield", Some("podlock.io/yield-grace=1s")),
+            _ => ("podlock.io/release", None),
+        };
         let at = now();
-        tokio::task::block_in_place(|| annotate_release(cluster.plane, COUNTER, &value));
+        tokio::task::block_in_place(|| {
+            annotate(cluster.plane, COUNTER, &format!("{annotation}={value}"), also)
+        });
         let acted = wait_until(Duration::from_secs(10), || async {
-            !tokio::task::block_in_place(|| release_pending(cluster.plane, COUNTER))
+            !tokio::task::block_in_place(|| pending(cluster.plane, COUNTER, annotation))
         })
         .await;
         acted.unwrap_or_else(|e| {
             panic!(
-                "the operator never acted on podlock.io/release ({e}):\n{}",
+                "the operator never acted on {annotation} ({e}):\n{}",
                 cluster.operator.log()
             )
         });
@@ -166,17 +178,22 @@ impl Rig {
     }
 }
 
-/// Sets `podlock.io/release=value` on the DistributedLock `lock`, as an administrator would.
-fn annotate_release(plane: &ControlPlane, lock: &str, value: &str) {
-    let arg = format!("podlock.io/release={value}");
-    let (ok, _, err) = plane.kubectl(&["annotate", "dlock", lock, "-n", NAMESPACE, &arg, "--overwrite"]);
+/// Sets the annotation `set` (and `also`) on the DistributedLock `lock`, as an administrator
+/// would.
+fn annotate(plane: &ControlPlane, lock: &str, set: &str, also: Option<&str>) {
+    let mut args = vec!["annotate", "dlock", lock, "-n", NAMESPACE, set, "--overwrite"];
+    args.extend(also);
+    let (ok, _, err) = plane.kubectl(&args);
     assert!(ok, "annotate DistributedLock {lock}: {err}");
 }
 
-/// Whether the DistributedLock `lock` still carries a force release request.
-fn release_pending(plane: &ControlPlane, lock: &str) -> bool {
-    let path = "jsonpath={.metadata.annotations.podlock\\.io/release}";
-    let (ok, out, _) = plane.kubectl(&["get", "dlock", lock, "-n", NAMESPACE, "-o", path]);
+/// Whether the DistributedLock `lock` still carries the request `annotation`.
+fn pending(plane: &ControlPlane, lock: &str, annotation: &str) -> bool {
+    let path = format!(
+        "jsonpath={{.metadata.annotations.{}}}",
+        annotation.replace('.', "\\.")
+    );
+    let (ok, out, _) = plane.kubectl(&["get", "dlock", lock, "-n", NAMESPACE, "-o", &path]);
     !ok || !out.trim().is_empty()
 }
 
@@ -185,8 +202,9 @@ pub async fn pods(plane: &ControlPlane) -> Api<Pod> {
     Api::namespaced(plane.client().await, NAMESPACE)
 }
 
-/// The operator's Events on the mutex about force releases (`Released`, `ReleaseNotHeld`, ...),
-/// each as "reason: message", for the report.
+/// The operator's Events on the mutex about force releases and requests to yield (`Released`,
+/// `ReleaseNotHeld`, `YieldAsked`, `YieldReleased`, ...), each as "reason: message", for the
+/// report.
 pub fn release_events(plane: &ControlPlane) -> Vec<String> {
     let selector = format!("involvedObject.name={COUNTER}");
     let path = r#"jsonpath={range .items[*]}{.reason}: {.message}{"\n"}{end}"#;
@@ -202,7 +220,7 @@ pub fn release_events(plane: &ControlPlane) -> Vec<String> {
     ];
     let (_, out, _) = plane.kubectl(&args);
     (out.lines())
-        .filter(|l| l.starts_with("Release"))
+        .filter(|l| l.starts_with("Release") || l.starts_with("Yield"))
         .map(String::from)
         .collect()
 }

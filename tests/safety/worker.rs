@@ -15,6 +15,7 @@ use super::apis;
 use super::client::{Grant, LockClient};
 use super::history::{History, OpKind, Outcome};
 use super::register::Register;
+use super::spec::{Api, Spec};
 use super::{COUNTER, TTL, now};
 use crate::common::wait_until;
 
@@ -82,6 +83,9 @@ pub struct Slot {
     /// Set by the fault loop with `stall`: heartbeat while stalled, as a hung app whose
     /// heartbeat still runs (only a force release or its pod's deletion then ends its hold).
     pub stall_beating: AtomicBool,
+    /// Set by the fault loop with `stall`: end the stall at a `yield` event, as an app that
+    /// heeds a request to yield (else it stalls on, as a hung app, and is ended at the deadline).
+    pub heeds_yield: AtomicBool,
     /// Set while stalling, holding the lock, before the write or the release.
     pub stalling: AtomicBool,
     /// Every hold it had.
@@ -99,6 +103,7 @@ impl Slot {
             stall: AtomicBool::new(false),
             stall_release: AtomicBool::new(false),
             stall_beating: AtomicBool::new(false),
+            heeds_yield: AtomicBool::new(false),
             stalling: AtomicBool::new(false),
             holds: Mutex::default(),
         })
@@ -150,7 +155,12 @@ impl Worker {
     /// worker a while of holding (20 to 80 ms, so that holds overlap in every way) with a
     /// heartbeat halfway; then the pause before release that the fault loop may have asked
     /// for. Returns the write, and when the hold was last confirmed (a heartbeat answered).
-    async fn work(&self, addr: &str, g: &Grant, lost: Lost<'_>) -> (Option<WriteRecord>, f64) {
+    async fn work(
+        &self,
+        addr: &str,
+        g: &Grant,
+        (lost, asked): (Lost<'_>, Lost<'_>),
+    ) -> (Option<WriteRecord>, f64) {
         let slot = &self.slot;
         let checked = match &self.store {
             Some(_) => self.fence_check(addr, g.token).await,
@@ -160,7 +170,7 @@ impl Worker {
         if paused {
             slot.stalling.store(true, Ordering::Relaxed);
             match slot.stall_beating.swap(false, Ordering::Relaxed) {
-                true => self.stall_beating(addr, lost).await,
+                true => self.stall_beating(addr, lost, asked).await,
                 false => sleep(STALL).await,
             }
             slot.stalling.store(false, Ordering::Relaxed);
@@ -201,10 +211,12 @@ impl Worker {
     }
 
     /// Stalls for [`STALL`], heartbeating every 300 ms (inside the 1 s window) until the hold
-    /// is known lost.
-    async fn stall_beating(&self, addr: &str, lost: Lost<'_>) {
+    /// is known lost, or, for a worker that heeds one, asked to yield.
+    async fn stall_beating(&self, addr: &str, lost: Lost<'_>, asked: Lost<'_>) {
         let until = tokio::time::Instant::now() + STALL;
-        while tokio::time::Instant::now() < until && lost().is_none() {
+        let heeds = self.slot.heeds_yield.swap(false, Ordering::Relaxed);
+        let yielding = || heeds && asked().is_some();
+        while tokio::time::Instant::now() < until && lost().is_none() && !yielding() {
             sleep(Duration::from_millis(300)).await;
             self.c.end_or_beat(addr, "heartbeat").await;
         }
@@ -250,91 +262,6 @@ impl Worker {
             self.c.told(g, confirmed, at, true);
         }
         (sent, Some(at))
-    }
-}
-
-/// How a worker takes its lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    /// `POST .../acquire`, then release (and for a semaphore's worker, a heartbeat between).
-    Acquire,
-    /// `POST .../hold`, ended by closing the connection.
-    Hold,
-    /// `podlock lock NAME -- CMD`, the real binary.
-    LockCmd,
-}
-
-/// One worker: the lock it takes, on which sidecar, how, in which mode, and the holder id it
-/// names (`None`: the API's default).
-#[derive(Debug, Clone, Copy)]
-pub struct Spec {
-    /// The lock.
-    pub lock: &'static str,
-    /// The sidecar (and so the pod) it talks to.
-    pub sidecar: usize,
-    /// The API it uses.
-    pub api: Api,
-    /// `exclusive` or `shared`.
-    pub mode: &'static str,
-    /// The holder id it names.
-    pub holder: Option<&'static str>,
-    /// The further locks it takes as one with `lock` (through `POST .../acquire` only).
-    pub with: &'static [&'static str],
-    /// The maximum hold time it asks for, in seconds (through `/acquire` or `/hold`).
-    pub max_hold: Option<u32>,
-}
-
-impl Spec {
-    /// A worker that acquires `lock` exclusively on `sidecar` under its pod's name.
-    pub const fn acquire(lock: &'static str, sidecar: usize) -> Self {
-        Spec::with(lock, sidecar, Api::Acquire, "exclusive", None)
-    }
-
-    /// A worker of `lock` on `sidecar` through `api` in `mode`, naming `holder`.
-    pub const fn with(
-        lock: &'static str,
-        sidecar: usize,
-        api: Api,
-        mode: &'static str,
-        holder: Option<&'static str>,
-    ) -> Self {
-        Spec {
-            lock,
-            sidecar,
-            api,
-            mode,
-            holder,
-            with: &[],
-            max_hold: None,
-        }
-    }
-
-    /// The same worker, asking for a maximum hold time of `seconds`, far above its holds' work:
-    /// one hold in 8 outstays it (see `outstays`, `apis::hold_time`).
-    pub const fn deadline(self, seconds: u32) -> Self {
-        Spec {
-            max_hold: Some(seconds),
-            ..self
-        }
-    }
-
-    /// A worker that acquires `lock` and every lock of `with` as one, exclusively, on `sidecar`
-    /// as `holder` (not its pod's name, which a single-lock worker of the sidecar may use).
-    pub const fn set(
-        lock: &'static str,
-        with: &'static [&'static str],
-        sidecar: usize,
-        holder: &'static str,
-    ) -> Self {
-        Spec {
-            with,
-            ..Spec::with(lock, sidecar, Api::Acquire, "exclusive", Some(holder))
-        }
-    }
-
-    /// Whether it takes `lock` (alone or in its set).
-    pub fn takes(&self, lock: &str) -> bool {
-        self.lock == lock || self.with.contains(&lock)
     }
 }
 
@@ -402,7 +329,8 @@ async fn acquire_loop(w: Worker, stop: CancellationToken) {
         };
         let granted = now();
         let lost = || notices.lock().unwrap().lost(g.token);
-        let (write, confirmed) = w.work(&addr, &g, &lost).await;
+        let asked = || notices.lock().unwrap().asked(g.token);
+        let (write, confirmed) = w.work(&addr, &g, (&lost, &asked)).await;
         let (ended, lost) = w.finish(&addr, &g, confirmed, &lost).await;
         // One record per lock of its set; the counter's write on the counter's record alone.
         let mut holds = w.slot.holds.lock().unwrap();
