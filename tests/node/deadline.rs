@@ -27,7 +27,7 @@ fn hold_stream(node: &Node, pod: &str) -> (bool, String, String) {
 }
 
 /// The data of the stream's event `name` (`event: NAME` then `data: {...}`).
-fn event_data(stream: &str, name: &str) -> serde_json::Value {
+pub fn event_data(stream: &str, name: &str) -> serde_json::Value {
     let mut lines = stream.lines().skip_while(|l| *l != format!("event: {name}"));
     let data = lines.nth(1).and_then(|l| l.strip_prefix("data: "));
     let data = data.unwrap_or_else(|| panic!("no {name} event in the hold's stream:\n{stream}"));

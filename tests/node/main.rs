@@ -18,6 +18,7 @@ mod network_policy;
 mod uninstall;
 mod upgrade;
 mod workload;
+mod yielding;
 
 use common::node::Node;
 
@@ -145,6 +146,7 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     let holder = fence::any_pod_checks_the_holders_token(&node);
     multi::a_pod_takes_two_locks_as_one(&node, &holder);
     deadline::a_hold_ends_at_its_deadline_and_the_next_pod_is_granted(&node, &holder);
+    yielding::a_holder_asked_to_yield_is_told_then_ended_and_the_next_pod_is_granted(&node, &holder);
     workload::pod_deletion_hands_the_lock_on(&node, &client).await;
     workload::app_crash_ends_the_hold(&node).await;
     lifecycle::helm_upgrade_reaches_new_pods(&node);
