@@ -13,7 +13,8 @@ use crate::common::percentile;
 /// takes the lock `work` through `$PODLOCK_ADDR` with curl and holds it until its pod goes
 /// (SIGTERM: exit 0, unless told to ignore it by SIGUSR2) or it is told to crash (SIGUSR1:
 /// exit 1). A lock that moves on has therefore moved because its holder died, not because it was
-/// released.
+/// released. Only a grant names a `leaseId`: a 409 after the 60 s wait names the holders'
+/// tokens too, and must send the app round again, not to sleep as if it held.
 const APP: &str = r#"
 mkdir -p /tmp/www && hostname >/tmp/www/index.html && httpd -p 8080 -h /tmp/www
 trap 'stubborn=1' USR2
@@ -23,7 +24,7 @@ while true; do
   if [ -z "$PODLOCK_ADDR" ]; then sleep 1 & wait $!; continue; fi
   grant=$(curl -s -XPOST "$PODLOCK_ADDR/v1/locks/work/acquire?waitSeconds=60") || true
   case "$grant" in
-    *fencingToken*) echo "granted $grant"; sleep 3600 & wait $! ;;
+    *'"leaseId"'*) echo "granted $grant"; sleep 3600 & wait $! ;;
     *) echo "not granted: $grant"; sleep 1 & wait $! ;;
   esac
 done
