@@ -190,6 +190,12 @@ async fn a_holder_that_does_not_yield_is_ended_at_the_deadline_and_the_next_wait
     );
     let line = "podlock_forced_releases_total{reason=\"yield\"} 1";
     assert!(op.metrics().await.contains(line), "{line} missing");
+    // The end left a note for the sidecar; the lock's deletion takes it along.
+    let notes = format!("/podlock/v1/config/{ns}/.released/job/");
+    assert_eq!(plane.etcd.count(&notes).await, 1, "the operator's note");
+    let (ok, _, err) = plane.kubectl(&["delete", "dlock", "job", "-n", &ns, "--timeout=10s"]);
+    assert!(ok, "{err}");
+    assert_eq!(plane.etcd.count(&notes).await, 0, "a note outlived its lock");
 }
 
 #[tokio::test]

@@ -103,10 +103,13 @@ pub fn parse_entry_key(key: &str) -> Option<(LockId, String)> {
 /// queue (see `released`): under the namespace's settings prefix, which its role may read but
 /// not write, and never a lock's settings key (a lock name cannot start with '.').
 pub fn release_note_key(lock: &LockId, lease: i64, holder: &str) -> String {
-    format!(
-        "{ROOT}/config/{}/.released/{}/{lease:016x}/{holder}",
-        lock.namespace, lock.name
-    )
+    format!("{}{lease:016x}/{holder}", release_notes_prefix(lock))
+}
+
+/// The prefix of every release note of `lock`: its removal removes them with it, rather than
+/// leave them for their leases to end.
+pub fn release_notes_prefix(lock: &LockId) -> String {
+    format!("{ROOT}/config/{}/.released/{}/", lock.namespace, lock.name)
 }
 
 /// The prefix of every lock's settings in a namespace (all namespaces when `None`).

@@ -18,6 +18,7 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, GetOptions, KeyValue, Txn, 
 use super::changes::QueueEntry;
 use crate::lock::error::LockError;
 use crate::lock::etcd::{self, Etcd};
+use crate::lock::protocol::keys;
 use crate::lock::protocol::names::LockId;
 use crate::lock::txn::multi_lock;
 use crate::lock::txn::settings::{Declared, encode, publisher, retire};
@@ -136,6 +137,7 @@ async fn remove_lock(
         TxnOp::delete(lock.config_key(), None),
         TxnOp::delete(queue.as_str(), all()),
         TxnOp::delete(declared.as_str(), all()),
+        TxnOp::delete(keys::release_notes_prefix(lock), all()),
     ];
     ops.extend(retire(lock, epoch));
     let txn = Txn::new()

@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::Etcd;
+use crate::lock::protocol::keys;
 use crate::lock::protocol::names::LockId;
 use crate::lock::protocol::token::{MAX_EPOCH, TokenError};
 
@@ -280,16 +281,21 @@ fn deleted(resp: TxnResponse) -> i64 {
 /// How many times a removal is tried while the settings change under it.
 const ATTEMPTS: usize = 8;
 
-/// Removes a lock: its settings and every queue key, in one transaction guarded by the
-/// settings read, keeping its token epoch ([`retire`]). Holders see `lost`. Returns how many
+/// Removes a lock: its settings, every queue key and its release notes, in one transaction
+/// guarded by the settings read, keeping its token epoch ([`retire`]). Holders see `lost`. Returns how many
 /// queue keys were deleted.
 pub async fn undeclare(etcd: &Etcd, lock: &LockId) -> Result<i64, LockError> {
     let config = lock.config_key();
     for _ in 0..ATTEMPTS {
         let found = read(etcd, lock).await?;
         let (epoch, revision) = found.map_or((0, 0), |d| (d.settings.epoch, d.revision));
-        let mut ops = vec![TxnOp::delete(config.as_str(), None)];
+        let notes = keys::release_notes_prefix(lock);
+        let mut ops = vec![
+            TxnOp::delete(config.as_str(), None),
+            TxnOp::delete(notes, Some(DeleteOptions::new().with_prefix())),
+        ];
         ops.extend(retire(lock, epoch));
+        // Last: its answer is the count of queue keys ended.
         ops.push(TxnOp::delete(
             lock.queue_prefix(),
             Some(DeleteOptions::new().with_prefix()),
