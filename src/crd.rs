@@ -287,6 +287,13 @@ pub struct Holder {
     /// `exclusive`, or `shared` with the other shared holders (a reader-writer lock).
     #[serde(default = "exclusive")]
     pub mode: String,
+    /// How many of the lock's slots the hold takes (1 but for a weighted hold of a semaphore).
+    #[serde(default = "one")]
+    pub permits: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn exclusive() -> String {
@@ -302,6 +309,7 @@ impl From<HolderInfo> for Holder {
             fencing_token: h.fencing_token,
             acquired_at: h.acquired_at,
             mode: h.mode.as_str().into(),
+            permits: h.permits,
         }
     }
 }

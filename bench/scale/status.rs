@@ -123,6 +123,7 @@ fn status(i: usize) -> DistributedLockStatus {
             fencing_token: token,
             acquired_at: "2026-11-28T10:00:00.123Z".into(),
             mode: "exclusive".into(),
+            permits: 1,
         }],
         holder_count: 1,
         waiters: (i % 5) as u32,

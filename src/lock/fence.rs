@@ -134,10 +134,11 @@ mod tests {
                     fencing_token: token,
                     acquired_at: String::new(),
                     mode,
+                    permits: 1,
                     with: vec![],
                 };
                 let queued = Queued {
-                    mode,
+                    ask: crate::lock::protocol::Ask::one(mode),
                     recorded: granted,
                     handed: false,
                     set: false,

@@ -16,6 +16,7 @@ fn held(holder: &str, waiters: u32) -> DistributedLockStatus {
             fencing_token: holder.bytes().map(i64::from).sum(),
             acquired_at: "2026-01-01T00:00:00Z".into(),
             mode: "exclusive".into(),
+            permits: 1,
         }],
         holder_count: 1,
         waiters,

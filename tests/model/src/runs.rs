@@ -335,6 +335,7 @@ pub fn runs() -> Vec<Run> {
         crate::resend::runs(),
         crate::publishers::runs(),
         crate::deadline::runs(),
+        crate::permits::runs(),
     ];
     [protocol(), handoff(), on_behalf(), bugs(), crate::rebuild::runs()]
         .into_iter()
