@@ -133,13 +133,16 @@ const SIDECARS: usize = 6;
 /// their deadline ends those holds (`lost`, reason `deadline`, on both locks of the set) while
 /// the set's worker still means to write, which the fenced counter must refuse once a later
 /// holder wrote. (Not the mutex's own workers: the fault loop's stalls of them must end by their
-/// heartbeat window, a force release or their pod's deletion.)
+/// heartbeat window, a force release or their pod's deletion.) One of the semaphore's
+/// `/acquire` workers asks for both its slots in each hold (weighted permits): it must wait for
+/// every other holder to leave, and not be passed by the 1-permit requests behind it; while
+/// `maxHolders` is lowered to 1 its requests are refused (400), waiting ones at once.
 const WORKERS: [Spec; 13] = [
     Spec::acquire(COUNTER, 0),
     Spec::acquire(COUNTER, 1),
     Spec::acquire(COUNTER, 2),
     Spec::acquire(POOL, 3),
-    Spec::acquire(POOL, 4),
+    Spec::acquire(POOL, 4).permits(POOL_SLOTS),
     Spec::with(POOL, 5, Api::Hold, "exclusive", None).deadline(1),
     Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
     Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),

@@ -38,6 +38,8 @@ pub struct HoldRecord {
     pub sidecar: usize,
     /// The fencing token.
     pub token: i64,
+    /// How many of the lock's slots it took.
+    pub permits: u32,
     /// When its sidecar made the grant (the grant's `acquiredAt`, to the millisecond): after
     /// the sidecar decided, before it answered, so it orders grants as the lock made them.
     pub acquired: f64,
@@ -282,6 +284,8 @@ pub struct Spec {
     pub with: &'static [&'static str],
     /// The maximum hold time it asks for, in seconds (through `/acquire` or `/hold`).
     pub max_hold: Option<u32>,
+    /// How many of the lock's slots each hold asks for (`None`: one, not asked).
+    pub permits: Option<u32>,
 }
 
 impl Spec {
@@ -306,6 +310,17 @@ impl Spec {
             holder,
             with: &[],
             max_hold: None,
+            permits: None,
+        }
+    }
+
+    /// The same worker, asking for `n` of its semaphore's slots in each hold (a weighted
+    /// hold): the queue must not let a smaller request pass it, nor admit it beside holds whose
+    /// permits leave too few.
+    pub const fn permits(self, n: u32) -> Self {
+        Spec {
+            permits: Some(n),
+            ..self
         }
     }
 
@@ -363,6 +378,7 @@ pub async fn run(
         mode: spec.mode,
         with: spec.with,
         max_hold: spec.max_hold,
+        permits: spec.permits,
     };
     match spec.api {
         Api::Acquire => acquire_loop(Worker { slot, store, c }, stop).await,
@@ -411,6 +427,7 @@ async fn acquire_loop(w: Worker, stop: CancellationToken) {
             worker: w.c.row,
             sidecar: w.c.sidecar,
             token: g.token,
+            permits: w.c.permits.unwrap_or(1),
             acquired: g.acquired,
             granted,
             ended,
