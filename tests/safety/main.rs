@@ -80,6 +80,7 @@ mod rebuild;
 mod register;
 mod report;
 mod rig;
+mod spec;
 mod worker;
 
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -93,7 +94,7 @@ use check::Analysis;
 use faults::Kind;
 use history::History;
 use rig::Rig;
-use worker::{Api, Spec};
+use spec::WORKERS;
 
 /// The locks' TTL: short, to make every fault bite.
 const TTL: Duration = Duration::from_secs(2);
@@ -120,38 +121,6 @@ const RW: &str = "rw";
 
 /// The sidecars, each of its own pod.
 const SIDECARS: usize = 6;
-
-/// The workers. Three contend for the mutex, each on its own sidecar (the fault loop's victims),
-/// and three for the semaphore's two slots, so that a waiter always queues behind a full
-/// window, one of them through `/hold`. On the reader-writer lock: two readers on one sidecar
-/// naming the same holder id (one holder, as the contract says), a reader and a writer through
-/// `/hold` on another without one (two holders), and a writer through `podlock lock`. Then two
-/// sets: the semaphore with the mutex (on a mutex worker's sidecar, so that the mutex's faults
-/// hit it too) and the reader-writer lock with the semaphore. The semaphore's `/hold` worker and
-/// the semaphore-and-mutex set ask for a maximum hold time of 1 s, and outstay it on one hold in
-/// 8 (the set's worker pausing before its write to the counter, without a heartbeat window):
-/// their deadline ends those holds (`lost`, reason `deadline`, on both locks of the set) while
-/// the set's worker still means to write, which the fenced counter must refuse once a later
-/// holder wrote. (Not the mutex's own workers: the fault loop's stalls of them must end by their
-/// heartbeat window, a force release or their pod's deletion.) One of the semaphore's
-/// `/acquire` workers asks for both its slots in each hold (weighted permits): it must wait for
-/// every other holder to leave, and not be passed by the 1-permit requests behind it; while
-/// `maxHolders` is lowered to 1 its requests are refused (400), waiting ones at once.
-const WORKERS: [Spec; 13] = [
-    Spec::acquire(COUNTER, 0),
-    Spec::acquire(COUNTER, 1),
-    Spec::acquire(COUNTER, 2),
-    Spec::acquire(POOL, 3),
-    Spec::acquire(POOL, 4).permits(POOL_SLOTS),
-    Spec::with(POOL, 5, Api::Hold, "exclusive", None).deadline(1),
-    Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
-    Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
-    Spec::with(RW, 4, Api::Hold, "shared", None),
-    Spec::with(RW, 4, Api::Hold, "exclusive", None),
-    Spec::with(RW, 5, Api::LockCmd, "exclusive", None),
-    Spec::set(POOL, &[COUNTER], 1, "pool-counter").deadline(1),
-    Spec::set(RW, &[POOL], 5, "rw-pool"),
-];
 
 /// Seconds since the Unix epoch, on one monotonic clock shared by the workers and the fault
 /// loop: the wall clock read once, then an [`Instant`] (so that the history's order is real

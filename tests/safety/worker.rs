@@ -15,6 +15,7 @@ use super::apis;
 use super::client::{Grant, LockClient};
 use super::history::{History, OpKind, Outcome};
 use super::register::Register;
+use super::spec::{Api, Spec};
 use super::{COUNTER, TTL, now};
 use crate::common::wait_until;
 
@@ -252,104 +253,6 @@ impl Worker {
             self.c.told(g, confirmed, at, true);
         }
         (sent, Some(at))
-    }
-}
-
-/// How a worker takes its lock.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Api {
-    /// `POST .../acquire`, then release (and for a semaphore's worker, a heartbeat between).
-    Acquire,
-    /// `POST .../hold`, ended by closing the connection.
-    Hold,
-    /// `podlock lock NAME -- CMD`, the real binary.
-    LockCmd,
-}
-
-/// One worker: the lock it takes, on which sidecar, how, in which mode, and the holder id it
-/// names (`None`: the API's default).
-#[derive(Debug, Clone, Copy)]
-pub struct Spec {
-    /// The lock.
-    pub lock: &'static str,
-    /// The sidecar (and so the pod) it talks to.
-    pub sidecar: usize,
-    /// The API it uses.
-    pub api: Api,
-    /// `exclusive` or `shared`.
-    pub mode: &'static str,
-    /// The holder id it names.
-    pub holder: Option<&'static str>,
-    /// The further locks it takes as one with `lock` (through `POST .../acquire` only).
-    pub with: &'static [&'static str],
-    /// The maximum hold time it asks for, in seconds (through `/acquire` or `/hold`).
-    pub max_hold: Option<u32>,
-    /// How many of the lock's slots each hold asks for (`None`: one, not asked).
-    pub permits: Option<u32>,
-}
-
-impl Spec {
-    /// A worker that acquires `lock` exclusively on `sidecar` under its pod's name.
-    pub const fn acquire(lock: &'static str, sidecar: usize) -> Self {
-        Spec::with(lock, sidecar, Api::Acquire, "exclusive", None)
-    }
-
-    /// A worker of `lock` on `sidecar` through `api` in `mode`, naming `holder`.
-    pub const fn with(
-        lock: &'static str,
-        sidecar: usize,
-        api: Api,
-        mode: &'static str,
-        holder: Option<&'static str>,
-    ) -> Self {
-        Spec {
-            lock,
-            sidecar,
-            api,
-            mode,
-            holder,
-            with: &[],
-            max_hold: None,
-            permits: None,
-        }
-    }
-
-    /// The same worker, asking for `n` of its semaphore's slots in each hold (a weighted
-    /// hold): the queue must not let a smaller request pass it, nor admit it beside holds whose
-    /// permits leave too few.
-    pub const fn permits(self, n: u32) -> Self {
-        Spec {
-            permits: Some(n),
-            ..self
-        }
-    }
-
-    /// The same worker, asking for a maximum hold time of `seconds`, far above its holds' work:
-    /// one hold in 8 outstays it (see `outstays`, `apis::hold_time`).
-    pub const fn deadline(self, seconds: u32) -> Self {
-        Spec {
-            max_hold: Some(seconds),
-            ..self
-        }
-    }
-
-    /// A worker that acquires `lock` and every lock of `with` as one, exclusively, on `sidecar`
-    /// as `holder` (not its pod's name, which a single-lock worker of the sidecar may use).
-    pub const fn set(
-        lock: &'static str,
-        with: &'static [&'static str],
-        sidecar: usize,
-        holder: &'static str,
-    ) -> Self {
-        Spec {
-            with,
-            ..Spec::with(lock, sidecar, Api::Acquire, "exclusive", Some(holder))
-        }
-    }
-
-    /// Whether it takes `lock` (alone or in its set).
-    pub fn takes(&self, lock: &str) -> bool {
-        self.lock == lock || self.with.contains(&lock)
     }
 }
 
