@@ -61,6 +61,17 @@ async fn a_hold_takes_its_permits_and_a_larger_request_is_not_passed() {
     let (status, grant) = s.post("pool", "acquire", asks("a", 2, 0.0)).await;
     assert_eq!((status, grant["permits"].as_u64()), (200, Some(2)), "{grant}");
     let b = s.must_acquire("pool", asks("b", 1, 0.0)).await;
+    // The same holder id again, for other permits: never answered with the hold it has.
+    let (status, body) = s.post("pool", "acquire", asks("a", 1, 0.0)).await;
+    assert_eq!(
+        (status, body["error"].as_str()),
+        (409, Some("holder_in_use")),
+        "{body}"
+    );
+    assert!(
+        body["message"].as_str().unwrap().contains("holds 2 permits"),
+        "{body}"
+    );
     let (_, info) = s.get("/v1/locks/pool").await;
     assert_eq!(holders(&info), held(&[("a", 2), ("b", 1)]), "{info}");
     let (status, body) = s.post("pool", "acquire", asks("x", 1, 0.0)).await;

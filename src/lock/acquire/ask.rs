@@ -9,7 +9,7 @@ use crate::lock::protocol::names::LockId;
 use crate::lock::txn::settings::Settings;
 
 /// The request field that asks for permits.
-pub const PERMITS_FIELD: &str = "permits";
+const PERMITS_FIELD: &str = "permits";
 
 /// Checks what `permits` an acquire asks for, before any lock is read: at least 1, and more
 /// than 1 only on an exclusive acquire of a single lock. A shared hold takes no slots of a
@@ -56,9 +56,9 @@ pub(super) fn above_permits(lock: &LockId, permits: u32, s: Settings) -> LockErr
 }
 
 /// Whether an acquire by a holder id that already holds may be answered with that hold: only
-/// an acquire in the same mode, for the same permits, of the same locks (a single lock is not a set it holds as
-/// part of), with neither side bound to a connection (a connection's hold is its own, see the
-/// contract's "Holder identity").
+/// an acquire in the same mode, for the same permits, of the same locks (a single lock is not a
+/// set it holds as part of), with neither side bound to a connection (a connection's hold is
+/// its own, see the contract's "Holder identity").
 pub(super) fn check_rejoin(req: &AcquireRequest, hold: &Hold) -> Result<(), LockError> {
     if req.with.is_empty() && !hold.set.is_empty() {
         let names: Vec<&str> = hold.set.iter().map(|(l, _)| l.name.as_str()).collect();
