@@ -225,11 +225,11 @@ impl Engine {
             _ => deadline,
         };
         let (etcd, ticket) = (&self.0.etcd, &placed.ticket);
-        let ask = Ask {
+        let asked = Ask {
             mode: req.mode,
             permits: req.permits,
         };
-        let turn = wait::wait_turn(etcd, &req.lock, (ticket, ask), declared, deadline, start).await?;
+        let turn = wait::wait_turn(etcd, &req.lock, (ticket, asked), declared, deadline, start).await?;
         match turn {
             Turn::Granted { at, chain } => Ok((at, chain)),
             Turn::Gone => Err(self.vanished(&req.lock, &placed.session).await),
