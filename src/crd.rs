@@ -312,6 +312,13 @@ pub struct Holder {
     /// did: the operator ends the hold then unless it is released first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub yield_deadline: Option<String>,
+    /// How many of the lock's slots the hold takes (1 but for a weighted hold of a semaphore).
+    #[serde(default = "one")]
+    pub permits: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 fn exclusive() -> String {
@@ -328,6 +335,7 @@ impl From<HolderInfo> for Holder {
             acquired_at: h.acquired_at,
             mode: h.mode.as_str().into(),
             yield_deadline: h.yield_deadline,
+            permits: h.permits,
         }
     }
 }

@@ -124,6 +124,7 @@ fn status(i: usize) -> DistributedLockStatus {
             acquired_at: "2026-11-28T10:00:00.123Z".into(),
             mode: "exclusive".into(),
             yield_deadline: None,
+            permits: 1,
         }],
         holder_count: 1,
         waiters: (i % 5) as u32,

@@ -94,7 +94,12 @@ fn line(data: &Value) -> String {
             let id = h["holderId"].as_str().unwrap_or("?");
             let pod = h["pod"].as_str().unwrap_or("?");
             let mode = h["mode"].as_str().unwrap_or("?");
-            format!("{id} (pod {pod}, token {}, {mode})", h["fencingToken"])
+            // A weighted hold says how many slots it takes; one slot goes without saying.
+            let permits = match h["permits"].as_u64() {
+                Some(n) if n > 1 => format!(", {n} permits"),
+                _ => String::new(),
+            };
+            format!("{id} (pod {pod}, token {}, {mode}{permits})", h["fencingToken"])
         })
         .collect();
     format!("revision {revision}: held by {}", each.join(", "))
@@ -116,6 +121,13 @@ mod tests {
         assert_eq!(
             line(&held),
             "revision 9: held by r1 (pod web-1, token 7, shared), r2 (pod web-1, token 8, shared)"
+        );
+        let mut weighted = holder("w", 9);
+        (weighted["mode"], weighted["permits"]) = (json!("exclusive"), json!(2));
+        let one = json!({"revision": 9, "holders": [weighted]});
+        assert_eq!(
+            line(&one),
+            "revision 9: held by w (pod web-1, token 9, exclusive, 2 permits)"
         );
         let free = json!({"lock": "db", "namespace": "default", "revision": 10, "holders": []});
         assert_eq!(line(&free), "revision 10: free");

@@ -62,6 +62,11 @@ pub struct LockArgs {
     /// at least 1).
     #[arg(long, env = "PODLOCK_DEADLINE_WARNING", value_name = "SECONDS")]
     pub deadline_warning: Option<u32>,
+    /// How many of the lock's slots to hold (a weighted semaphore; default 1, at most its
+    /// maxHolders). The lock is granted once that many are free and every request ahead of this
+    /// one is granted: FIFO, a larger request is not passed.
+    #[arg(long, env = "PODLOCK_PERMITS", value_name = "N")]
+    pub permits: Option<u32>,
     /// This app container's name (the injector sets PODLOCK_CONTAINER): the operator then ends
     /// the hold when this container restarts, not when another container of the pod does.
     #[arg(long, env = "PODLOCK_CONTAINER")]
@@ -165,6 +170,9 @@ impl Sidecar {
         }
         if let Some(seconds) = args.max_hold {
             options["maxHoldSeconds"] = json!(seconds);
+        }
+        if let Some(n) = args.permits {
+            options["permits"] = json!(n);
         }
         if let Some(seconds) = args.deadline_warning {
             options["deadlineWarningSeconds"] = json!(seconds);

@@ -90,6 +90,20 @@ pub enum LockError {
         limit: u32,
     },
 
+    /// A request asked for more permits than its lock has slots (`spec.maxHolders`).
+    #[error(
+        "permits {asked} is above lock {lock}'s maxHolders {limit} (spec.maxHolders of its \
+         DistributedLock): ask for at most {limit} permits, or raise maxHolders"
+    )]
+    AbovePermits {
+        /// The lock whose limit it is.
+        lock: LockId,
+        /// The permits asked for.
+        asked: u32,
+        /// The lock's `maxHolders`.
+        limit: u32,
+    },
+
     /// The holder id does not hold this lock (never did, or already released).
     #[error("{holder} does not hold lock {lock}{why}")]
     NotHolder {

@@ -134,11 +134,12 @@ mod tests {
                     fencing_token: token,
                     acquired_at: String::new(),
                     mode,
+                    permits: 1,
                     with: vec![],
                     yield_deadline: None,
                 };
                 let queued = Queued {
-                    mode,
+                    ask: crate::lock::protocol::Ask::one(mode),
                     recorded: granted,
                     handed: false,
                     set: false,

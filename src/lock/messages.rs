@@ -29,6 +29,9 @@ pub struct AcquireRequest {
     pub container: Option<String>,
     /// Exclusive, or shared with other shared holders (a lock with `maxHolders` 1).
     pub mode: Mode,
+    /// How many of the lock's slots the hold takes: 1 to its `maxHolders` (an exclusive hold
+    /// of a single lock).
+    pub permits: u32,
     /// The hold will be bound to the asking connection (`POST .../hold`): it may not take over
     /// a hold of the same holder id, nor be taken over.
     pub connection_bound: bool,
@@ -64,6 +67,8 @@ pub struct Grant {
     pub deadline: Option<String>,
     /// `exclusive` or `shared`: what the hold allows, stated on every grant.
     pub mode: Mode,
+    /// How many of the lock's slots the hold takes, stated on every grant.
+    pub permits: u32,
     /// Granted after waiting in the queue for an earlier holder: a handoff (for metrics; not
     /// part of the API).
     #[serde(skip)]

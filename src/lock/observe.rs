@@ -168,6 +168,7 @@ mod tests {
             fencing_token: token,
             acquired_at: acquired_at.into(),
             mode,
+            permits: 1,
             with: vec![],
             yield_deadline: None,
         }

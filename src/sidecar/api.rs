@@ -111,6 +111,7 @@ async fn try_acquire(
         deadline_warning_seconds: opts.deadline_warning_seconds,
         container: opts.container,
         mode: opts.mode.unwrap_or_default(),
+        permits: opts.permits.unwrap_or(1),
         with: with_locks(&st.namespace, opts.with)?,
         lock,
     };

@@ -55,6 +55,10 @@ impl From<LockError> for ApiError {
                 extra: Some(("maxHoldSeconds", json!(limit))),
                 ..ApiError::invalid(message)
             },
+            LockError::AbovePermits { limit, .. } => ApiError {
+                extra: Some(("maxHolders", json!(limit))),
+                ..ApiError::invalid(message)
+            },
             LockError::NotFound(_) => ApiError::new(StatusCode::NOT_FOUND, "lock_not_found", message),
             LockError::Held { holders, .. } => ApiError {
                 extra: Some(("holders", json!(holders))),

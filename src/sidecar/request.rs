@@ -43,6 +43,8 @@ pub struct AcquireOptions {
     pub keep_alive_seconds: Option<u32>,
     /// `exclusive` (default) or `shared` (a reader-writer lock).
     pub mode: Option<Mode>,
+    /// How many of a semaphore's slots the hold takes (default 1; at most `maxHolders`).
+    pub permits: Option<u32>,
     /// Further locks to take as one with the path's (a multi-lock acquire): a JSON list of
     /// names in the body, or a comma-separated list in the query string.
     #[serde(default, deserialize_with = "names")]
@@ -89,6 +91,7 @@ impl Merge for AcquireOptions {
             container: body.container.or(self.container),
             keep_alive_seconds: body.keep_alive_seconds.or(self.keep_alive_seconds),
             mode: body.mode.or(self.mode),
+            permits: body.permits.or(self.permits),
             with: body.with.or(self.with),
         }
     }

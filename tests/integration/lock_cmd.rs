@@ -308,3 +308,31 @@ async fn a_podlock_lock_nested_in_another_holds_under_its_own_id() {
         .unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "mine");
 }
+
+/// `--permits N` holds N of a semaphore's slots while the command runs; more than its
+/// `maxHolders` is refused without running the command, the reason naming `permits`.
+#[tokio::test]
+async fn permits_take_that_many_slots_while_the_command_runs() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["pool", "--max-holders", "3"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let holders = "curl -s $PODLOCK_ADDR/v1/locks/pool";
+    let out = lock_cmd(&s, &["pool", "--permits", "2", "--", "sh", "-c", holders])
+        .output()
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(info["holders"][0]["permits"], 2, "{info}");
+    let out = lock_cmd(&s, &["pool", "--permits", "4", "--", "sh", "-c", "echo ran"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "the command must not run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("permits 4 is above") && stderr.contains("maxHolders 3"),
+        "{stderr}"
+    );
+}

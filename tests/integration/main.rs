@@ -37,6 +37,7 @@ mod modes;
 mod multi;
 mod openapi;
 mod operator;
+mod permits;
 mod pod_liveness;
 mod queue;
 mod rbac;

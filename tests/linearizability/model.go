@@ -28,6 +28,9 @@ type Op struct {
 	Mode string `json:"mode,omitempty"`
 	// Granted is the mode a grant states (empty: the grant states none).
 	Granted string `json:"granted,omitempty"`
+	// Permits is how many of the lock's slots an acquire asks for (0: one, as before weighted
+	// permits).
+	Permits int `json:"permits,omitempty"`
 	// Outcome is ok, fail (a definite refusal: the client does not hold) or unknown (no answer).
 	Outcome string `json:"outcome"`
 	// Token is the fencing token of a grant or of the hold that ended (0: not known).
@@ -40,11 +43,17 @@ type Op struct {
 }
 
 // holder is one hold the lock grants: its client, token (0 while unknown: the grant of an
-// acquire whose answer was lost) and mode.
+// acquire whose answer was lost), mode and the slots it takes.
 type holder struct {
-	client string
-	token  int64
-	mode   string
+	client  string
+	token   int64
+	mode    string
+	permits int
+}
+
+// weight is how many slots an acquire asks for: its permits, one if it names none.
+func (op Op) weight() int {
+	return max(op.Permits, 1)
 }
 
 // lockState is a lock's state in the model: its holders (sorted by client), the maxHolders in
@@ -116,17 +125,20 @@ func (s lockState) told(client string, token int64) (lockState, bool) {
 	return s, false
 }
 
-// admits says whether a new hold in mode may be granted now: shared holds only beside shared
-// ones, however many; exclusive ones only beside exclusive ones, up to maxHolders (with
-// maxHolders 1, a reader-writer lock). While maxHolders changes, grants already decided under
-// the old value may still land, so the larger of the two binds.
-func (s lockState) admits(mode string) bool {
+// admits says whether a new hold in mode taking permits slots may be granted now: shared holds
+// only beside shared ones, however many; exclusive ones only beside exclusive ones, while
+// their permits and its own fit in maxHolders (with maxHolders 1, a reader-writer lock).
+// While maxHolders changes, grants already decided under the old value may still land, so the
+// larger of the two binds.
+func (s lockState) admits(mode string, permits int) bool {
+	taken := 0
 	for _, h := range s.holders {
 		if h.mode != mode {
 			return false
 		}
+		taken += h.permits
 	}
-	return mode == "shared" || len(s.holders) < max(s.limit, s.pending)
+	return mode == "shared" || taken+permits <= max(s.limit, s.pending)
 }
 
 // acquire steps an acquire (or a hold, or `podlock lock`): the states it may leave.
@@ -140,20 +152,22 @@ func acquire(s lockState, op Op) []lockState {
 		return []lockState{s}
 	case "unknown":
 		next := []lockState{s}
-		if !holds && s.admits(op.Mode) {
-			next = append(next, s.with(holder{op.Client, 0, op.Mode}))
+		if !holds && s.admits(op.Mode, op.weight()) {
+			next = append(next, s.with(holder{op.Client, 0, op.Mode, op.weight()}))
 		}
 		return next
 	}
 	if holds {
-		// Acquiring again with a holder id that holds answers the same grant, in its mode.
-		if held.mode == op.Mode && (held.token == op.Token || held.token == 0) {
-			return []lockState{s.with(holder{op.Client, op.Token, op.Mode})}
+		// Acquiring again with a holder id that holds answers the same grant, in its mode
+		// and with its permits.
+		same := held.mode == op.Mode && held.permits == op.weight()
+		if same && (held.token == op.Token || held.token == 0) {
+			return []lockState{s.with(holder{op.Client, op.Token, op.Mode, op.weight()})}
 		}
 		return nil
 	}
-	if s.admits(op.Mode) && op.Token > s.highest {
-		return []lockState{s.with(holder{op.Client, op.Token, op.Mode})}
+	if s.admits(op.Mode, op.weight()) && op.Token > s.highest {
+		return []lockState{s.with(holder{op.Client, op.Token, op.Mode, op.weight()})}
 	}
 	return nil
 }
@@ -232,7 +246,7 @@ func describe(state interface{}) string {
 	s := state.(lockState)
 	var hs []string
 	for _, h := range s.holders {
-		hs = append(hs, fmt.Sprintf("%s:%d:%s", h.client, h.token, h.mode))
+		hs = append(hs, fmt.Sprintf("%s:%d:%s:%d", h.client, h.token, h.mode, h.permits))
 	}
 	limit := fmt.Sprint(s.limit)
 	if s.pending != 0 {
@@ -258,7 +272,7 @@ func describeOp(input, _ interface{}) string {
 	case "limit", "settle":
 		return fmt.Sprintf("%s maxHolders %d", op.Kind, op.Limit)
 	case "acquire":
-		return fmt.Sprintf("%s %s %s -> %s %d", op.API, op.Client, op.Mode, op.Outcome, op.Token)
+		return fmt.Sprintf("%s %s %s x%d -> %s %d", op.API, op.Client, op.Mode, op.weight(), op.Outcome, op.Token)
 	}
 	return fmt.Sprintf("%s %s %d -> %s", op.API, op.Client, op.Token, op.Outcome)
 }

@@ -119,3 +119,21 @@ func TestALoweredLimitBindsNewGrantsOnly(t *testing.T) {
 	ops[4] = at("acquire", "b", "ok", 11, 3, 7)
 	expect(t, "Ok", ops...)
 }
+
+// weighted is an acquire of lock l asking for permits slots.
+func weighted(client string, permits int, token int64, call, ret int64) Op {
+	op := at("acquire", client, "ok", token, call, ret)
+	op.Permits = permits
+	return op
+}
+
+func TestWeightedHoldsFitTheirPermits(t *testing.T) {
+	// A semaphore of 3: a hold of 2 beside one of 1.
+	expect(t, "Ok", opening(3),
+		weighted("a", 2, 10, 1, 2), weighted("b", 1, 12, 3, 4),
+		at("release", "a", "ok", 0, 5, 6), at("release", "b", "ok", 0, 5, 6))
+	// Two holds of 2 at once: 4 slots of 3.
+	expect(t, "Illegal", opening(3),
+		weighted("a", 2, 10, 1, 2), weighted("b", 2, 12, 3, 4),
+		at("release", "a", "ok", 0, 5, 6), at("release", "b", "ok", 0, 5, 6))
+}

@@ -166,6 +166,7 @@ mod tests {
             worker: token as usize % 3,
             sidecar: token as usize % 3,
             token,
+            permits: 1,
             acquired: granted,
             granted,
             ended,
@@ -300,6 +301,24 @@ mod tests {
             slot(12, 0.9, 2.0, None),
         ];
         assert_eq!(analyze(&three, &[], &[]).violations.len(), 1);
+    }
+
+    #[test]
+    fn a_weighted_hold_counts_its_permits() {
+        // A hold of both slots of the semaphore of 2 beside a hold of one: caught, though only
+        // two holds overlap. After it alone: fine, and the peak is its 2 permits.
+        let whole = |token, granted, ended| HoldRecord {
+            permits: 2,
+            ..slot(token, granted, ended, None)
+        };
+        let beside = [slot(10, 0.0, 1.0, None), whole(11, 0.5, 1.5)];
+        let a = analyze(&beside, &[], &[]);
+        assert_eq!(a.violations.len(), 1, "{:?}", a.violations);
+        assert!(a.violations[0].contains("2 permits"), "{:?}", a.violations);
+        let after = [slot(10, 0.0, 1.0, None), whole(11, 1.1, 1.5)];
+        let a = analyze(&after, &[], &[]);
+        assert!(a.violations.is_empty(), "{:?}", a.violations);
+        assert_eq!(a.locks[0].1.peaks.get(&2), Some(&2));
     }
 
     #[test]

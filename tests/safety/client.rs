@@ -63,6 +63,8 @@ pub struct LockClient {
     /// that outlives it (a stalled worker's) ends at its deadline, `lost` with reason
     /// `deadline`, and the next worker is granted.
     pub max_hold: Option<u32>,
+    /// How many of the lock's slots each hold takes (`permits`; `None`: one, not asked).
+    pub permits: Option<u32>,
 }
 
 impl LockClient {
@@ -111,6 +113,7 @@ impl LockClient {
             api,
             mode: (kind == OpKind::Acquire).then_some(self.mode),
             granted: None,
+            permits: self.permits.filter(|_| kind == OpKind::Acquire),
             outcome,
             token,
             limit: 0,
@@ -158,7 +161,7 @@ impl LockClient {
     }
 
     /// The options of an acquire (`/acquire` or `/hold`), waiting up to 5 s: its mode, and
-    /// its maximum hold time if it asks for one.
+    /// its maximum hold time and permits if it asks for them.
     pub fn acquire_options(&self) -> Value {
         let mut options = json!({"waitSeconds": 5});
         if self.mode == "shared" {
@@ -166,6 +169,9 @@ impl LockClient {
         }
         if let Some(seconds) = self.max_hold {
             options["maxHoldSeconds"] = json!(seconds);
+        }
+        if let Some(n) = self.permits {
+            options["permits"] = json!(n);
         }
         options
     }

@@ -78,6 +78,9 @@ pub struct Op {
     /// The mode a grant states.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub granted: Option<&'static str>,
+    /// How many of the lock's slots an acquire asks for (absent: 1).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub permits: Option<u32>,
     /// The answer.
     pub outcome: Outcome,
     /// The grant's fencing token, or the ended hold's (0: not known).
@@ -147,6 +150,7 @@ impl History {
             api: "settings",
             mode: None,
             granted: None,
+            permits: None,
             outcome: Outcome::Ok,
             token: 0,
             limit,
@@ -208,6 +212,7 @@ fn ends(notices: &[Notice], faults: &[Fault], rows: usize) -> Vec<Op> {
                 api: "lost",
                 mode: None,
                 granted: None,
+                permits: None,
                 outcome: Outcome::Ok,
                 token: first.token,
                 limit: 0,

@@ -142,6 +142,7 @@ mod tests {
             api: "acquire",
             mode: Some("exclusive"),
             granted: None,
+            permits: None,
             outcome: Outcome::Ok,
             token,
             limit: 1,

@@ -1,9 +1,10 @@
-//! Exclusion, per lock: no hold is granted while the holds that still last fill the lock's
-//! `maxHolders` in force, unless enough of them were lost and their clients told within
-//! [`LOST_NOTICE`]; and fencing tokens rise in the order the lock made its grants.
+//! Exclusion, per lock: no hold is granted while the holds that still last leave too few of the
+//! lock's `maxHolders` in force for its permits, unless enough of them were lost and their
+//! clients told within [`LOST_NOTICE`]; and fencing tokens rise in the order the lock made its
+//! grants. Holds are weighed by their permits (one each but a weighted worker's).
 //!
 //! A lowered `maxHolders` applies to new grants only: holders already in may stay, so the
-//! count is taken at each grant, against the limit that grant was decided under.
+//! permits are counted at each grant, against the limit that grant was decided under.
 
 use std::collections::{BTreeMap, HashSet};
 use std::iter::once;
@@ -67,8 +68,8 @@ pub struct LockStats {
     pub grants: usize,
     /// Holds whose clients learned that they were lost.
     pub lost: usize,
-    /// For each limit in force at some grant: the most holds that lasted at such a grant, itself
-    /// included, those lost and told in time left out.
+    /// For each limit in force at some grant: the most permits that lasted at such a grant, its
+    /// own included, those of holds lost and told in time left out.
     pub peaks: BTreeMap<u32, usize>,
 }
 
@@ -97,15 +98,18 @@ pub fn check_lock(holds: &[&HoldRecord], limits: &Limits, faults: &[Fault], a: &
             .filter(|h| h.ended > g.granted)
             .collect();
         let allowed = limits.allowed(g.acquired);
-        let over = (lasting.len() + 1).saturating_sub(allowed as usize);
+        let taken = permits(lasting.iter().copied()) + g.permits as usize;
+        let over = taken.saturating_sub(allowed as usize);
         // Each lost hold's lag counts from the first grant it could have made room for.
         let lag = |h: &HoldRecord| h.ended - resumed(h, faults, g.granted);
         // The new grant may itself be the lost one: decided while its key was admitted (etcd's
         // log proves that) and answered after the key was ended, its client told soon after.
-        let timely = (lasting.iter())
-            .filter(|h| h.lost.is_some() && lag(h) <= LOST_NOTICE)
-            .count()
-            + usize::from(lost_on_arrival(g, faults));
+        let told = lasting
+            .iter()
+            .copied()
+            .filter(|h| h.lost.is_some() && lag(h) <= LOST_NOTICE);
+        let arrived_lost = (lost_on_arrival(g, faults)).then_some(*g);
+        let timely = permits(told.chain(arrived_lost));
         if over > 0 {
             for h in lasting.iter().filter(|h| h.lost.is_some()) {
                 if lagged.insert(h.token) {
@@ -117,12 +121,17 @@ pub fn check_lock(holds: &[&HoldRecord], limits: &Limits, faults: &[Fault], a: &
             a.violations.push(overfull(g, &lasting, allowed, &lag));
         }
         let peak = stats.peaks.entry(allowed).or_default();
-        *peak = (*peak).max(lasting.len() + 1 - timely.min(over));
+        *peak = (*peak).max(taken - timely.min(over));
     }
     check_token_order(holds, faults, a);
     if let Some(h) = holds.first() {
         a.locks.push((h.lock, stats));
     }
+}
+
+/// How many slots `holds` take together.
+fn permits<'a>(holds: impl Iterator<Item = &'a HoldRecord>) -> usize {
+    holds.map(|h| h.permits as usize).sum()
 }
 
 /// The words for a grant made while `lasting` holds filled the lock's `allowed` slots.
@@ -144,12 +153,15 @@ fn overfull(
         })
         .collect();
     format!(
-        "{} token {} (worker {}) granted at {:.3} while {} held, beyond maxHolders {allowed}: {}",
+        "{} token {} (worker {}, {} permits) granted at {:.3} while {} held {} permits, beyond \
+         maxHolders {allowed}: {}",
         g.lock,
         g.token,
         g.worker,
+        g.permits,
         g.granted,
         lasting.len(),
+        permits(lasting.iter().copied()),
         others.join(", ")
     )
 }

@@ -51,7 +51,7 @@ pub fn report(
     out
 }
 
-/// The holds of each lock, the most held at once under each limit, and the lost notices.
+/// The holds of each lock, the most permits held at once under each limit, and the lost notices.
 fn holds(a: &Analysis) -> String {
     let mut out = String::new();
     for (lock, s) in &a.locks {
@@ -59,7 +59,7 @@ fn holds(a: &Analysis) -> String {
             .map(|(limit, n)| format!("{n} while maxHolders {limit}"))
             .collect();
         out += &format!(
-            "\n  {lock}: {} holds granted, {} lost; most held at a grant: {}",
+            "\n  {lock}: {} holds granted, {} lost; most permits held at a grant: {}",
             s.grants,
             s.lost,
             peaks.join(", ")
@@ -216,6 +216,7 @@ mod tests {
             api: "acquire",
             mode: None,
             granted: None,
+            permits: None,
             outcome: if ret.is_some() {
                 Outcome::Ok
             } else {

@@ -1,7 +1,7 @@
-//! What each of the checker's workers is: the lock it takes, on which sidecar, through which
-//! API, in which mode, and the run's list of them ([`WORKERS`]).
+//! What each worker of the safety run is: its lock, sidecar and API, and what it asks for
+//! (mode, holder id, further locks, a maximum hold time, permits).
 
-use super::{COUNTER, POOL, RW};
+use super::{COUNTER, POOL, POOL_SLOTS, RW};
 
 /// The workers. Three contend for the mutex, each on its own sidecar (the fault loop's victims),
 /// and three for the semaphore's two slots, so that a waiter always queues behind a full
@@ -15,13 +15,16 @@ use super::{COUNTER, POOL, RW};
 /// their deadline ends those holds (`lost`, reason `deadline`, on both locks of the set) while
 /// the set's worker still means to write, which the fenced counter must refuse once a later
 /// holder wrote. (Not the mutex's own workers: the fault loop's stalls of them must end by their
-/// heartbeat window, a force release or their pod's deletion.)
+/// heartbeat window, a force release or their pod's deletion.) One of the semaphore's
+/// `/acquire` workers asks for both its slots in each hold (weighted permits): it must wait for
+/// every other holder to leave, and not be passed by the 1-permit requests behind it; while
+/// `maxHolders` is lowered to 1 its requests are refused (400), waiting ones at once.
 pub const WORKERS: [Spec; 13] = [
     Spec::acquire(COUNTER, 0),
     Spec::acquire(COUNTER, 1),
     Spec::acquire(COUNTER, 2),
     Spec::acquire(POOL, 3),
-    Spec::acquire(POOL, 4),
+    Spec::acquire(POOL, 4).permits(POOL_SLOTS),
     Spec::with(POOL, 5, Api::Hold, "exclusive", None).deadline(1),
     Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
     Spec::with(RW, 3, Api::Acquire, "shared", Some("reader")),
@@ -61,6 +64,8 @@ pub struct Spec {
     pub with: &'static [&'static str],
     /// The maximum hold time it asks for, in seconds (through `/acquire` or `/hold`).
     pub max_hold: Option<u32>,
+    /// How many of the lock's slots each hold asks for (`None`: one, not asked).
+    pub permits: Option<u32>,
 }
 
 impl Spec {
@@ -85,6 +90,17 @@ impl Spec {
             holder,
             with: &[],
             max_hold: None,
+            permits: None,
+        }
+    }
+
+    /// The same worker, asking for `n` of its semaphore's slots in each hold (a weighted
+    /// hold): the queue must not let a smaller request pass it, nor admit it beside holds whose
+    /// permits leave too few.
+    pub const fn permits(self, n: u32) -> Self {
+        Spec {
+            permits: Some(n),
+            ..self
         }
     }
 

@@ -39,6 +39,8 @@ pub struct HoldRecord {
     pub sidecar: usize,
     /// The fencing token.
     pub token: i64,
+    /// How many of the lock's slots it took.
+    pub permits: u32,
     /// When its sidecar made the grant (the grant's `acquiredAt`, to the millisecond): after
     /// the sidecar decided, before it answered, so it orders grants as the lock made them.
     pub acquired: f64,
@@ -290,6 +292,7 @@ pub async fn run(
         mode: spec.mode,
         with: spec.with,
         max_hold: spec.max_hold,
+        permits: spec.permits,
     };
     match spec.api {
         Api::Acquire => acquire_loop(Worker { slot, store, c }, stop).await,
@@ -339,6 +342,7 @@ async fn acquire_loop(w: Worker, stop: CancellationToken) {
             worker: w.c.row,
             sidecar: w.c.sidecar,
             token: g.token,
+            permits: w.c.permits.unwrap_or(1),
             acquired: g.acquired,
             granted,
             ended,

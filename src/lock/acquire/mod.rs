@@ -2,6 +2,7 @@
 //! that already holds, claim the slot, put a key in the queue, wait for its turn (or leave the
 //! queue at the deadline), start the hold.
 
+mod ask;
 pub(super) mod multi;
 pub(super) mod pending;
 pub(super) mod wait;
@@ -20,15 +21,16 @@ use crate::lock::holdings::registry::{Claimed, SlotKey};
 use crate::lock::life::detached;
 use crate::lock::life::monitor::{self, MarkWhen};
 use crate::lock::messages::{AcquireRequest, EventKind, Grant};
-use crate::lock::protocol::entry::{Entry, Mode, Successor, rfc3339};
+use crate::lock::protocol::entry::{Entry, Successor, rfc3339};
 use crate::lock::protocol::names::{LockId, check_holder_id};
 use crate::lock::protocol::token::Token;
-use crate::lock::protocol::{Position, Standing};
+use crate::lock::protocol::{Ask, Position, Standing};
 use crate::lock::txn::entry_swap;
 use crate::lock::txn::handoff::Chain;
 use crate::lock::txn::queue::{self, Enqueued, Ticket};
 use crate::lock::txn::settings::Declared;
 use crate::lock::txn::settings::{HEARTBEAT, Settings, TTL};
+use ask::{check_mode, check_permits, check_permits_asked, check_rejoin};
 use pending::Pending;
 use wait::Turn;
 
@@ -68,6 +70,7 @@ impl Engine {
     /// client that disconnects) removes the waiter's key at once.
     pub async fn acquire(&self, req: AcquireRequest) -> Result<Grant, LockError> {
         check_holder_id(&req.holder_id)?;
+        check_permits_asked(&req)?;
         if let Some(window) = req.heartbeat_timeout_seconds {
             HEARTBEAT.check(window)?;
         }
@@ -145,6 +148,7 @@ impl Engine {
         for _ in 0..MAX_PLACEMENTS {
             let s = declared.settings;
             check_mode(&req.lock, req.mode, s)?;
+            check_permits(&req.lock, req.permits, s)?;
             let max_hold = MaxHold::of(req, &[(&req.lock, s.max_hold_seconds)])?;
             let ttl = req.ttl_seconds.unwrap_or(s.ttl_seconds);
             let ttl = TTL.check(ttl)?;
@@ -222,11 +226,20 @@ impl Engine {
             _ => deadline,
         };
         let (etcd, ticket) = (&self.0.etcd, &placed.ticket);
-        let turn = wait::wait_turn(etcd, &req.lock, (ticket, req.mode), declared, deadline, start).await?;
+        let asked = Ask {
+            mode: req.mode,
+            permits: req.permits,
+        };
+        let turn = wait::wait_turn(etcd, &req.lock, (ticket, asked), declared, deadline, start).await?;
         match turn {
             Turn::Granted { at, chain } => Ok((at, chain)),
             Turn::Gone => Err(self.vanished(&req.lock, &placed.session).await),
             Turn::TimedOut => Err(self.give_up(&req.lock, req.wait, pending).await),
+            // maxHolders was lowered below the permits asked for while the key waited.
+            Turn::TooLarge => {
+                pending.leave().await;
+                Err(ask::above_permits(&req.lock, req.permits, declared.settings))
+            }
         }
     }
 
@@ -287,8 +300,9 @@ impl Engine {
         let terms = Terms {
             acquired_at,
             mode: req.mode,
+            permits: req.permits,
             connection_bound: req.connection_bound,
-            chain: Chain::of(declared, req.mode, chain),
+            chain: Chain::of(declared, entry.ask(), chain),
             set: vec![],
             max_hold: max_hold.start(acquired_at),
         };
@@ -330,6 +344,7 @@ impl Engine {
             max_hold_seconds: max_hold.seconds,
             container: req.container.clone(),
             mode: req.mode,
+            permits: req.permits,
             epoch,
             handed: false,
             next: vec![],
@@ -356,58 +371,6 @@ pub(super) fn check_lease(session: &Session) -> Result<(), LockError> {
     let confirmed = session.expires_at().saturating_duration_since(Instant::now());
     if session.is_lost() || confirmed < Duration::from_secs(session.ttl.into()) / 2 {
         return Err(Unavailable::LeaseUnconfirmed(confirmed).into());
-    }
-    Ok(())
-}
-
-/// Whether an acquire by a holder id that already holds may be answered with that hold: only
-/// an acquire in the same mode, of the same locks (a single lock is not a set it holds as
-/// part of), with neither side bound to a connection (a connection's hold is its own, see the
-/// contract's "Holder identity").
-pub(super) fn check_rejoin(req: &AcquireRequest, hold: &Hold) -> Result<(), LockError> {
-    if req.with.is_empty() && !hold.set.is_empty() {
-        let names: Vec<&str> = hold.set.iter().map(|(l, _)| l.name.as_str()).collect();
-        return Err(LockError::HolderInUse {
-            lock: req.lock.clone(),
-            holder: req.holder_id.clone(),
-            why: format!(
-                "; it holds it as part of [{}]: acquire that set, or release it first",
-                names.join(", ")
-            ),
-        });
-    }
-    if req.connection_bound || hold.connection_bound {
-        let why = if hold.connection_bound {
-            "; that hold is bound to another connection (POST .../hold)"
-        } else {
-            "; a hold bound to a connection (POST .../hold) cannot take over a held holder id"
-        };
-        return Err(LockError::HolderInUse {
-            lock: req.lock.clone(),
-            holder: req.holder_id.clone(),
-            why: why.into(),
-        });
-    }
-    if req.mode != hold.mode {
-        return Err(LockError::ModeConflict {
-            lock: req.lock.clone(),
-            holder: req.holder_id.clone(),
-            held: hold.mode,
-            asked: req.mode,
-        });
-    }
-    Ok(())
-}
-
-/// Shared holds need a reader-writer lock (`maxHolders` 1): in a semaphore every hold already
-/// shares, up to its slots.
-pub(super) fn check_mode(lock: &LockId, mode: Mode, s: Settings) -> Result<(), LockError> {
-    if mode == Mode::Shared && s.max_holders > 1 {
-        return Err(LockError::Invalid(format!(
-            "mode shared needs a lock with maxHolders 1 (a reader-writer lock); {} is a semaphore \
-             of {}: acquire it without a mode",
-            lock, s.max_holders
-        )));
     }
     Ok(())
 }

@@ -30,6 +30,7 @@ use crate::lock::holdings::registry::Claimed;
 use crate::lock::life::detached;
 use crate::lock::life::monitor::{self, MarkWhen};
 use crate::lock::messages::{AcquireRequest, EventKind, Grant};
+use crate::lock::protocol::Ask;
 use crate::lock::protocol::entry::{Entry, rfc3339};
 use crate::lock::protocol::names::LockId;
 use crate::lock::protocol::token::Token;
@@ -149,7 +150,7 @@ impl Engine {
                 ),
             });
         }
-        crate::lock::acquire::check_rejoin(req, held)?;
+        crate::lock::acquire::ask::check_rejoin(req, held)?;
         self.regrant(held).await
     }
 
@@ -216,7 +217,7 @@ impl Engine {
         declared: &[Declared],
     ) -> Result<Placed, LockError> {
         for (lock, d) in locks.iter().zip(declared) {
-            crate::lock::acquire::check_mode(lock, req.mode, d.settings)?;
+            crate::lock::acquire::ask::check_mode(lock, req.mode, d.settings)?;
         }
         let limits: Vec<(&LockId, u32)> = (locks.iter().zip(declared))
             .map(|(l, d)| (l, d.settings.max_hold_seconds))
@@ -255,10 +256,11 @@ impl Engine {
             .zip(declared.iter_mut())
             .enumerate())
         .map(|(i, ((lock, ticket), d))| async move {
-            match wait::wait_turn(etcd, lock, (ticket, req.mode), d, deadline, None).await {
+            match wait::wait_turn(etcd, lock, (ticket, Ask::one(req.mode)), d, deadline, None).await {
                 Ok(Turn::Granted { at, .. }) => Ok(at),
                 Ok(Turn::Gone) => Err(Stop::Gone),
                 Ok(Turn::TimedOut) => Err(Stop::TimedOut(i)),
+                Ok(Turn::TooLarge) => unreachable!("a set's keys ask one permit, which every lock has"),
                 Err(e) => Err(Stop::Failed(e)),
             }
         });
@@ -312,6 +314,7 @@ impl Engine {
                 let terms = Terms {
                     acquired_at,
                     mode: req.mode,
+                    permits: req.permits,
                     connection_bound: req.connection_bound,
                     chain: None,
                     set: set.clone(),

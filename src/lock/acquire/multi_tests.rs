@@ -13,6 +13,7 @@ fn request(lock: &str, with: &[&str]) -> AcquireRequest {
         max_hold_seconds: None,
         deadline_warning_seconds: None,
         container: None,
+        permits: 1,
         mode: Default::default(),
         connection_bound: false,
         with: with.iter().map(|n| id(n)).collect(),

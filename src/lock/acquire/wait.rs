@@ -32,11 +32,10 @@ use crate::critical_path::{self, Point};
 use crate::lock::error::LockError;
 use crate::lock::etcd::watch::{KeyWatch, Target};
 use crate::lock::etcd::{self, Etcd};
-use crate::lock::protocol::entry::Mode;
 use crate::lock::protocol::entry::Successor;
 use crate::lock::protocol::names::LockId;
 use crate::lock::protocol::{self, Change};
-use crate::lock::protocol::{Position, Standing};
+use crate::lock::protocol::{Ask, Position, Standing};
 use crate::lock::txn::handoff;
 use crate::lock::txn::queue::{self, Ticket};
 use crate::lock::txn::settings::Declared;
@@ -50,6 +49,8 @@ pub enum Turn {
     Gone,
     /// The deadline passed first.
     TimedOut,
+    /// The ticket asks for more permits than the lock now has slots ([`Position::TooLarge`]).
+    TooLarge,
 }
 
 /// Waits until `ticket` may hold `lock`, its key is gone, or `deadline` passes, starting from
@@ -58,12 +59,12 @@ pub enum Turn {
 pub async fn wait_turn(
     etcd: &Etcd,
     lock: &LockId,
-    (ticket, mode): (&Ticket, Mode),
+    (ticket, ask): (&Ticket, Ask),
     declared: &mut Declared,
     deadline: Instant,
     start: Option<Standing>,
 ) -> Result<Turn, LockError> {
-    let read = async |declared: &mut Declared| standing(etcd, lock, (ticket, mode), declared).await;
+    let read = async |declared: &mut Declared| standing(etcd, lock, (ticket, ask), declared).await;
     let mut now = match start {
         Some(start) => start,
         None => read(declared).await?,
@@ -75,10 +76,11 @@ pub async fn wait_turn(
                 return Ok(Turn::Granted { at, chain });
             }
             Position::Gone => return Ok(Turn::Gone),
+            Position::TooLarge => return Ok(Turn::TooLarge),
             _ => {}
         }
         let started = Instant::now();
-        let watched = watch_position(etcd, lock, (ticket, mode), declared, &now);
+        let watched = watch_position(etcd, lock, (ticket, ask), declared, &now);
         let mut watch = match timeout_at(deadline, watched).await {
             Err(_) => return Ok(Turn::TimedOut),
             Ok(Ok(Watched::Watching(watch))) => watch,
@@ -95,7 +97,7 @@ pub async fn wait_turn(
                 continue;
             }
         };
-        match timeout_at(deadline, woken(&mut watch, (ticket, mode))).await {
+        match timeout_at(deadline, woken(&mut watch, (ticket, ask))).await {
             Err(_) => return Ok(Turn::TimedOut),
             Ok(Woken::Granted(at, chain)) => return Ok(Turn::Granted { at, chain }),
             Ok(Woken::Read) => {}
@@ -123,7 +125,7 @@ enum Woken {
 /// Waits for a change that may move `ticket`. Grants handed to the keys it watches pass it
 /// by: a handed grant is not a grant record, and lets nobody behind that key in (the key's
 /// own record, or its deletion, does, and wakes it then).
-async fn woken(watch: &mut KeyWatch, (ticket, mode): (&Ticket, Mode)) -> Woken {
+async fn woken(watch: &mut KeyWatch, (ticket, ask): (&Ticket, Ask)) -> Woken {
     loop {
         if let Err(e) = watch.changed().await {
             return Woken::Broken(e);
@@ -139,7 +141,7 @@ async fn woken(watch: &mut KeyWatch, (ticket, mode): (&Ticket, Mode)) -> Woken {
                 .max();
             critical_path::mark_at(Point::WaitEvent, ticket.revision, newest.unwrap_or(0), at);
         }
-        if handoff::possible(mode)
+        if handoff::possible(ask.mode)
             && let Some((at, chain)) = handed(watch, ticket, &events).await
         {
             return Woken::Granted(at, chain);
@@ -213,7 +215,7 @@ impl Gap {
 async fn watch_position(
     etcd: &Etcd,
     lock: &LockId,
-    (ticket, mode): (&Ticket, Mode),
+    (ticket, ask): (&Ticket, Ask),
     declared: &mut Declared,
     now: &Standing,
 ) -> Result<Watched, LockError> {
@@ -226,7 +228,7 @@ async fn watch_position(
     // A waiter that may be handed its grant watches its own key for writes, as one of the
     // keys that let it in: from "now", so that the grant is not held back.
     let mut own = vec![Target::any_change(lock.config_key().as_bytes())];
-    match handoff::possible(mode) {
+    match handoff::possible(ask.mode) {
         true => lets_in.push(Target::any_change(ticket.key.as_bytes())),
         false => own.push(Target::deletion(ticket.key.as_bytes())),
     }
@@ -258,7 +260,7 @@ async fn watch_position(
             }
         }
         Gap::Read => {
-            let again = standing(etcd, lock, (ticket, mode), declared).await?;
+            let again = standing(etcd, lock, (ticket, ask), declared).await?;
             if again.position != *pos {
                 return Ok(Watched::Moved(again));
             }
@@ -274,7 +276,7 @@ async fn watch_position(
 /// waiter watched those two from just after its read, none since (bench/README.md).
 fn lets_in(pos: &Position, max_holders: u32) -> Vec<Target> {
     assert!(
-        !matches!(pos, Position::Holder | Position::Gone),
+        !matches!(pos, Position::Holder | Position::Gone | Position::TooLarge),
         "nothing to wait for"
     );
     let wakes = protocol::wakes(pos, max_holders).into_iter();
@@ -291,12 +293,12 @@ fn lets_in(pos: &Position, max_holders: u32) -> Vec<Target> {
 async fn standing(
     etcd: &Etcd,
     lock: &LockId,
-    (ticket, mode): (&Ticket, Mode),
+    (ticket, ask): (&Ticket, Ask),
     declared: &mut Declared,
 ) -> Result<Standing, LockError> {
     loop {
         let max = declared.settings.max_holders;
-        let (needed, values) = protocol::keys_needed(max, mode);
+        let (needed, values) = protocol::keys_needed(max, ask.mode);
         let mut ahead = GetOptions::new()
             .with_prefix()
             .with_max_create_revision(ticket.revision - 1)
@@ -310,7 +312,7 @@ async fn standing(
             TxnOp::get(lock.config_key(), None),
             TxnOp::get(lock.queue_prefix(), Some(ahead)),
         ];
-        if handoff::possible(mode) {
+        if handoff::possible(ask.mode) {
             ops.push(handoff::behind(lock, ticket));
         }
         let resp = etcd.txn(Txn::new().and_then(ops)).await?;
@@ -343,7 +345,7 @@ async fn standing(
             Some(now) if now != *declared => *declared = now,
             None if declared.revision != 0 => return Ok(standing(Position::Gone)), // lock deleted
             _ => {
-                let at = queue::of_keys(ahead.kvs(), ahead.more(), max, mode);
+                let at = queue::of_keys(ahead.kvs(), ahead.more(), max, ask);
                 return Ok(standing(at));
             }
         }

@@ -38,6 +38,8 @@ pub struct Hold {
     pub heartbeat: Duration,
     /// Exclusive, or shared with other shared holds.
     pub mode: Mode,
+    /// How many of the lock's slots it takes.
+    pub permits: u32,
     /// Bound to the HTTP connection that asked for it (`POST .../hold`): that connection owns
     /// it, so no other request may take it over by naming its holder id.
     pub connection_bound: bool,
@@ -61,6 +63,8 @@ pub struct Terms {
     pub acquired_at: SystemTime,
     /// Exclusive, or shared with other shared holds.
     pub mode: Mode,
+    /// How many of the lock's slots it takes.
+    pub permits: u32,
     /// Bound to the HTTP connection that asked for it.
     pub connection_bound: bool,
     /// What its release may hand the lock on with.
@@ -78,6 +82,7 @@ impl Terms {
         Terms {
             acquired_at: SystemTime::now(),
             mode: Mode::Exclusive,
+            permits: 1,
             connection_bound: false,
             chain: None,
             set: vec![],
@@ -109,6 +114,7 @@ impl Hold {
             acquired_at: terms.acquired_at,
             heartbeat,
             mode: terms.mode,
+            permits: terms.permits,
             connection_bound: terms.connection_bound,
             chain: terms.chain,
             set: terms.set,
@@ -155,6 +161,7 @@ impl Grant {
             max_hold_seconds: hold.max_hold.map(|d| d.seconds),
             deadline: hold.max_hold.map(|d| rfc3339(d.wall)),
             mode: hold.mode,
+            permits: hold.permits,
             handed_on: false,
             locks: (hold.set.iter())
                 .map(|(lock, token)| LockToken {

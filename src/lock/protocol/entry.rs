@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use std::time::SystemTime;
 
+use super::position::Ask;
 use super::token::Token;
 
 /// The pod a sidecar serves, recorded in every entry so the operator can revoke a dead pod's
@@ -80,6 +81,10 @@ pub struct Entry {
     /// How the hold shares the lock (absent: exclusive).
     #[serde(default, skip_serializing_if = "Mode::is_exclusive")]
     pub mode: Mode,
+    /// How many of the lock's slots the hold takes (absent: 1, as in every entry written
+    /// before weighted permits).
+    #[serde(default = "one", skip_serializing_if = "is_one")]
+    pub permits: u32,
     /// The lock's token epoch when the key was enqueued (absent: 0): its token is this epoch
     /// and the key's create revision ([`Token`]).
     #[serde(default, skip_serializing_if = "is_zero")]
@@ -108,6 +113,14 @@ fn is_zero(n: &u32) -> bool {
     *n == 0
 }
 
+fn one() -> u32 {
+    1
+}
+
+fn is_one(n: &u32) -> bool {
+    *n == 1
+}
+
 impl Entry {
     /// Decodes a queue key's value; `None` when it is not an entry. Such a key was written by
     /// someone other than a sidecar: readers treat it as blocking nobody and bound to no pod.
@@ -123,6 +136,14 @@ impl Entry {
     /// Whether the entry records its grant (`acquiredAt` written).
     pub fn is_granted(&self) -> bool {
         self.acquired_at.is_some()
+    }
+
+    /// What the entry asks of its lock, for the queue's rule.
+    pub fn ask(&self) -> Ask {
+        Ask {
+            mode: self.mode,
+            permits: self.permits,
+        }
     }
 
     /// Whether this is a multi-lock key still waiting for a lock of its set: it holds nothing
@@ -142,6 +163,7 @@ impl Entry {
             pod: self.pod.name,
             cluster: Some(self.pod.cluster).filter(|c| !c.is_empty()),
             mode: self.mode,
+            permits: self.permits,
             with: self.with,
             yield_deadline: self.yield_deadline,
         })
@@ -165,6 +187,9 @@ pub struct HolderInfo {
     pub acquired_at: String,
     /// How it shares the lock.
     pub mode: Mode,
+    /// How many of the lock's slots it takes (1 but for a weighted hold of a semaphore).
+    #[serde(default = "one")]
+    pub permits: u32,
     /// The other locks it holds as one with this one (a multi-lock hold); absent: this alone.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub with: Vec<String>,

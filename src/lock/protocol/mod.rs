@@ -12,16 +12,18 @@ pub(super) mod token;
 
 pub use self::entry::Mode;
 pub(super) use self::position::Standing;
-pub use self::position::{Ahead, Position};
+pub use self::position::{Ahead, Ask, Position};
 
 impl Ahead {
     /// A key read without its value ([`keys_needed`] said none was needed), or whose value is
-    /// not an entry: it counts as exclusive and granted, so it blocks nobody beyond its place.
+    /// not an entry: it counts as exclusive, granted and of one permit, so it blocks nobody
+    /// beyond its place.
     pub fn without_value(key: Vec<u8>) -> Self {
         Ahead {
             key,
             granted: true,
             mode: Mode::Exclusive,
+            permits: 1,
         }
     }
 }
@@ -32,18 +34,18 @@ pub fn keys_needed(max_holders: u32, mode: Mode) -> (u32, bool) {
     self::position::keys_needed(max_holders, mode)
 }
 
-/// Where a key in `mode` stands with `ahead` before it (nearest first, as many as
-/// [`keys_needed`] says), `more` if further keys are ahead of those, in a lock of
+/// Where a key asking `ask` stands with `ahead` before it (nearest first, as many as
+/// [`keys_needed`] says for its mode), `more` if further keys are ahead of those, in a lock of
 /// `max_holders` slots. [`Position::Holder`]: it holds the lock from this read on.
-pub fn position(ahead: &[Ahead], more: bool, max_holders: u32, mode: Mode) -> Position {
-    self::position::decide(ahead, more, max_holders, mode)
+pub fn position(ahead: &[Ahead], more: bool, max_holders: u32, ask: Ask) -> Position {
+    self::position::decide(ahead, more, max_holders, ask)
 }
 
-/// A queue key as the views of who holds see it: its mode and what its entry records.
+/// A queue key as the views of who holds see it: what it asks and what its entry records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Queued {
-    /// Its mode.
-    pub mode: Mode,
+    /// Its mode and permits.
+    pub ask: Ask,
     /// Its entry records its grant (`acquiredAt`): a grant for the keys behind it too.
     pub recorded: bool,
     /// A release handed it its grant (direct handoff): it holds, but the keys behind it wait
@@ -56,7 +58,7 @@ pub struct Queued {
 impl Queued {
     /// A key whose value is not an entry: it blocks like a granted exclusive key.
     pub const FOREIGN: Queued = Queued {
-        mode: Mode::Exclusive,
+        ask: Ask::one(Mode::Exclusive),
         recorded: true,
         handed: false,
         set: false,
@@ -87,16 +89,17 @@ fn holds(queue: &[Queued], i: usize, max_holders: u32) -> bool {
     if key.set {
         return false;
     }
-    let (needed, _) = keys_needed(max_holders, key.mode);
+    let (needed, _) = keys_needed(max_holders, key.ask.mode);
     let ahead: Vec<Ahead> = (queue[..i].iter().rev().take(needed as usize).zip(0u32..))
         .map(|(k, n)| Ahead {
             key: n.to_be_bytes().to_vec(),
             granted: k.recorded,
-            mode: k.mode,
+            mode: k.ask.mode,
+            permits: k.ask.permits,
         })
         .collect();
     let more = i > needed as usize;
-    position(&ahead, more, max_holders, key.mode) == Position::Holder
+    position(&ahead, more, max_holders, key.ask) == Position::Holder
 }
 
 /// What a watched key must do to wake a waiter.
@@ -120,7 +123,7 @@ pub fn wakes(pos: &Position, max_holders: u32) -> Vec<(Vec<u8>, Change)> {
         Position::Waiter(pred) => vec![(pred.clone(), Change::Deletion)],
         Position::BehindUngranted(key) => vec![(key.clone(), Change::Any)],
         Position::BehindOtherMode(key) => vec![(key.clone(), Change::Deletion)],
-        Position::Holder | Position::Gone => vec![],
+        Position::Holder | Position::Gone | Position::TooLarge => vec![],
     }
 }
 
@@ -134,7 +137,7 @@ mod tests {
     fn queue(spec: &[(Mode, bool)]) -> Vec<Queued> {
         (spec.iter())
             .map(|&(mode, recorded)| Queued {
-                mode,
+                ask: Ask::one(mode),
                 recorded,
                 handed: false,
                 set: false,
@@ -178,6 +181,17 @@ mod tests {
     fn holds_granted_before_a_lowering_still_hold() {
         assert_eq!(held(&[(X, true), (X, true), (X, false)], 1), 2);
         assert_eq!(held(&[(X, true), (X, true), (X, true)], 1), 3);
+    }
+
+    #[test]
+    fn weighted_holders_fit_their_permits_and_keep_them_after_a_lowering() {
+        let mut q = queue(&[(X, true), (X, false), (X, false)]);
+        q[0].ask.permits = 2;
+        assert_eq!(holders(&q, 3), 2, "a hold of 2 and one of 1 fill 3 slots");
+        q[1].ask.permits = 2;
+        assert_eq!(holders(&q, 3), 1, "a request of 2 waits beside a hold of 2");
+        q[1].recorded = true;
+        assert_eq!(holders(&q, 3), 2, "granted before a lowering, it holds on");
     }
 
     #[test]

@@ -9,6 +9,22 @@
 
 use super::entry::{Mode, Successor};
 
+/// What a key asks of its lock: its mode, and how many of the lock's slots it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    /// Its mode.
+    pub mode: Mode,
+    /// How many slots it takes (`permits`, 1 but for a weighted hold of a semaphore).
+    pub permits: u32,
+}
+
+impl Ask {
+    /// One slot in `mode`: every key but a weighted one.
+    pub const fn one(mode: Mode) -> Self {
+        Ask { mode, permits: 1 }
+    }
+}
+
 /// How many keys ahead of it a shared key reads at once: a page of shared holders. Behind a
 /// longer run of them it waits for the farthest of the page first.
 pub const SHARED_PAGE: u32 = 256;
@@ -16,17 +32,25 @@ pub const SHARED_PAGE: u32 = 256;
 /// Where a ticket stands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Position {
-    /// Among the first `max_holders` keys, every key ahead of it granted: it holds the lock.
+    /// Its permits and those of the keys ahead of it fit in `max_holders`, every key ahead of
+    /// it granted: it holds the lock.
     Holder,
     /// Its key is gone (lease ended, key or lock deleted).
     Gone,
-    /// Just behind a full window: these keys (the holders) are all that is ahead of it.
+    /// Just behind a full window: these keys (the holders, and in a weighted semaphore maybe
+    /// waiters too) are all that is ahead of it, and their permits leave too few for its own.
+    /// Only a deletion among them (or a raised `maxHolders`) can let it in.
     FirstWaiter(Vec<Vec<u8>>),
     /// Further back: the key right ahead of it.
     Waiter(Vec<u8>),
     /// Inside the window, behind keys that have not recorded their grants yet: the oldest of
     /// them.
     BehindUngranted(Vec<u8>),
+    /// It asks for more permits than the lock has slots (`maxHolders` was lowered since it was
+    /// placed): no release can let it in, and as FIFO lets nobody pass it, it would hold up
+    /// every key behind it. Its acquire leaves the queue and is refused, as it would be if
+    /// made now.
+    TooLarge,
     /// Behind a key of the other mode (the nearest ahead of it), holding or waiting: it waits
     /// for that key to go. Shared and exclusive holds never hold together, and a waiting writer
     /// is never overtaken by later readers. (A shared key behind more shared keys than a page
@@ -79,6 +103,8 @@ pub struct Ahead {
     pub granted: bool,
     /// Its mode.
     pub mode: Mode,
+    /// How many slots it takes.
+    pub permits: u32,
 }
 
 /// How many keys ahead of a key in `mode` its position needs, and whether their values.
@@ -91,18 +117,23 @@ pub fn keys_needed(max_holders: u32, mode: Mode) -> (u32, bool) {
 }
 
 /// The queue's rule, for any `max_holders`: a shared key holds once every key ahead of it is
-/// shared and granted; an exclusive key holds once fewer than `max_holders` keys are ahead of
-/// it, all exclusive and granted. At `max_holders` 1 that is a reader-writer lock, without
-/// shared keys a semaphore; and when `maxHolders` changes under queued keys of both modes, a
-/// writer is still never granted beside a reader. `ahead` is nearest first, as many as
-/// [`keys_needed`] says; `more` if further keys are ahead of those.
-pub fn decide(ahead: &[Ahead], more: bool, max_holders: u32, mode: Mode) -> Position {
+/// shared and granted; an exclusive key holds once its permits and those of the keys ahead of
+/// it fit in `max_holders`, all of them exclusive and granted. At `max_holders` 1 that is a
+/// reader-writer lock, without shared keys a semaphore (weighted, where keys ask for more than
+/// one permit); and when `maxHolders` changes under queued keys of both modes, a writer is
+/// still never granted beside a reader. Grants follow the queue: a key that does not fit is
+/// never passed by a smaller one behind it, which would fit, so that a large request is not
+/// starved by a stream of small ones. `ahead` is nearest first, as many as [`keys_needed`]
+/// says (every key takes a permit at least, so `max_holders` keys ahead leave none);
+/// `more` if further keys are ahead of those.
+pub fn decide(ahead: &[Ahead], more: bool, max_holders: u32, ask: Ask) -> Position {
     let in_window = ahead.len() < max_holders as usize;
-    match mode {
+    match ask.mode {
         Mode::Shared => place_shared(ahead, more),
+        Mode::Exclusive if ask.permits > max_holders => Position::TooLarge,
         Mode::Exclusive => match ahead.iter().find(|a| a.mode == Mode::Shared) {
             Some(reader) if in_window => Position::BehindOtherMode(reader.key.clone()),
-            _ => place(ahead, more, max_holders),
+            _ => place(ahead, more, max_holders, ask.permits),
         },
     }
 }
@@ -120,10 +151,11 @@ fn place_shared(ahead: &[Ahead], more: bool) -> Position {
     }
 }
 
-/// The position of a key with `ahead` before it, nearest first, at most `max_holders`; `more`
-/// if further keys are ahead of those.
-fn place(ahead: &[Ahead], more: bool, max_holders: u32) -> Position {
-    if ahead.len() < max_holders as usize {
+/// The position of a key asking `permits` with `ahead` before it, nearest first, at most
+/// `max_holders`; `more` if further keys are ahead of those.
+fn place(ahead: &[Ahead], more: bool, max_holders: u32, permits: u32) -> Position {
+    let taken: u64 = ahead.iter().map(|a| u64::from(a.permits)).sum();
+    if !more && taken + u64::from(permits) <= max_holders.into() {
         first_ungranted(ahead)
     } else if !more {
         Position::FirstWaiter(ahead.iter().map(|a| a.key.clone()).collect())
@@ -155,6 +187,7 @@ mod tests {
                 key: k.as_bytes().to_vec(),
                 granted,
                 mode,
+                permits: 1,
             })
             .collect()
     }
@@ -165,38 +198,113 @@ mod tests {
 
     #[test]
     fn a_mutex_is_held_by_the_first_key_only() {
-        assert_eq!(decide(&[], false, 1, X), Position::Holder);
+        assert_eq!(decide(&[], false, 1, Ask::one(X)), Position::Holder);
         let ahead = keys(&[("a", true, X)]);
-        assert_eq!(decide(&ahead, false, 1, X), Position::FirstWaiter(vec![key("a")]));
+        assert_eq!(
+            decide(&ahead, false, 1, Ask::one(X)),
+            Position::FirstWaiter(vec![key("a")])
+        );
         let ahead = keys(&[("b", false, X)]);
-        assert_eq!(decide(&ahead, true, 1, X), Position::Waiter(key("b")));
+        assert_eq!(decide(&ahead, true, 1, Ask::one(X)), Position::Waiter(key("b")));
     }
 
     #[test]
     fn a_semaphore_grants_in_queue_order() {
         // Inside the window of 3, but the key ahead has not recorded its grant yet.
         let ahead = keys(&[("b", false, X), ("a", true, X)]);
-        assert_eq!(decide(&ahead, false, 3, X), Position::BehindUngranted(key("b")));
+        assert_eq!(
+            decide(&ahead, false, 3, Ask::one(X)),
+            Position::BehindUngranted(key("b"))
+        );
         let ahead = keys(&[("b", true, X), ("a", true, X)]);
-        assert_eq!(decide(&ahead, false, 3, X), Position::Holder);
+        assert_eq!(decide(&ahead, false, 3, Ask::one(X)), Position::Holder);
         // Behind several unrecorded grants: the oldest is the next in queue order.
         let ahead = keys(&[("c", false, X), ("b", false, X), ("a", true, X)]);
-        assert_eq!(decide(&ahead, false, 4, X), Position::BehindUngranted(key("b")));
+        assert_eq!(
+            decide(&ahead, false, 4, Ask::one(X)),
+            Position::BehindUngranted(key("b"))
+        );
+    }
+
+    /// Keys ahead, nearest first, all exclusive: (key, granted, permits).
+    fn weighted(spec: &[(&str, bool, u32)]) -> Vec<Ahead> {
+        (spec.iter())
+            .map(|&(k, granted, permits)| Ahead {
+                permits,
+                ..keys(&[(k, granted, X)]).remove(0)
+            })
+            .collect()
+    }
+
+    fn asks(permits: u32) -> Ask {
+        Ask { mode: X, permits }
+    }
+
+    #[test]
+    fn a_weighted_key_holds_once_its_permits_fit_beside_those_ahead() {
+        // A semaphore of 3: a hold of 2 and one of 1 fill it.
+        let ahead = weighted(&[("b", true, 1), ("a", true, 2)]);
+        assert_eq!(
+            decide(&ahead, false, 3, asks(1)),
+            Position::FirstWaiter(vec![key("b"), key("a")])
+        );
+        let ahead = weighted(&[("a", true, 2)]);
+        assert_eq!(decide(&ahead, false, 3, asks(1)), Position::Holder);
+        assert_eq!(
+            decide(&ahead, false, 3, asks(2)),
+            Position::FirstWaiter(vec![key("a")])
+        );
+        // A request above the limit in force (lowered since it was made) can never be let in.
+        assert_eq!(decide(&[], false, 1, asks(2)), Position::TooLarge);
+        assert_eq!(decide(&ahead, false, 1, asks(2)), Position::TooLarge);
+        assert_eq!(decide(&[], false, 2, asks(2)), Position::Holder);
+    }
+
+    /// FIFO: a request that does not fit is not passed by a smaller one behind it, even one
+    /// that would fit beside the holders.
+    #[test]
+    fn a_small_request_never_passes_a_large_one_ahead() {
+        // Holders of 1 and 1 in a semaphore of 3; a request of 2 waits; one of 1 behind it.
+        let ahead = weighted(&[("c", false, 2), ("b", true, 1), ("a", true, 1)]);
+        assert_eq!(
+            decide(&ahead, false, 3, asks(1)),
+            Position::FirstWaiter(vec![key("c"), key("b"), key("a")])
+        );
+        // Where the request of 2 fits (a semaphore of 4), the one behind waits for its grant
+        // record: grants, and tokens, in queue order.
+        assert_eq!(
+            decide(&ahead, false, 4, asks(1)),
+            Position::FirstWaiter(vec![key("c"), key("b"), key("a")])
+        );
+        let ahead = weighted(&[("c", false, 2), ("b", true, 1)]);
+        assert_eq!(
+            decide(&ahead, false, 4, asks(1)),
+            Position::BehindUngranted(key("c"))
+        );
     }
 
     #[test]
     fn shared_keys_share_but_never_overtake_an_exclusive_one() {
         // Readers ahead, all granted: in. One not yet granted: after it.
         let ahead = keys(&[("r2", true, S), ("r1", true, S)]);
-        assert_eq!(decide(&ahead, false, 1, S), Position::Holder);
+        assert_eq!(decide(&ahead, false, 1, Ask::one(S)), Position::Holder);
         let ahead = keys(&[("r2", false, S), ("r1", true, S)]);
-        assert_eq!(decide(&ahead, false, 1, S), Position::BehindUngranted(key("r2")));
+        assert_eq!(
+            decide(&ahead, false, 1, Ask::one(S)),
+            Position::BehindUngranted(key("r2"))
+        );
         // A writer ahead (waiting behind a reader, or holding): wait for it to go.
         let ahead = keys(&[("w", false, X), ("r1", true, S)]);
-        assert_eq!(decide(&ahead, false, 1, S), Position::BehindOtherMode(key("w")));
+        assert_eq!(
+            decide(&ahead, false, 1, Ask::one(S)),
+            Position::BehindOtherMode(key("w"))
+        );
         // More readers ahead than a page: the farthest of the page first.
         let ahead = keys(&[("r2", true, S), ("r1", true, S)]);
-        assert_eq!(decide(&ahead, true, 1, S), Position::BehindOtherMode(key("r1")));
+        assert_eq!(
+            decide(&ahead, true, 1, Ask::one(S)),
+            Position::BehindOtherMode(key("r1"))
+        );
     }
 
     /// Finding 4 of the safety review: `maxHolders` raised to 2 while a reader holds and a
@@ -204,17 +312,23 @@ mod tests {
     #[test]
     fn a_raised_max_holders_never_puts_a_writer_beside_a_reader() {
         let reader = keys(&[("r1", true, S)]);
-        assert_eq!(decide(&reader, false, 2, X), Position::BehindOtherMode(key("r1")));
+        assert_eq!(
+            decide(&reader, false, 2, Ask::one(X)),
+            Position::BehindOtherMode(key("r1"))
+        );
         let writer = keys(&[("w", true, X)]);
-        assert_eq!(decide(&writer, false, 2, S), Position::BehindOtherMode(key("w")));
+        assert_eq!(
+            decide(&writer, false, 2, Ask::one(S)),
+            Position::BehindOtherMode(key("w"))
+        );
         // Writers still share a semaphore's slots with writers, readers with readers.
-        assert_eq!(decide(&writer, false, 2, X), Position::Holder);
+        assert_eq!(decide(&writer, false, 2, Ask::one(X)), Position::Holder);
         let readers = keys(&[("r2", true, S), ("r1", true, S)]);
-        assert_eq!(decide(&readers, false, 2, S), Position::Holder);
+        assert_eq!(decide(&readers, false, 2, Ask::one(S)), Position::Holder);
         // Behind a full window the count decides first, as in any semaphore.
         let full = keys(&[("w", true, X), ("r1", true, S)]);
         assert_eq!(
-            decide(&full, false, 2, X),
+            decide(&full, false, 2, Ask::one(X)),
             Position::FirstWaiter(vec![key("w"), key("r1")])
         );
     }
@@ -239,7 +353,7 @@ mod tests {
     fn behind_a_full_window_waiters_watch_holders_or_their_predecessor() {
         let ahead = keys(&[("b", true, X), ("a", true, X)]);
         let first = Position::FirstWaiter(vec![key("b"), key("a")]);
-        assert_eq!(decide(&ahead, false, 2, X), first);
-        assert_eq!(decide(&ahead, true, 2, X), Position::Waiter(key("b")));
+        assert_eq!(decide(&ahead, false, 2, Ask::one(X)), first);
+        assert_eq!(decide(&ahead, true, 2, Ask::one(X)), Position::Waiter(key("b")));
     }
 }

@@ -18,6 +18,12 @@
 //! granted (by a read, after a holder ahead left), the write hands it nothing new and the key
 //! after it is let in by a read, as before.
 //!
+//! A weighted hold hands its slots on only to a successor that asks for no more permits than
+//! it holds: the keys ahead of the successor are some of those that were ahead of the holder,
+//! whose permits left room for the holder's, so they leave room for the successor's too. A
+//! larger successor is let in by a read, once the permits it asks for are free (the model's
+//! "permits ignored by a handoff" shows the limit broken otherwise).
+//!
 //! Where a guard fails (the successor gave up, was granted and recorded, the settings
 //! changed), the release is the plain guarded delete, and the waiter behind wakes on the
 //! deletion and reads its position: the path of a holder whose lease ends, or of a release
@@ -39,6 +45,7 @@ use super::settings::Declared;
 use crate::critical_path::{self, Point};
 use crate::lock::error::LockError;
 use crate::lock::etcd::Etcd;
+use crate::lock::protocol::Ask;
 use crate::lock::protocol::entry::{Entry, Mode, Successor};
 use crate::lock::protocol::names::LockId;
 
@@ -80,10 +87,11 @@ pub struct Chain {
 }
 
 impl Chain {
-    /// The chain of a hold granted under `declared` in `mode` with `next` behind it, if it
-    /// may hand on: an exclusive hold with a key behind it.
-    pub fn of(declared: &Declared, mode: Mode, next: Vec<Successor>) -> Option<Self> {
-        (possible(mode) && !next.is_empty()).then(|| Chain {
+    /// The chain of a hold granted under `declared` asking `ask` with `next` behind it, if it
+    /// may hand on: an exclusive hold with a key behind it that asks for no more permits.
+    pub fn of(declared: &Declared, ask: Ask, next: Vec<Successor>) -> Option<Self> {
+        let fits = next.first().is_some_and(|s| s.entry.permits <= ask.permits);
+        (possible(ask.mode) && fits).then(|| Chain {
             declared: declared.clone(),
             next,
         })
@@ -200,6 +208,7 @@ mod tests {
             max_hold_seconds: 0,
             container: None,
             mode,
+            permits: 1,
             epoch: 0,
             handed: false,
             next: vec![],
@@ -229,11 +238,35 @@ mod tests {
                 entry: entry(Mode::Exclusive),
             }]
         };
-        assert!(Chain::of(&declared(1), Mode::Exclusive, behind()).is_some());
-        assert!(Chain::of(&declared(1), Mode::Exclusive, vec![]).is_none());
-        assert!(Chain::of(&declared(1), Mode::Shared, behind()).is_none());
-        let slot = Chain::of(&declared(2), Mode::Exclusive, behind());
+        let (x, s) = (Ask::one(Mode::Exclusive), Ask::one(Mode::Shared));
+        assert!(Chain::of(&declared(1), x, behind()).is_some());
+        assert!(Chain::of(&declared(1), x, vec![]).is_none());
+        assert!(Chain::of(&declared(1), s, behind()).is_none());
+        let slot = Chain::of(&declared(2), x, behind());
         assert!(slot.is_some(), "a semaphore's holder hands its slot on");
+    }
+
+    /// The model's "permits ignored by a handoff": a hold of 1 handing its slot to a request
+    /// of 2 puts 2 more permits beside the holds ahead, which left room for 1.
+    #[test]
+    fn a_weighted_hold_hands_on_only_to_a_request_no_larger() {
+        let asking = |permits| {
+            vec![Successor {
+                key: "k".into(),
+                revision: 9,
+                entry: Entry {
+                    permits,
+                    ..entry(Mode::Exclusive)
+                },
+            }]
+        };
+        let holding = |permits| Ask {
+            mode: Mode::Exclusive,
+            permits,
+        };
+        assert!(Chain::of(&declared(3), holding(1), asking(2)).is_none());
+        assert!(Chain::of(&declared(3), holding(2), asking(2)).is_some());
+        assert!(Chain::of(&declared(3), holding(2), asking(1)).is_some());
     }
 
     /// A multi-lock key holds only once admitted on every lock of its set: a release must

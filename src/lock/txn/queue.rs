@@ -5,7 +5,9 @@
 //! create revision form the queue; the first `max_holders` hold the lock. A waiter with `c`
 //! keys ahead of it watches only what can change its own position:
 //!
-//! * `c == max_holders` (first waiter): every holder, for deletion; any release lets it in.
+//! * `c == max_holders` (first waiter), or too few permits left for its own by the `c` keys
+//!   ahead of it (a weighted semaphore): every one of them, for deletion; a release may let
+//!   it in.
 //! * `c > max_holders`: its immediate predecessor, for deletion, and for semaphores also for
 //!   the write a waiter makes when it becomes a holder (`entry_swap::mark_acquired`). Without that write
 //!   the second waiter would sleep on after the first one got in, a lost wake-up.
@@ -22,9 +24,9 @@ use etcd_client::{
 use super::settings::Declared;
 use crate::lock::error::LockError;
 use crate::lock::etcd::{self, Etcd, Sent};
-use crate::lock::protocol::entry::{Entry, HolderInfo, Mode};
+use crate::lock::protocol::entry::{Entry, HolderInfo};
 use crate::lock::protocol::names::LockId;
-use crate::lock::protocol::{self, Ahead, Position, Queued, Standing};
+use crate::lock::protocol::{self, Ahead, Ask, Position, Queued, Standing};
 
 /// A contender's key in a queue.
 #[derive(Debug, Clone)]
@@ -73,7 +75,7 @@ pub async fn enqueue(
     let (ahead, values) = protocol::keys_needed(max_holders, entry.mode);
     let txn = enqueue_txn(lock, key, &value, lease, declared, (ahead, values));
     let sent = etcd.txn_counting(txn).await;
-    sent.map(|resp| enqueued(resp, key, &value, lease, (max_holders, entry.mode)))
+    sent.map(|resp| enqueued(resp, key, &value, lease, (max_holders, entry.ask())))
 }
 
 /// The enqueue transaction: if the settings are unchanged, put the key unless it exists and
@@ -127,7 +129,7 @@ fn enqueued(
     key: &str,
     value: &[u8],
     lease: i64,
-    (max_holders, mode): (u32, Mode),
+    (max_holders, ask): (u32, Ask),
 ) -> Enqueued {
     let at = resp.header().map_or(0, |h| h.revision());
     let mut ops = resp.op_responses().into_iter();
@@ -152,7 +154,7 @@ fn enqueued(
         lease,
     };
     if put {
-        let at_place = of_keys(ahead, get.more(), max_holders, mode);
+        let at_place = of_keys(ahead, get.more(), max_holders, ask);
         let standing = Standing {
             recording: recording(ahead, &at_place),
             position: at_place,
@@ -239,7 +241,7 @@ pub(in crate::lock) fn held<T>(entries: &[(T, Queued)], max_holders: u32) -> usi
 pub(in crate::lock) fn queued(entry: Option<&Entry>) -> Queued {
     match entry {
         Some(e) => Queued {
-            mode: e.mode,
+            ask: e.ask(),
             recorded: e.is_granted(),
             handed: e.handed,
             set: !e.with.is_empty(),
@@ -314,17 +316,18 @@ impl Ahead {
                 key: kv.key().to_vec(),
                 granted: e.is_granted(),
                 mode: e.mode,
+                permits: e.permits,
             },
             None => Ahead::without_value(kv.key().to_vec()),
         }
     }
 }
 
-/// The position of a key in `mode` with `ahead` before it, read from etcd nearest first (as
+/// The position of a key asking `ask` with `ahead` before it, read from etcd nearest first (as
 /// many as [`protocol::keys_needed`] says); `more` if further keys are ahead of those.
-pub(in crate::lock) fn of_keys(ahead: &[KeyValue], more: bool, max_holders: u32, mode: Mode) -> Position {
+pub(in crate::lock) fn of_keys(ahead: &[KeyValue], more: bool, max_holders: u32, ask: Ask) -> Position {
     let ahead: Vec<Ahead> = ahead.iter().map(Ahead::of).collect();
-    protocol::position(&ahead, more, max_holders, mode)
+    protocol::position(&ahead, more, max_holders, ask)
 }
 
 /// Whether the key `pos` waits behind, if it is [`Position::BehindUngranted`], is a grant

@@ -17,6 +17,7 @@ fn held(holder: &str, waiters: u32) -> DistributedLockStatus {
             acquired_at: "2026-01-01T00:00:00Z".into(),
             mode: "exclusive".into(),
             yield_deadline: None,
+            permits: 1,
         }],
         holder_count: 1,
         waiters,

@@ -223,8 +223,9 @@ impl Protocol {
             return;
         }
         let (holder, max, epoch) = (me.holder, me.cache.max, me.cache.epoch);
-        if spec.shared && max > 1 {
-            me.phase = Phase::Idle; // refused: shared holds need maxHolders 1
+        if (spec.shared && max > 1) || spec.permits > max {
+            // Refused: shared holds need maxHolders 1, and a hold takes at most every slot.
+            me.phase = Phase::Idle;
             return;
         }
         let mine = |k: &&Key| k.owner == c && k.session == session && k.holder == holder;
@@ -280,8 +281,9 @@ impl Protocol {
         lock.modrev != 0 && cached.modrev == lock.modrev && (!by_value || *cached == Cached::of(lock))
     }
 
-    /// Acts on where a read placed `ticket`: holds, or waits. The read also returns the keys
-    /// behind it (a holder's chain).
+    /// Acts on where a read placed `ticket`: holds, waits, or leaves the queue refused (it asks
+    /// for more permits than `maxHolders` now allows). The read also returns the keys behind
+    /// it (a holder's chain).
     fn place(&self, s: &mut State, c: u8, ticket: Rev, max: u8) {
         let lock = self.spec.clients[c as usize].lock;
         match decide(self, s, (lock, ticket), max) {
@@ -293,7 +295,11 @@ impl Protocol {
                 };
                 grant(self, s, (c, lock), ticket, chain)
             }
-            Err(wait) => s.clients[c as usize].phase = Phase::Waiting(wait),
+            Err(Some(wait)) => s.clients[c as usize].phase = Phase::Waiting(wait),
+            Err(None) => {
+                s.clients[c as usize].phase = Phase::Idle;
+                self.delete_all(s, c, ticket); // leaves the queue before answering
+            }
         }
     }
 
@@ -317,7 +323,7 @@ impl Protocol {
         let single = |k: &Key| self.spec.clients[k.owner as usize].also.is_none();
         let untouched =
             |create: &Rev| (s.key(spec.lock, *create)).filter(|k| k.modrev == k.create && single(k));
-        let Some(first) = untouched(&chain[0]) else {
+        let Some(first) = untouched(&chain[0]).filter(|k| self.may_hand(c, k.owner)) else {
             return false;
         };
         let run: Vec<Rev> = match (first.shared, self.spec.handoff) {
@@ -330,13 +336,15 @@ impl Protocol {
         if s.key(spec.lock, ticket).is_none() {
             return false;
         }
+        let permits = self.permits(first.owner);
         let (shared, rest) = match first.shared {
             true => (true, vec![]),
             false => (false, chain[1..].to_vec()),
         };
         s.delete(spec.lock, ticket);
         if !shared {
-            check_limit(self, s, spec.lock); // the grant is made here, under the limit in force
+            // The grant is made here, under the limit in force.
+            check_limit(self, s, spec.lock, permits);
         }
         let rev = s.next_rev();
         for create in run {

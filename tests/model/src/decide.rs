@@ -1,7 +1,7 @@
 //! A key's position, decided by the engine's own function (`podlock::lock::protocol`) on what
 //! an etcd read of the model's store returns, and what a grant must respect.
 
-use podlock::lock::protocol::{self, Ahead, Change, Mode, Position, Queued};
+use podlock::lock::protocol::{self, Ahead, Ask, Change, Mode, Position, Queued};
 
 use crate::model::Protocol;
 use crate::spec::Bug;
@@ -21,23 +21,41 @@ fn mode(shared: bool) -> Mode {
     if shared { Mode::Shared } else { Mode::Exclusive }
 }
 
+/// What `key` asks of its lock, as the rule sees it (through an injected bug, if any).
+fn ask(model: &Protocol, key: &Key, bug: Option<Bug>) -> Ask {
+    Ask {
+        mode: mode(key.shared && bug != Some(Bug::IgnoreModes)),
+        permits: match bug {
+            Some(Bug::CountNotWeight) => 1,
+            _ => model.permits(key.owner).into(),
+        },
+    }
+}
+
 /// What a position read of a key returns: the keys ahead of it, nearest first, as many as
 /// the engine reads, as the engine sees them (through an injected bug, if any).
 struct Read<'a> {
+    model: &'a Protocol,
     keys: Vec<&'a Key>,
     names: Vec<[u8; 2]>,
     more: bool,
     values: bool,
-    own: Mode,
+    own: Ask,
     max: u32,
     bug: Option<Bug>,
 }
 
 impl<'a> Read<'a> {
-    fn new(state: &'a State, (lock, ticket): (u8, Rev), max: u8, bug: Option<Bug>) -> Self {
+    fn new(
+        model: &'a Protocol,
+        state: &'a State,
+        (lock, ticket): (u8, Rev),
+        max: u8,
+        bug: Option<Bug>,
+    ) -> Self {
         let me = state.key(lock, ticket).expect("a key in place");
-        let own = mode(me.shared && bug != Some(Bug::IgnoreModes));
-        let (needed, values) = protocol::keys_needed(max.into(), own);
+        let own = ask(model, me, bug);
+        let (needed, values) = protocol::keys_needed(max.into(), own.mode);
         let queue = &state.locks[lock as usize].queue;
         let mut keys: Vec<_> = queue.iter().filter(|k| k.create < ticket).rev().collect();
         let more = keys.len() > needed as usize;
@@ -45,6 +63,7 @@ impl<'a> Read<'a> {
         let names = keys.iter().map(|k| name(k.create)).collect();
         let max = max.into();
         Read {
+            model,
             keys,
             names,
             more,
@@ -64,10 +83,12 @@ impl<'a> Read<'a> {
                 false => Ahead::without_value(n.to_vec()),
                 true => Ahead {
                     key: n.to_vec(),
-                    mode: mode(k.shared && bug != Some(Bug::IgnoreModes)),
+                    mode: ask(self.model, k, bug).mode,
+                    permits: ask(self.model, k, bug).permits,
                     granted: assumed(k) || recorded(k.record, bug) || bug == Some(Bug::GrantPastUngranted),
                 },
             })
+            .filter(|a| a.granted || bug != Some(Bug::SmallerPasses))
             .collect();
         protocol::position(&ahead, self.more, self.max, self.own)
     }
@@ -84,12 +105,15 @@ fn recorded(record: Record, bug: Option<Bug>) -> bool {
 }
 
 /// What a position read (or the enqueue's read) of `ticket` in `lock` decides, under
-/// `max_holders`: `Ok` to hold, or `Err` with what the waiter watches and may record.
-pub fn decide(model: &Protocol, state: &State, at: (u8, Rev), max: u8) -> Result<(), Wait> {
-    let read = Read::new(state, at, max, model.spec.bug);
+/// `max_holders`: `Ok` to hold, or `Err` with what the waiter watches and may record (`None`:
+/// refused, it asks for more permits than `max_holders`).
+pub fn decide(model: &Protocol, state: &State, at: (u8, Rev), max: u8) -> Result<(), Option<Wait>> {
+    let read = Read::new(model, state, at, max, model.spec.bug);
     let position = read.position(|_| false);
-    if position == Position::Holder {
-        return Ok(());
+    match position {
+        Position::Holder => return Ok(()),
+        Position::TooLarge => return Err(None),
+        _ => {}
     }
     let predecessor_deletion =
         read.bug == Some(Bug::PredecessorDeletionOnly) && matches!(position, Position::Waiter(_));
@@ -101,13 +125,13 @@ pub fn decide(model: &Protocol, state: &State, at: (u8, Rev), max: u8) -> Result
         Position::BehindUngranted(key) => state.key(at.0, create_of(key)).map(|k| k.name()),
         _ => None,
     };
-    Err(Wait {
+    Err(Some(Wait {
         ticket: at.1,
         at: state.etcd,
         wakes,
         behind,
         turns: vec![],
-    })
+    }))
 }
 
 /// Whether the waiter `client` would hold its locks by the rule, applied to etcd as it is now
@@ -129,16 +153,16 @@ pub fn admissible(model: &Protocol, state: &State, client: u8) -> bool {
         let l = &state.locks[lock as usize];
         let in_place = state.key(lock, ticket).is_some() && l.modrev != 0;
         in_place
-            && Read::new(state, (lock, ticket), l.max, None).position(|k| !waiting_multi(k))
+            && Read::new(model, state, (lock, ticket), l.max, None).position(|k| !waiting_multi(k))
                 == Position::Holder
     })
 }
 
-/// Notes a grant of an exclusive key in `lock` that breaks the count rule: the new holder and
-/// those granted before whose keys are still there must fit in the `maxHolders` in force
-/// (holders let in under a higher limit may stay, but then nobody new is let in; shared
-/// holders have no count limit).
-pub fn check_limit(model: &Protocol, state: &mut State, lock: u8) {
+/// Notes a grant of an exclusive key asking `permits` in `lock` that breaks the limit: its
+/// permits and those of the holders granted before whose keys are still there must fit in the
+/// `maxHolders` in force (holders let in under a higher limit may stay, but then nobody new is
+/// let in; shared holders have no limit).
+pub fn check_limit(model: &Protocol, state: &mut State, lock: u8, permits: u8) {
     let handed_waiters = (0..state.clients.len()).filter(|&c| {
         let ticket = match &state.clients[c].phase {
             Phase::Waiting(w) => w.ticket,
@@ -150,8 +174,10 @@ pub fn check_limit(model: &Protocol, state: &mut State, lock: u8) {
             .is_some_and(|k| k.record == Record::Handed);
         handed && model.spec.clients[c].locks().any(|l| l == lock)
     });
-    let holders = live_holders(model, state, lock).count() + handed_waiters.count();
-    if holders + 1 > state.locks[lock as usize].max as usize {
+    let taken: u32 = (live_holders(model, state, lock).chain(handed_waiters.map(|c| c as u8)))
+        .map(|c| u32::from(model.permits(c)))
+        .sum();
+    if taken + u32::from(permits) > state.locks[lock as usize].max.into() {
         state.broken.get_or_insert(Broken::Limit);
     }
 }
@@ -172,7 +198,7 @@ pub fn grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), tick
 pub fn check_grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8), ticket: Rev) {
     let key = state.key(lock, ticket).expect("a key in place");
     if !model.spec.clients[client as usize].shared && key.record != Record::Handed {
-        check_limit(model, state, lock);
+        check_limit(model, state, lock, model.permits(client));
     }
     let l = &state.locks[lock as usize];
     let token = state.key(lock, ticket).expect("a key in place").token();
@@ -228,7 +254,7 @@ pub fn named<'a>(model: &Protocol, state: &'a State, lock: u8) -> Vec<&'a Key> {
     let l = &state.locks[lock as usize];
     let queue: Vec<Queued> = (l.queue.iter())
         .map(|k| Queued {
-            mode: mode(k.shared),
+            ask: ask(model, k, None),
             recorded: matches!(k.record, Record::Own | Record::Behalf),
             handed: k.record == Record::Handed,
             set: model.spec.clients[k.owner as usize].also.is_some(),
@@ -245,7 +271,7 @@ pub fn named<'a>(model: &Protocol, state: &'a State, lock: u8) -> Vec<&'a Key> {
 /// one mode within `max` (shared keys without a limit), up to the first multi-lock key that
 /// has not recorded its grant: what status, `GET` and a force release did before the one rule.
 fn by_position(queue: &[Queued], max: u8) -> usize {
-    let Some(first) = queue.first().map(|q| q.mode) else {
+    let Some(first) = queue.first().map(|q| q.ask.mode) else {
         return 0;
     };
     let limit = if first == Mode::Shared {
@@ -254,6 +280,6 @@ fn by_position(queue: &[Queued], max: u8) -> usize {
         max.into()
     };
     (queue.iter().take(limit))
-        .take_while(|q| q.mode == first && (q.recorded || !q.set))
+        .take_while(|q| q.ask.mode == first && (q.recorded || !q.set))
         .count()
 }

@@ -18,6 +18,7 @@ mod late;
 mod liveness;
 mod model;
 mod multi;
+mod permits;
 mod props;
 mod publishers;
 mod rebuild;

@@ -193,7 +193,8 @@ impl Protocol {
                     }
                     w.turns[i].turn = Turn::Admitted(cached);
                 }
-                Err(wait) => {
+                Err(None) => unreachable!("a set's keys ask one permit, which every lock has"),
+                Err(Some(wait)) => {
                     w.turns[i].turn = Turn::Waits;
                     w.wakes.extend(wait.wakes);
                 }

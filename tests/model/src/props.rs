@@ -69,8 +69,7 @@ pub fn properties() -> Vec<Property<Protocol>> {
         Property::sometimes("shared holders together", |m, s: &State| together(m, s, true)),
         Property::sometimes("exclusive holders together", |m, s| together(m, s, false)),
         Property::sometimes("holders beyond a lowered maxHolders", |m, s: &State| {
-            (s.locks.iter().enumerate())
-                .any(|(l, lock)| live_holders(m, s, l as u8).count() > lock.max as usize)
+            (s.locks.iter().enumerate()).any(|(l, lock)| m.taken(s, l as u8) > lock.max.into())
         }),
         Property::sometimes("a holder outlives its key", |m, s: &State| {
             (0..s.clients.len() as u8).any(|c| outlived(m, s, c))
@@ -111,6 +110,8 @@ pub fn properties() -> Vec<Property<Protocol>> {
         Property::sometimes(crate::deadline::BY_OPERATOR, |_, s: &State| s.deadline_ended.1),
         Property::always(crate::yielding::KEPT, |_, s: &State| crate::yielding::kept(s)),
         Property::sometimes(crate::yielding::YIELDED, |_, s: &State| s.yields.yielded),
+        Property::sometimes(crate::permits::WEIGHTED, crate::permits::weighted),
+        Property::sometimes(crate::permits::NOT_PASSED, crate::permits::not_passed),
     ]
 }
 
@@ -204,6 +205,9 @@ pub fn examples(model: &Protocol) -> Vec<&'static str> {
     }
     if spec.yields > 0 {
         out.push(crate::yielding::YIELDED);
+    }
+    if spec.clients.iter().any(|c| c.permits > 1) {
+        out.extend([crate::permits::WEIGHTED, crate::permits::NOT_PASSED]);
     }
     out
 }

@@ -337,6 +337,7 @@ pub fn runs() -> Vec<Run> {
         crate::publishers::runs(),
         crate::deadline::runs(),
         crate::yielding::runs(),
+        crate::permits::runs(),
     ];
     [protocol(), handoff(), on_behalf(), bugs(), crate::rebuild::runs()]
         .into_iter()

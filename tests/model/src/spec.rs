@@ -24,6 +24,8 @@ pub struct ClientSpec {
     /// Its first acquire asks for a maximum hold time (its later ones do not): its hold may end
     /// at any moment, by its sidecar or by the operator ([`crate::deadline`]).
     pub deadline: bool,
+    /// How many of its lock's slots each of its holds takes (`permits`, [`crate::permits`]).
+    pub permits: u8,
 }
 
 /// Recording the grant of a key ahead whose owner left it unrecorded: a rejected design (it
@@ -158,6 +160,15 @@ pub enum Bug {
     /// The holder records its grant by writing its own entry over the one in etcd, guarded by
     /// create revision only: a yield request written before is lost.
     MarkOverYield,
+    /// The queue's rule counts the keys ahead and its own as one slot each, whatever their
+    /// permits (a weighted semaphore admitting as a plain one).
+    CountNotWeight,
+    /// A release hands its slot on whatever the successor asks: a hold of 1 hands its grant to
+    /// a request of 2.
+    HandoffIgnoresPermits,
+    /// The queue's rule lets a key in past waiting keys ahead of it, when its permits fit
+    /// beside the holders' (a large request passed by smaller ones).
+    SmallerPasses,
 }
 
 /// One configuration to check.
@@ -229,7 +240,13 @@ impl ClientSpec {
             heartbeat: false,
             acquires: 1,
             deadline: false,
+            permits: 1,
         }
+    }
+
+    /// The same, asking for `n` permits.
+    pub fn permits(self, n: u8) -> Self {
+        ClientSpec { permits: n, ..self }
     }
 
     /// The same, in shared mode.

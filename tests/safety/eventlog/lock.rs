@@ -13,6 +13,8 @@ pub struct Key {
     /// The token epoch it was enqueued under (its entry's `epoch`, absent while 0).
     pub epoch: i64,
     shared: bool,
+    /// How many of the lock's slots it takes (its entry's `permits`, absent while 1).
+    permits: u32,
     granted: bool,
     /// The revision at which a release handed it its grant.
     handed: Option<i64>,
@@ -50,7 +52,7 @@ impl Lock {
             let holder = if k.shared {
                 ahead.iter().all(|a| a.shared && a.granted)
             } else {
-                ahead.len() < limit as usize && ahead.iter().all(|a| !a.shared && a.granted)
+                permits(&ahead) + k.permits <= limit && ahead.iter().all(|a| !a.shared && a.granted)
             };
             if holder && k.admitted.is_none() {
                 self.keys.get_mut(c).unwrap().admitted = Some(revision);
@@ -62,9 +64,10 @@ impl Lock {
     /// limits this era never saw (holders stay when `maxHolders` is lowered), so they bound it
     /// as a limit in force would.
     pub fn bound_by_seeded_holders(&mut self, revision: i64) {
-        let held = (self.keys.values())
+        let held: Vec<&Key> = (self.keys.values())
             .filter(|k| k.deleted.is_none() && k.admitted.is_some() && !k.shared)
-            .count() as u32;
+            .collect();
+        let held = permits(&held);
         if self.limit.is_some_and(|l| held > l) {
             self.limits.push((revision, held));
         }
@@ -92,14 +95,25 @@ impl Lock {
             .map(|(_, l)| *l)
             .max()
             .unwrap_or(1);
-        // Shared keys share, however many; exclusive ones, up to maxHolders; never both.
-        let exclusive = admitted.iter().filter(|(_, k)| !k.shared).count();
-        let over = exclusive > bound as usize || (exclusive > 0 && exclusive < admitted.len());
+        // Shared keys share, however many; exclusive ones, while their permits fit in
+        // maxHolders; never both.
+        let exclusive: Vec<&Key> = admitted.iter().map(|(_, k)| *k).filter(|k| !k.shared).collect();
+        let mixed = !exclusive.is_empty() && exclusive.len() < admitted.len();
+        let over = permits(&exclusive) > bound || mixed;
         over.then(|| {
             let tokens: Vec<&i64> = admitted.iter().map(|(c, _)| *c).collect();
-            format!("{name} at revision {revision}: keys {tokens:?} admitted together (maxHolders {bound})")
+            let slots = permits(&exclusive);
+            format!(
+                "{name} at revision {revision}: keys {tokens:?} admitted together (maxHolders {bound}, \
+                 {slots} permits exclusive)"
+            )
         })
     }
+}
+
+/// How many slots `keys` take together.
+fn permits(keys: &[&Key]) -> u32 {
+    keys.iter().map(|k| k.permits).sum()
 }
 
 /// The lock and the rest of a key of the checker's namespace: `config`, or the queue's
@@ -185,6 +199,7 @@ impl Era {
             pod: v["pod"]["name"].as_str().unwrap_or_default().into(),
             epoch: v["epoch"].as_i64().unwrap_or(0),
             shared: v["mode"] == "shared",
+            permits: v["permits"].as_u64().map_or(1, |p| p as u32),
             granted: false,
             handed: None,
             admitted: None,

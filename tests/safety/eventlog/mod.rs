@@ -3,12 +3,13 @@
 //! afterwards the log is replayed in revision order. At each revision a queue key is admitted
 //! when the protocol's rule (`src/lock/protocol/position.rs`) makes it a holder: a shared key once every
 //! key ahead of it is shared and has recorded its grant (`acquiredAt`); an exclusive key once
-//! fewer than `maxHolders` keys are ahead of it, all exclusive and granted (a mutex's: none
-//! ahead). Admitted keys stay admitted until deleted. The replay checks that
+//! its permits and those of the keys ahead of it fit in `maxHolders`, all of them exclusive and
+//! granted (a mutex's: none ahead). Admitted keys stay admitted until deleted. The replay checks
+//! that
 //!
-//! * at every revision the admitted keys fit: exclusive ones never more than the largest
-//!   `maxHolders` in force since the oldest of them was admitted (a lowering binds new grants
-//!   only), and never beside shared ones;
+//! * at every revision the admitted keys fit: exclusive ones' permits never more than the
+//!   largest `maxHolders` in force since the oldest of them was admitted (a lowering binds new
+//!   grants only), and never beside shared ones;
 //! * every key that recorded its grant (`acquiredAt`) had been admitted by then, and every key
 //!   a release handed its grant to (`handed`, direct handoff) is admitted at that revision;
 //! * every token a client was granted is the create revision of a key of its lock and holder

@@ -61,6 +61,7 @@ fn grant(token: i64, holder: &str) -> Op {
         api: "acquire",
         mode: Some("exclusive"),
         granted: None,
+        permits: None,
         outcome: Outcome::Ok,
         token,
         limit: 0,
@@ -241,4 +242,30 @@ fn a_key_that_held_when_its_era_ended_may_record_its_grant_after_a_restore() {
         let r = era(restored("c", true, 5, 1_000_011), settings);
         assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
     }
+}
+
+/// A semaphore of 2: a key asking for both slots is admitted only once the holder of one ahead
+/// of it is gone, so a record of its grant before then is caught.
+#[test]
+fn a_weighted_key_is_admitted_only_once_its_permits_fit() {
+    let pool = |events| {
+        let mut l = log(events);
+        let config = l.events.last_mut().expect("the settings");
+        config.value = Some(json!({"maxHolders": 2}));
+        l
+    };
+    let whole = |granted| {
+        let mut e = entry("b", granted);
+        e.value.as_mut().unwrap()["permits"] = json!(2);
+        e
+    };
+    let r = replay(&pool(vec![entry("a", true), whole(false), whole(true)]));
+    assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
+    let r = replay(&pool(vec![
+        entry("a", true),
+        whole(false),
+        delete("a"),
+        whole(true),
+    ]));
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
 }
