@@ -259,13 +259,13 @@ fn a_weighted_key_is_admitted_only_once_its_permits_fit() {
         e.value.as_mut().unwrap()["permits"] = json!(2);
         e
     };
-    let r = replay(&pool(vec![entry("a", true), whole(false), whole(true)]));
+    // a is put, then records its grant (admitted at once: one permit of two).
+    let a = || [entry("a", false), entry("a", true)];
+    let r = replay(&pool([a().to_vec(), vec![whole(false), whole(true)]].concat()));
     assert_eq!(r.violations.len(), 1, "{:?}", r.violations);
-    let r = replay(&pool(vec![
-        entry("a", true),
-        whole(false),
-        delete("a"),
-        whole(true),
-    ]));
+    assert!(r.violations[0].contains("key 4 recorded"), "{:?}", r.violations);
+    let r = replay(&pool(
+        [a().to_vec(), vec![whole(false), delete("a"), whole(true)]].concat(),
+    ));
     assert!(r.violations.is_empty(), "{:?}", r.violations);
 }
