@@ -223,9 +223,11 @@ pub enum Unavailable {
         attempts: usize,
     },
 
-    /// A queue entry changed under every attempt to write it (its owner and the operator
-    /// writing it at once, see `txn/entry_swap.rs`).
-    #[error("a queue entry changed under each of {0} attempts to write it; retry")]
+    /// A holder's entry changed, or its grant stayed unrecorded, under every attempt to ask it
+    /// to yield (see `txn/entry_swap.rs`).
+    #[error(
+        "the holder's queue entry changed, or its grant stayed unrecorded, under each of {0} attempts to write a yield request; retry"
+    )]
     EntryChanging(u32),
 
     /// Enqueueing a request panicked (a bug, logged) before etcd answered.

@@ -64,6 +64,7 @@ async fn the_crd_rejects_invalid_specs_naming_the_field_and_fills_defaults() {
             "{holderService: {ports: [{port: 80, protocol: HTTP}]}}",
             "spec.holderService.ports[0].protocol",
         ),
+        ("{yieldGraceSeconds: 0}", "spec.yieldGraceSeconds"),
     ] {
         let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &lock_yaml(&ns, "bad", spec));
         assert!(!ok, "{spec} was accepted");
@@ -75,7 +76,8 @@ async fn the_crd_rejects_invalid_specs_naming_the_field_and_fills_defaults() {
     let spec: serde_json::Value = serde_json::from_str(&spec).unwrap();
     assert_eq!(
         spec,
-        json!({"ttlSeconds": 15, "maxHolders": 1, "heartbeatTimeoutSeconds": 0, "maxHoldSeconds": 0})
+        json!({"ttlSeconds": 15, "maxHolders": 1, "heartbeatTimeoutSeconds": 0, "maxHoldSeconds": 0,
+            "yieldGraceSeconds": 30})
     );
 }
 

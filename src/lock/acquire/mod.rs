@@ -25,7 +25,6 @@ use crate::lock::protocol::entry::{Entry, Successor, rfc3339};
 use crate::lock::protocol::names::{LockId, check_holder_id};
 use crate::lock::protocol::token::Token;
 use crate::lock::protocol::{Ask, Position, Standing};
-use crate::lock::txn::entry_swap;
 use crate::lock::txn::handoff::Chain;
 use crate::lock::txn::queue::{self, Enqueued, Ticket};
 use crate::lock::txn::settings::Declared;
@@ -290,7 +289,7 @@ impl Engine {
         // follow the order the lock made them in, whichever answer arrives first.
         let acquired_at = SystemTime::now();
         entry.acquired_at = Some(rfc3339(acquired_at));
-        if mark == MarkWhen::Now && !entry_swap::mark_acquired(&self.0.etcd, &ticket, &entry).await? {
+        if mark == MarkWhen::Now && !queue::mark_acquired(&self.0.etcd, &ticket, &entry).await? {
             return Err(self.vanished(&req.lock, &session).await);
         }
         check_lease(&session)?;

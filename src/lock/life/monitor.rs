@@ -22,7 +22,7 @@ use crate::lock::etcd::watch::Target;
 use crate::lock::holdings::hold::Hold;
 use crate::lock::messages::EventKind;
 use crate::lock::protocol::entry::{Entry, Mode};
-use crate::lock::txn::entry_swap;
+use crate::lock::txn::{entry_swap, queue};
 use crate::retry;
 
 /// When a new hold records its grant (`acquiredAt` in its entry), which keys behind it in a
@@ -102,7 +102,7 @@ async fn record_grant(engine: &Engine, hold: &Hold, mark: MarkWhen, entry: Entry
     // Guarded by the key's create revision: landing after the release changes nothing. Retried
     // until it lands (the monitor drops this future when the hold ends): an unrecorded grant
     // holds back every key behind it in a semaphore's or readers' window. So it never fails.
-    let record = || entry_swap::mark_acquired(engine.etcd(), &hold.ticket, &entry);
+    let record = || queue::mark_acquired(engine.etcd(), &hold.ticket, &entry);
     let _ = record
         .retry(retry::etcd())
         .notify(|e, _| warn!(error = %e, "could not record acquiredAt; retrying"))

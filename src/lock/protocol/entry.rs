@@ -5,7 +5,6 @@
 use serde::{Deserialize, Serialize};
 use std::time::SystemTime;
 
-use super::position::Ask;
 use super::token::Token;
 
 /// The pod a sidecar serves, recorded in every entry so the operator can revoke a dead pod's
@@ -49,6 +48,22 @@ impl Mode {
             Mode::Exclusive => "exclusive",
             Mode::Shared => "shared",
         }
+    }
+}
+
+/// What a key asks of its lock: its mode, and how many of the lock's slots it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Ask {
+    /// Its mode.
+    pub mode: Mode,
+    /// How many slots it takes (`permits`, 1 but for a weighted hold of a semaphore).
+    pub permits: u32,
+}
+
+impl Ask {
+    /// One slot in `mode`: every key but a weighted one.
+    pub const fn one(mode: Mode) -> Self {
+        Ask { mode, permits: 1 }
     }
 }
 
@@ -104,7 +119,7 @@ pub struct Entry {
     pub with: Vec<String>,
     /// An administrator's request that the holder yield by this time (RFC 3339), written by
     /// the operator (`podlock.io/yield`); the operator ends the hold then if it still holds.
-    /// Every later write of the entry keeps it (see `txn/yield_request.rs`).
+    /// Written only once the grant is recorded, so no later write erases it (see `txn/entry_swap.rs`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub yield_deadline: Option<String>,
 }

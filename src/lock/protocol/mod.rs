@@ -10,9 +10,10 @@ pub(super) mod names;
 mod position;
 pub(super) mod token;
 
+pub use self::entry::Ask;
 pub use self::entry::Mode;
 pub(super) use self::position::Standing;
-pub use self::position::{Ahead, Ask, Position};
+pub use self::position::{Ahead, Position};
 
 impl Ahead {
     /// A key read without its value ([`keys_needed`] said none was needed), or whose value is

@@ -7,23 +7,7 @@
 //! [`queue::enqueue`]: crate::lock::txn::queue::enqueue
 //! [`wait`]: crate::lock::acquire::wait
 
-use super::entry::{Mode, Successor};
-
-/// What a key asks of its lock: its mode, and how many of the lock's slots it takes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Ask {
-    /// Its mode.
-    pub mode: Mode,
-    /// How many slots it takes (`permits`, 1 but for a weighted hold of a semaphore).
-    pub permits: u32,
-}
-
-impl Ask {
-    /// One slot in `mode`: every key but a weighted one.
-    pub const fn one(mode: Mode) -> Self {
-        Ask { mode, permits: 1 }
-    }
-}
+use super::entry::{Ask, Mode, Successor};
 
 /// How many keys ahead of it a shared key reads at once: a page of shared holders. Behind a
 /// longer run of them it waits for the farthest of the page first.

@@ -9,7 +9,7 @@
 //!   ahead of it (a weighted semaphore): every one of them, for deletion; a release may let
 //!   it in.
 //! * `c > max_holders`: its immediate predecessor, for deletion, and for semaphores also for
-//!   the write a waiter makes when it becomes a holder (`entry_swap::mark_acquired`). Without that write
+//!   the write a waiter makes when it becomes a holder ([`mark_acquired`]). Without that write
 //!   the second waiter would sleep on after the first one got in, a lost wake-up.
 //!
 //! A release thus wakes one waiter, plus one more in a semaphore, whatever the queue length.
@@ -174,6 +174,17 @@ fn enqueued(
         ticket,
         standing: None,
     }
+}
+
+/// Records that a waiter became a holder: writes `acquiredAt` into its entry, keeping its
+/// lease. This write is also what wakes the next waiter of a semaphore. Returns false if the
+/// key is no longer ours. It writes over the entry as it is (a handoff's `handed`, or nothing
+/// since the enqueue): no yield request can be there yet, as the operator asks only a hold
+/// whose grant is recorded (`entry_swap`).
+pub async fn mark_acquired(etcd: &Etcd, ticket: &Ticket, entry: &Entry) -> Result<bool, LockError> {
+    let value = entry.encode();
+    let put = etcd_client::PutOptions::new().with_lease(ticket.lease);
+    if_still_ours(etcd, ticket, [TxnOp::put(ticket.key.as_str(), value, Some(put))]).await
 }
 
 /// Whether `ticket`'s key is still in place (same create revision).

@@ -4,9 +4,9 @@
 //! ask (RBAC: `patch` on `distributedlocks`).
 //!
 //! The operator takes the request once, as a force release is taken (see `annotated`), reads
-//! who holds, and writes the deadline into each named holder's entry: a compare-and-swap that
-//! keeps whatever else the entry records (`entry_swap` in the engine; the protocol model's run
-//! "yield requests"). The holder's sidecar sees the write on its key's watch and sends its app
+//! who holds, and writes the deadline into each named holder's entry once its grant is
+//! recorded: a compare-and-swap that keeps whatever else the entry says (`entry_swap` in the
+//! engine; the protocol model's run "yield requests"). The holder's sidecar sees the write on its key's watch and sends its app
 //! a `yield` event with the deadline; `podlock lock` passes it on to its command as SIGTERM. A
 //! holder that releases by then ends as any release does. One still holding at the deadline
 //! is ended by the operator as a force release is, with the Event `YieldReleased`, the metric

@@ -250,10 +250,8 @@ impl Protocol {
     fn record_in(&self, s: &mut State, lock: u8, ticket: Rev) {
         let rev = s.next_rev();
         let key = s.key_mut(lock, ticket).expect("in place");
-        (key.record, key.modrev, key.next) = (Record::Own, rev, vec![]);
-        if self.spec.bug == Some(Bug::MarkOverYield) {
-            key.yielding = false;
-        }
+        // A put of the owner's entry: whatever else was written into it is gone.
+        (key.record, key.modrev, key.next, key.yielding) = (Record::Own, rev, vec![], false);
     }
 
     /// Deletes `c`'s keys of create revision `ticket` in every lock it takes, in one

@@ -157,9 +157,9 @@ pub enum Bug {
     /// The operator's deadline release deletes the key by its name, not guarded by the create
     /// revision it read: a later hold under the same key name is ended.
     DeadlineByName,
-    /// The holder records its grant by writing its own entry over the one in etcd, guarded by
-    /// create revision only: a yield request written before is lost.
-    MarkOverYield,
+    /// The operator writes a yield request into a holder's entry before its grant is recorded:
+    /// the record, a put of the owner's own entry, erases it.
+    YieldBeforeRecord,
     /// The queue's rule counts the keys ahead and its own as one slot each, whatever their
     /// permits (a weighted semaphore admitting as a plain one).
     CountNotWeight,

@@ -1,26 +1,26 @@
 //! Please yield (`podlock.io/yield`, docs/operator.md): an administrator asks a holder to
 //! release by a deadline, and the holder is told ahead of its end.
 //!
-//! The operator reads the lock, picks a key holding by the one rule ([`named`]), then, any
-//! time later, writes the request into that key's entry, guarded by the mod revision it read:
-//! a compare-and-swap, so it keeps whatever the entry recorded meanwhile (a failed guard makes
-//! it read again). The write changes the key's mod revision only: its create revision (its
+//! The operator reads the lock, picks a key holding by the one rule ([`named`]) whose grant is
+//! recorded, then, any time later, writes the request into that key's entry, guarded by the
+//! mod revision it read: a compare-and-swap, so it keeps whatever the entry says (a failed
+//! guard makes it read again). The write changes the key's mod revision only: its create revision (its
 //! place and its token) and its lease stay. The holder's sidecar sees the write on its key's
 //! watch and tells the app, which may release at any moment, as always. At the deadline the
 //! operator ends a hold whose entry still carries the request, as it ends one past its
 //! maximum hold time ([`crate::deadline`]: a read, then a deletion guarded by create revision).
 //!
-//! The owner's record of its grant (`acquiredAt`) is the other write to a holder's entry; it
-//! is a compare-and-swap too, and keeps a request it finds there ([`Bug::MarkOverYield`]
-//! writes its own entry over it: the request is lost, the holder never told and never ended).
-//! A release's handoff writes only a key untouched since its enqueue, so never one asked to
-//! yield.
+//! The owner's record of its grant (`acquiredAt`) is a plain put of its own entry, which would
+//! erase a request written before it: hence a request only once the grant is recorded, as a
+//! key records once ([`Bug::YieldBeforeRecord`] asks earlier: the record erases the request,
+//! the holder is never told and never ended). A release's handoff writes only a key untouched
+//! since its enqueue, so never one asked to yield.
 
 use crate::decide::named;
 use crate::model::{Action, Protocol};
 use crate::runs::{Expect, HOLDS, Run, spec};
 use crate::spec::{Bug, ClientSpec as C, Spec};
-use crate::state::{Rev, State};
+use crate::state::{Record, Rev, State};
 
 /// Safety: a yield request stays in the entry it was written to for as long as that key lives.
 pub const KEPT: &str = "yield: a request written into a holder's entry stays there while the key lives";
@@ -65,7 +65,9 @@ impl Protocol {
             return;
         }
         for l in 0..s.locks.len() as u8 {
-            let holders = named(self, s, l).into_iter().filter(|k| !k.yielding);
+            let early = self.spec.bug == Some(Bug::YieldBeforeRecord);
+            let recorded = |r: Record| early || matches!(r, Record::Own | Record::Behalf);
+            let holders = (named(self, s, l).into_iter()).filter(|k| !k.yielding && recorded(k.record));
             out.extend(holders.map(|k| Action::YieldRead(l, k.create)));
         }
     }
@@ -132,19 +134,18 @@ pub fn runs() -> Vec<Run> {
         Run {
             spec: holders("yield requests", None),
             about: "an administrator asks a holder to yield: the operator reads a holder, then \
-                    writes the request into its entry guarded by the mod revision it read; the \
-                    holder records its grant keeping it, releases in time or is ended at the \
-                    deadline (a read, then a deletion guarded by create revision); direct \
+                    writes the request into its recorded entry guarded by the mod revision it \
+                    read; the holder releases in time or is ended at the deadline (a read, then a deletion guarded by create revision); direct \
                     handoff, a fault",
             expect: HOLDS,
         },
         Run {
             spec: holders(
-                "bug: the grant's record over a yield request",
-                Some(Bug::MarkOverYield),
+                "bug: a yield request before the grant's record",
+                Some(Bug::YieldBeforeRecord),
             ),
-            about: "the holder records its grant by writing its own entry over the one in etcd: \
-                    a yield request written before is lost",
+            about: "the operator asks a holder whose grant is not recorded yet: the record, a \
+                    put of the owner's entry, erases the request",
             expect: Expect::Finds(KEPT),
         },
     ]
