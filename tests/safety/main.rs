@@ -360,6 +360,12 @@ fn assert_verdict(a: &Analysis, state: &serde_json::Value, start: f64) {
         ),
         "the semaphore never filled its {POOL_SLOTS} slots, or never granted while lowered: {pool:?}"
     );
+    let weighted = a
+        .locks
+        .iter()
+        .find(|(l, _)| *l == POOL)
+        .map_or(0, |(_, s)| s.weighted);
+    assert!(weighted > 0, "the semaphore's weighted worker was never granted");
     for (f, _) in &a.recoveries {
         assert!(
             f.until - f.at <= INJECTION_LIMIT,

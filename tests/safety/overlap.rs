@@ -66,6 +66,8 @@ impl Limits {
 pub struct LockStats {
     /// Holds granted.
     pub grants: usize,
+    /// Of them, holds of more than one permit (a weighted worker's).
+    pub weighted: usize,
     /// Holds whose clients learned that they were lost.
     pub lost: usize,
     /// For each limit in force at some grant: the most permits that lasted at such a grant, its
@@ -89,6 +91,7 @@ pub fn check_lock(holds: &[&HoldRecord], limits: &Limits, faults: &[Fault], a: &
     by_grant.sort_by(|x, y| x.granted.total_cmp(&y.granted));
     let mut stats = LockStats {
         grants: holds.len(),
+        weighted: holds.iter().filter(|h| h.permits > 1).count(),
         lost: holds.iter().filter(|h| h.lost.is_some()).count(),
         ..LockStats::default()
     };

@@ -59,8 +59,10 @@ fn holds(a: &Analysis) -> String {
             .map(|(limit, n)| format!("{n} while maxHolders {limit}"))
             .collect();
         out += &format!(
-            "\n  {lock}: {} holds granted, {} lost; most permits held at a grant: {}",
+            "\n  {lock}: {} holds granted ({} of several permits), {} lost; most permits held at a \
+             grant: {}",
             s.grants,
+            s.weighted,
             s.lost,
             peaks.join(", ")
         );
