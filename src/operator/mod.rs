@@ -84,6 +84,19 @@ pub struct OperatorArgs {
     pub etcd: EtcdArgs,
 }
 
+/// Every `reason` of `podlock_forced_releases_total`, each series shown from 0: a pod judged
+/// gone, a lock deleted, an administrator's release, a deadline, a request to yield.
+fn forced_reasons() -> Vec<&'static str> {
+    let judged = liveness::Reason::ALL.map(liveness::Reason::label);
+    let ended = [
+        reconcile::LOCK_DELETED,
+        release::REASON,
+        reconcile::deadline::REASON,
+        reconcile::yielding::REASON,
+    ];
+    [&judged[..], &ended].concat()
+}
+
 /// Runs the operator until SIGTERM or Ctrl-C, then drains (see `readiness.rs`).
 pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     args.leader.timing()?; // refuse unsafe leader-election margins before doing anything
@@ -95,15 +108,7 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
         false => Store::new(args.etcd.connect().await?),
     };
     let metrics = OperatorMetrics::new();
-    let reasons = liveness::Reason::ALL.map(liveness::Reason::label);
-    let ended = [
-        reconcile::LOCK_DELETED,
-        release::REASON,
-        reconcile::deadline::REASON,
-        reconcile::yielding::REASON,
-    ];
-    let reasons = [&reasons[..], &ended].concat();
-    metrics.start_at_zero(&reconcile_error::Error::LABELS, &reasons);
+    metrics.start_at_zero(&reconcile_error::Error::LABELS, &forced_reasons());
     let owner = owner::cluster_role(&client, args.owner_cluster_role.as_deref()).await?;
     let ctx = context(&client, &store, &metrics, &args, owner.clone())?;
     tokio::spawn(etcd_health::watch(store.clone(), metrics.etcd_reachable.clone()));

@@ -30,7 +30,7 @@ use crate::operator::reconcile_error::Error;
 pub const GRACE: Duration = Duration::from_secs(2);
 
 /// The `reason` label of holds ended this way in `podlock_forced_releases_total`.
-pub const REASON: &str = "deadline";
+pub const REASON: &str = crate::lock::DEADLINE;
 
 /// Ends the holds of `timed` (the lock's holders with a deadline) that are past it, those of
 /// this cluster's pods; returns how long until the next one is due, if one is.

@@ -34,7 +34,7 @@ pub const GRACE: &str = "podlock.io/yield-grace";
 
 /// The `reason` label of holds ended at a yield request's deadline in
 /// `podlock_forced_releases_total`, and the reason of their `lost` event.
-pub const REASON: &str = "yield";
+pub const REASON: &str = crate::lock::YIELD;
 
 /// A yield request's Events.
 const KIND: Kind = Kind {
