@@ -11,8 +11,13 @@
 //!   is not such a record, and passes it by);
 //! * inside the window but behind a key not yet granted: that key, until it is granted or gone,
 //!   so that grants (and fencing tokens) follow the queue order;
-//! * always its own key, for deletion (its lease was revoked: stop waiting at once), and the
-//!   config key (the settings changed: read again).
+//! * always its own key, for deletion (its lease was revoked: stop waiting at once) and for a
+//!   grant a release hands it, and the config key (the settings changed: read again).
+//!
+//! Its own key and the config key are not watched per wait: the process follows them on the
+//! lock's feed ([`etcd::feed`]), one long-lived watch shared by every wait and hold of the
+//! process on the lock, which keeps its recent changes for a wait that read before it
+//! subscribed. So a wait makes one watch (a first waiter of a semaphore, one per holder).
 //!
 //! The keys that let it in are watched from "now", which keeps the watch on etcd's synced path
 //! (a watch from a past revision waits for etcd's 100 ms catch-up loop); a waiter whose turn is
@@ -21,6 +26,7 @@
 //! watches' start is covered in one of two ways (see [`Gap`]).
 //!
 //! [`granted`]: crate::lock::protocol::position::Ahead::granted
+//! [`etcd::feed`]: crate::lock::etcd::feed
 //! [`Etcd::watch_keys_synced`]: crate::lock::etcd::Etcd::watch_keys_synced
 
 use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
@@ -30,6 +36,7 @@ use tracing::warn;
 
 use crate::critical_path::{self, Point};
 use crate::lock::error::LockError;
+use crate::lock::etcd::feed::Subscription;
 use crate::lock::etcd::watch::{KeyWatch, Target};
 use crate::lock::etcd::{self, Etcd};
 use crate::lock::protocol::entry::Successor;
@@ -125,49 +132,57 @@ enum Woken {
 /// Waits for a change that may move `ticket`. Grants handed to the keys it watches pass it
 /// by: a handed grant is not a grant record, and lets nobody behind that key in (the key's
 /// own record, or its deletion, does, and wakes it then).
-async fn woken(watch: &mut KeyWatch, (ticket, ask): (&Ticket, Ask)) -> Woken {
+async fn woken(w: &mut Watches, (ticket, ask): (&Ticket, Ask)) -> Woken {
     loop {
-        if let Err(e) = watch.changed().await {
+        let fired = tokio::select! {
+            fired = w.keys.changed() => fired,
+            fired = w.feed.changed() => fired,
+        };
+        if let Err(e) = fired {
             return Woken::Broken(e);
         }
         let at = critical_path::now();
-        let events = watch.take_events();
+        let (mine, keys) = (w.feed.take_events(), w.keys.take_events());
         // Off the hot path: the events' newest revision only for a mark that is on.
         if at.is_some() {
-            let newest = events
-                .iter()
+            let newest = (mine.iter().chain(&keys))
                 .filter_map(|e| e.kv())
                 .map(|kv| kv.mod_revision())
                 .max();
             critical_path::mark_at(Point::WaitEvent, ticket.revision, newest.unwrap_or(0), at);
         }
         if handoff::possible(ask.mode)
-            && let Some((at, chain)) = handed(watch, ticket, &events).await
+            && let Some((at, chain)) = handed(&mut w.feed, ticket, &mine, &keys).await
         {
             return Woken::Granted(at, chain);
         }
-        if !handoff::handed_to_others(&events, ticket) {
+        if !mine.is_empty() || !handoff::handed_to_others(&keys, ticket) {
             return Woken::Read;
         }
     }
 }
 
-/// The grant handed to `ticket` among `events`, if one was ([`handoff::granted`]). A deletion
-/// seen without it may be the first half of the release that hands it on (its changes to two
-/// keys arrive as two messages, in any order): the stream is settled first.
+/// The grant handed to `ticket` among the changes to its own key (`mine`), if one was
+/// ([`handoff::granted`]). A deletion among the keys it watches (`keys`) seen without it may be
+/// the first half of the release that hands it on: its change to the waiter's own key comes
+/// on the feed, which is asked to pass the deletion's revision first.
 async fn handed(
-    watch: &mut KeyWatch,
+    feed: &mut Subscription,
     ticket: &Ticket,
-    events: &[etcd_client::Event],
+    mine: &[etcd_client::Event],
+    keys: &[etcd_client::Event],
 ) -> Option<(i64, Vec<Successor>)> {
-    if let Some(grant) = handoff::granted(events, ticket) {
+    if let Some(grant) = handoff::granted(mine, ticket) {
         return Some(grant);
     }
-    if !events.iter().any(|e| e.event_type() == EventType::Delete) {
-        return None;
-    }
-    watch.settle().await;
-    handoff::granted(&watch.take_events(), ticket)
+    let deleted = (keys.iter())
+        .filter(|e| e.event_type() == EventType::Delete)
+        .filter_map(|e| e.kv())
+        .map(|kv| kv.mod_revision())
+        .max()?;
+    feed.settle(deleted).await;
+    // Other changes taken here are not lost: a deletion without a grant makes the waiter read.
+    handoff::granted(&feed.take_events(), ticket)
 }
 
 /// The least time between the starts of two watches of a waiter: a watch that served a while
@@ -178,9 +193,16 @@ const WATCH_RETRY_GAP: Duration = Duration::from_millis(100);
 /// What setting up a waiter's watches came to.
 enum Watched {
     /// Watching everything that can move it, with nothing missed since its position was read.
-    Watching(Box<KeyWatch>),
+    Watching(Box<Watches>),
     /// A read to close the gap found it elsewhere: watch anew.
     Moved(Standing),
+}
+
+/// What a waiter watches: the keys that let it in, on a watch of its own, and its own key and
+/// the lock's settings, on the feed its process shares for the lock (`etcd::feed`).
+struct Watches {
+    keys: KeyWatch,
+    feed: Subscription,
 }
 
 /// How a waiter covers the changes between the revision its position was read at and the start
@@ -220,60 +242,46 @@ async fn watch_position(
     now: &Standing,
 ) -> Result<Watched, LockError> {
     let (pos, rev) = (&now.position, now.revision);
-    let mut lets_in = lets_in(pos, declared.settings.max_holders);
+    let lets_in = lets_in(pos, declared.settings.max_holders);
     let mut gap = Gap::of(pos);
-    // Its own key and the settings: from "now" where a read closes the gap anyway, else from
-    // just after the read (no read needed; a change to them may then wait for etcd's catch-up,
-    // and they join the stream after its sync check, which they would fail until caught up).
-    // A waiter that may be handed its grant watches its own key for writes, as one of the
-    // keys that let it in: from "now", so that the grant is not held back.
-    let mut own = vec![Target::any_change(lock.config_key().as_bytes())];
-    match handoff::possible(ask.mode) {
-        true => lets_in.push(Target::any_change(ticket.key.as_bytes())),
-        false => own.push(Target::deletion(ticket.key.as_bytes())),
+    let own = vec![lock.config_key().into_bytes(), ticket.key.clone().into_bytes()];
+    let feed = etcd.follow(lock, ticket.lease, own, rev).await?;
+    // A feed made since the read (the process's first wait on this lock in a while) started
+    // after it: only a read covers its keys in between.
+    if feed.from > rev {
+        gap = Gap::Read;
     }
-    let (mut from_now, mut from_read) = (lets_in.clone(), vec![]);
-    match gap {
-        Gap::Read => from_now.extend(own),
-        Gap::SecondWatch => from_read.extend(own.into_iter().map(|t| t.from(Some(rev + 1)))),
-    }
-    let mut watch = if now.turn_is_near() {
-        let (watch, remade) = etcd.watch_keys_synced(&from_now).await?;
+    let mut keys = if now.turn_is_near() {
+        let (watch, remade) = etcd.watch_keys_synced(&lets_in).await?;
         if remade {
             gap = Gap::Read;
         }
         watch
     } else {
-        etcd.watch_keys(&from_now).await?
+        etcd.watch_keys(&lets_in).await?
     };
-    for t in &from_read {
-        watch.also(t).await?;
-    }
     // A member behind the read starts its watches before `rev`: then there is no gap.
-    if watch.start_revision <= rev {
-        return Ok(Watched::Watching(Box::new(watch)));
-    }
-    match gap {
-        Gap::SecondWatch => {
-            for t in lets_in {
-                watch.also(&t.from(Some(rev + 1))).await?;
+    if keys.start_revision > rev || feed.from > rev {
+        match gap {
+            Gap::SecondWatch => {
+                for t in lets_in {
+                    keys.also(&t.from(Some(rev + 1))).await?;
+                }
+            }
+            Gap::Read => {
+                let again = standing(etcd, lock, (ticket, ask), declared).await?;
+                if again.position != *pos {
+                    return Ok(Watched::Moved(again));
+                }
             }
         }
-        Gap::Read => {
-            let again = standing(etcd, lock, (ticket, ask), declared).await?;
-            if again.position != *pos {
-                return Ok(Watched::Moved(again));
-            }
-        }
     }
-    Ok(Watched::Watching(Box::new(watch)))
+    Ok(Watched::Watching(Box::new(Watches { keys, feed })))
 }
 
-/// The keys whose change can let a waiter at `pos` in (see the module's doc), from "now". A
-/// waiter that closes the gap with a read watches its own key and the config key from "now"
-/// too: any watch from a past revision (etcd's catch-up path) held back the events a waiter
-/// waits for by up to 100 ms; with 2 contenders, 2.5% of waits took 30 to 100 ms when the first
-/// waiter watched those two from just after its read, none since (bench/README.md).
+/// The keys whose change can let a waiter at `pos` in (see the module's doc), from "now": any
+/// watch from a past revision (etcd's catch-up path) held back the events a waiter waits for by
+/// up to 100 ms (bench/README.md).
 fn lets_in(pos: &Position, max_holders: u32) -> Vec<Target> {
     assert!(
         !matches!(pos, Position::Holder | Position::Gone | Position::TooLarge),

@@ -3,8 +3,10 @@
 //! member that answers (see [`Members`](self::members::Members)). Watches are in
 //! [`watch`](self::watch).
 
+pub(super) mod feed;
 pub(super) mod link;
 pub(super) mod members;
+mod mux;
 pub(super) mod session;
 pub(super) mod watch;
 
@@ -68,6 +70,7 @@ pub struct Stats {
 pub struct Etcd {
     pub(super) link: Link,
     pub(super) stats: Arc<Stats>,
+    feeds: Arc<feed::Feeds>,
 }
 
 impl Etcd {
@@ -79,10 +82,9 @@ impl Etcd {
     /// Wraps `client`, and `members` (one client per member, none for a single endpoint) for
     /// new requests and watches.
     pub fn with_members(client: Client, members: Vec<Client>) -> Self {
-        Etcd {
-            link: Link::new(client, members),
-            stats: Arc::default(),
-        }
+        let (link, stats) = (Link::new(client, members), Arc::<Stats>::default());
+        let feeds = feed::Feeds::new(link.clone(), stats.clone());
+        Etcd { link, stats, feeds }
     }
 
     /// The underlying client, for what this wrapper does not cover.

@@ -16,16 +16,11 @@ use crate::lock::etcd::{Etcd, Stats};
 /// that answer may take (see [`KeyWatch::next`]). A stalled member is thus left within about
 /// twice this, inside the 1 s the contract allows for a `lost` notice and a handoff. It costs one
 /// small message on the watch's stream per silent interval.
-const WATCH_SILENCE: Duration = Duration::from_millis(400);
+pub(super) const WATCH_SILENCE: Duration = Duration::from_millis(400);
 
 /// How long etcd may take to answer a progress request on a stream whose watches are all on its
 /// synced path (see [`Etcd::watch_keys_synced`]); on loopback it answers within a millisecond.
 const SYNC_CHECK: Duration = Duration::from_millis(10);
-
-/// How long [`KeyWatch::settle`] waits: on loopback etcd answers within a millisecond; a
-/// stream with a watch still on etcd's catch-up path is not answered at all, and the waiter
-/// reads instead.
-const SETTLE: Duration = Duration::from_millis(3);
 
 /// How many times [`Etcd::watch_keys_synced`] makes its watches before it settles for watches
 /// etcd may serve up to 100 ms late.
@@ -157,7 +152,17 @@ impl Target {
         Target { from: rev, ..self }
     }
 
+    /// The key (or prefix) watched.
+    pub(super) fn key(&self) -> &[u8] {
+        &self.key
+    }
+
     fn options(&self) -> Option<WatchOptions> {
+        Some(self.watch_options())
+    }
+
+    /// The options of its watch's create request.
+    pub(super) fn watch_options(&self) -> WatchOptions {
         let filters = if self.puts {
             vec![]
         } else {
@@ -167,10 +172,10 @@ impl Target {
         if self.prefix {
             o = o.with_prefix();
         }
-        Some(match self.from {
+        match self.from {
             Some(rev) => o.with_start_revision(rev),
             None => o,
-        })
+        }
     }
 }
 
@@ -260,26 +265,6 @@ impl KeyWatch {
     pub fn take_events(&mut self) -> Vec<etcd_client::Event> {
         self.fired = false;
         std::mem::take(&mut self.events)
-    }
-
-    /// Waits (up to [`SETTLE`]) for the next message on the stream, or for etcd's answer to a
-    /// progress request, which it sends after the events it already queued on the stream (and
-    /// only while every watch of the stream is synced). One transaction's changes to two
-    /// watched keys arrive as two messages, in any order; a waiter that saw one of them learns
-    /// this way, without a read, whether the other came too. Gives up quietly: the caller then
-    /// reads.
-    pub async fn settle(&mut self) {
-        if self.stream.request_progress().await.is_err() {
-            return;
-        }
-        let next = async {
-            while let Ok(resp) = self.next().await {
-                if is_progress(&resp) || !resp.events().is_empty() {
-                    return;
-                }
-            }
-        };
-        let _ = timeout(SETTLE, next).await;
     }
 
     /// Watches one more target on the same stream: a change to it also completes

@@ -17,8 +17,7 @@ use tracing::{Instrument, info, info_span, warn};
 use super::deadline;
 use crate::lock::Engine;
 use crate::lock::error::LockError;
-use crate::lock::etcd::watch::KeyWatch;
-use crate::lock::etcd::watch::Target;
+use crate::lock::etcd::feed::Subscription;
 use crate::lock::holdings::hold::Hold;
 use crate::lock::messages::EventKind;
 use crate::lock::protocol::entry::{Entry, Mode};
@@ -109,11 +108,6 @@ async fn record_grant(engine: &Engine, hold: &Hold, mark: MarkWhen, entry: Entry
         .await;
 }
 
-/// How long a hold runs before its key is watched. Most holds of a busy lock are shorter, and
-/// a watch from the confirmed revision still sees a deletion in this gap: it only arrives
-/// later, well within the 1 s the contract allows for a `lost` notice.
-const KEY_WATCH_DELAY: Duration = Duration::from_millis(100);
-
 /// How long a mutex hold runs before it records `acquiredAt` ([`MarkWhen::Later`]). Short
 /// holds never write it; a longer one writes it soon enough that the operator, which coalesces
 /// a lock's changes over 50 ms, mirrors the grant and the record in one status write rather
@@ -124,26 +118,25 @@ const MARK_DELAY: Duration = Duration::from_millis(30);
 pub(crate) const KEY_DELETED: &str = "its key was deleted (lock deleted or hold revoked)";
 
 /// Completes when the hold's key is deleted (or replaced); meanwhile tells the hold's
-/// subscribers of a yield request written into its entry.
+/// subscribers of a yield request written into its entry. The key is followed on the lock's
+/// feed (see `etcd::feed`), from the confirmed revision; a feed that started later, or one
+/// followed again after it broke, is caught up with a read.
 async fn key_deleted(engine: &Engine, hold: &Hold) -> &'static str {
     let (etcd, ticket) = (engine.etcd(), &hold.ticket);
-    sleep(KEY_WATCH_DELAY).await;
     let mut told = None;
-    // First from the confirmed revision; after a broken watch, from now, with a read.
-    let mut from = Some(hold.confirmed + 1);
     loop {
         let started = Instant::now();
-        let key = [Target::any_change(ticket.key.as_bytes()).from(from.take())];
-        match etcd.watch_keys(&key).await {
-            Ok(mut w) => {
-                if w.start_revision != hold.confirmed {
+        let key = vec![ticket.key.clone().into_bytes()];
+        match etcd.follow(&hold.lock, ticket.lease, key, hold.confirmed).await {
+            Ok(mut feed) => {
+                if feed.from > hold.confirmed {
                     match entry_swap::current(etcd, ticket).await {
                         Ok(None) => return KEY_DELETED,
                         Ok(Some((entry, _))) => tell_yield(engine, hold, &entry, &mut told),
                         Err(e) => warn!(error = %e, "could not confirm the hold's key; watching anyway"),
                     }
                 }
-                match deletion(engine, hold, &mut w, &mut told).await {
+                match deletion(engine, hold, &mut feed, &mut told).await {
                     Ok(()) => return KEY_DELETED,
                     Err(e) => warn!(error = %e, "hold watch broke; re-watching"),
                 }
@@ -155,16 +148,16 @@ async fn key_deleted(engine: &Engine, hold: &Hold) -> &'static str {
 }
 
 /// Follows the hold's key until its deletion, telling of the yield requests written into it
-/// on the way; fails if the watch breaks.
+/// on the way; fails if the feed breaks.
 async fn deletion(
     engine: &Engine,
     hold: &Hold,
-    watch: &mut KeyWatch,
+    feed: &mut Subscription,
     told: &mut Option<String>,
 ) -> Result<(), LockError> {
     loop {
-        watch.changed().await?;
-        for event in watch.take_events() {
+        feed.changed().await?;
+        for event in feed.take_events() {
             // A key put again under the same name comes after the deletion of this one.
             if event.event_type() == EventType::Delete {
                 return Ok(());

@@ -1,0 +1,349 @@
+//! Watches that outlive a wait: a lock's settings and this process's own entries in its queue,
+//! watched once and shared by every wait and hold of the process on that lock.
+//!
+//! A wait used to watch its own key and the lock's settings, and a hold its key: watches made
+//! and cancelled on every grant, each a message to etcd and a watcher registered and torn down
+//! there (issue #43). A *feed* watches the same keys for as long as the process uses the lock:
+//! the settings key, and every key under the session's lease in the lock's queue
+//! (`{queue}/{lease:016x}/`), which holds this process's entries and nobody else's. It keeps
+//! its recent changes, so a wait that read its position at revision `r` follows every change
+//! after `r` without a watch of its own ([`Subscription::from`] says from where it can).
+//!
+//! The feeds of a process share one watch stream (see [`mux`](super::mux)); a feed nobody
+//! used for [`LINGER`] is cancelled.
+
+use etcd_client::Event;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::{broadcast, mpsc, watch};
+use tokio::time::{Instant, timeout};
+
+use super::mux::{self, Command};
+use super::watch::Target;
+use super::{Etcd, link::Link, Stats};
+use crate::lock::error::{LockError, Unavailable};
+use crate::lock::protocol::names::LockId;
+
+/// How long a feed nobody follows is kept: a process that takes a lock again within it (a busy
+/// lock's contender, a retry) makes no new watch.
+pub(super) const LINGER: Duration = Duration::from_secs(10);
+
+/// How many of its latest changes a feed keeps for followers that read before they subscribed.
+/// A wait subscribes within milliseconds of its read; a feed's keys change a few times per
+/// grant of this process.
+const KEEP: usize = 256;
+
+/// How many notes a follower may fall behind before it is told to read again.
+const BACKLOG: usize = 1024;
+
+/// How long [`Subscription::settle`] waits for the feed to pass a revision: on loopback etcd
+/// answers a progress request within a millisecond; a stream with a watch still on etcd's
+/// catch-up path is not answered at all, and the waiter reads instead.
+const SETTLE: Duration = Duration::from_millis(3);
+
+/// How long a follower waits for a new feed's watches to be made.
+const OPENING: Duration = Duration::from_millis(800);
+
+/// What a feed tells its followers, in order.
+#[derive(Clone, Debug)]
+pub(super) enum Note {
+    /// Changes etcd delivered, and the revision it delivered them at.
+    Changes(Arc<[Event]>, i64),
+    /// etcd delivered every change up to this revision (an answer to a progress request).
+    Seen(i64),
+    /// The feed ended (its stream broke, or etcd cancelled a watch): read again.
+    Ended(Arc<str>),
+}
+
+/// The feeds of one process, by lock and lease, and the stream they share.
+pub(in crate::lock) struct Feeds {
+    link: Link,
+    stats: Arc<Stats>,
+    shared: Mutex<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    feeds: HashMap<(LockId, i64), Arc<Feed>>,
+    /// The current stream's generation and command channel, once one was opened.
+    stream: Option<(u64, mpsc::Sender<Command>)>,
+    generations: u64,
+}
+
+/// One lock's settings key and one lease's keys in its queue, watched on the shared stream.
+pub(super) struct Feed {
+    pub(super) targets: Vec<Target>,
+    pub(super) generation: u64,
+    commands: mpsc::Sender<Command>,
+    notes: broadcast::Sender<Note>,
+    kept: Mutex<Kept>,
+    /// `Some(Ok(start))` once its watches are made: it delivers every change after `start`.
+    ready: watch::Sender<Option<Result<i64, Arc<str>>>>,
+    followers: AtomicUsize,
+    idle_since: Mutex<Instant>,
+}
+
+/// A feed's memory of its latest changes.
+#[derive(Default)]
+struct Kept {
+    start: i64,
+    /// Every change after this revision is in `recent`.
+    floor: i64,
+    /// The newest revision etcd delivered everything up to.
+    seen: i64,
+    recent: VecDeque<Event>,
+    ended: Option<Arc<str>>,
+}
+
+fn revision(e: &Event) -> i64 {
+    e.kv().map_or(0, |kv| kv.mod_revision())
+}
+
+impl Feeds {
+    pub(super) fn new(link: Link, stats: Arc<Stats>) -> Arc<Self> {
+        Arc::new(Feeds {
+            link,
+            stats,
+            shared: Mutex::default(),
+        })
+    }
+
+    /// The feed of `lock` and `lease`, made (and its stream opened) if there is none.
+    async fn feed(self: &Arc<Self>, lock: &LockId, lease: i64) -> Result<Arc<Feed>, LockError> {
+        let (feed, open) = {
+            let mut shared = self.shared.lock().unwrap();
+            let id = (lock.clone(), lease);
+            match shared.feeds.get(&id) {
+                Some(feed) if feed.kept.lock().unwrap().ended.is_none() => (feed.clone(), false),
+                _ => {
+                    let (generation, commands) = self.stream(&mut shared);
+                    let feed = Feed::new(lock, lease, generation, commands);
+                    shared.feeds.insert(id, feed.clone());
+                    (feed, true)
+                }
+            }
+        };
+        feed.followers.fetch_add(1, Ordering::Relaxed);
+        if open && feed.commands.send(Command::Open(feed.clone())).await.is_err() {
+            feed.end("the watch stream closed".into());
+        }
+        Ok(feed)
+    }
+
+    /// The current stream, opened if there is none.
+    fn stream(self: &Arc<Self>, shared: &mut Shared) -> (u64, mpsc::Sender<Command>) {
+        if let Some(stream) = &shared.stream {
+            return stream.clone();
+        }
+        shared.generations += 1;
+        let generation = shared.generations;
+        let commands = mux::spawn(self.link.clone(), self.stats.clone(), Arc::downgrade(self), generation);
+        shared.stream = Some((generation, commands.clone()));
+        (generation, commands)
+    }
+
+    /// Removes the feeds of `generation` nobody followed for [`LINGER`], and returns them.
+    pub(super) fn idle(&self, generation: u64) -> Vec<Arc<Feed>> {
+        let mut shared = self.shared.lock().unwrap();
+        let idle = |f: &Arc<Feed>| {
+            f.generation == generation
+                && f.followers.load(Ordering::Relaxed) == 0
+                && f.idle_since.lock().unwrap().elapsed() >= LINGER
+        };
+        let gone: Vec<_> = (shared.feeds.iter())
+            .filter(|(_, f)| idle(f))
+            .map(|(id, _)| id.clone())
+            .collect();
+        gone.iter().filter_map(|id| shared.feeds.remove(id)).collect()
+    }
+
+    /// Forgets the stream of `generation`, which ended, and its feeds.
+    pub(super) fn forget(&self, generation: u64) {
+        let mut shared = self.shared.lock().unwrap();
+        shared.feeds.retain(|_, f| f.generation != generation);
+        if shared.stream.as_ref().is_some_and(|(g, _)| *g == generation) {
+            shared.stream = None;
+        }
+    }
+}
+
+impl Feed {
+    fn new(lock: &LockId, lease: i64, generation: u64, commands: mpsc::Sender<Command>) -> Arc<Self> {
+        let own = format!("{}{lease:016x}/", lock.queue_prefix());
+        let targets = vec![
+            Target::any_change(lock.config_key().as_bytes()),
+            Target::any_change_under(own.as_bytes()),
+        ];
+        Arc::new(Feed {
+            targets,
+            generation,
+            commands,
+            notes: broadcast::Sender::new(BACKLOG),
+            kept: Mutex::default(),
+            ready: watch::Sender::new(None),
+            followers: AtomicUsize::new(0),
+            idle_since: Mutex::new(Instant::now()),
+        })
+    }
+
+    /// Its watches are made: it delivers every change after `start`.
+    pub(super) fn started(&self, start: i64) {
+        let mut kept = self.kept.lock().unwrap();
+        (kept.start, kept.floor, kept.seen) = (start, start, start);
+        self.ready.send_replace(Some(Ok(start)));
+    }
+
+    /// Keeps `events`, delivered at `rev`, and passes them on.
+    pub(super) fn deliver(&self, events: &[Event], rev: i64) {
+        let mut kept = self.kept.lock().unwrap();
+        kept.recent.extend(events.iter().cloned());
+        while kept.recent.len() > KEEP {
+            let old = kept.recent.pop_front().expect("kept");
+            kept.floor = kept.floor.max(revision(&old));
+        }
+        kept.seen = kept.seen.max(rev);
+        let _ = self.notes.send(Note::Changes(events.into(), rev));
+    }
+
+    /// etcd delivered every change up to `rev`.
+    pub(super) fn seen(&self, rev: i64) {
+        let mut kept = self.kept.lock().unwrap();
+        kept.seen = kept.seen.max(rev);
+        let _ = self.notes.send(Note::Seen(rev));
+    }
+
+    /// The feed ended: its followers read again, and a new one replaces it.
+    pub(super) fn end(&self, why: Arc<str>) {
+        let mut kept = self.kept.lock().unwrap();
+        kept.ended.get_or_insert_with(|| why.clone());
+        let _ = self.notes.send(Note::Ended(why.clone()));
+        self.ready.send_if_modified(|r| r.is_none() && r.replace(Err(why)).is_none());
+    }
+}
+
+impl Etcd {
+    /// Follows this process's own entries in `lock`'s queue under `lease`, and the lock's
+    /// settings, from just after `after`, on a feed shared with every other follower (see the
+    /// module's doc). Only changes to `keys` are passed on.
+    pub(in crate::lock) async fn follow(
+        &self,
+        lock: &LockId,
+        lease: i64,
+        keys: Vec<Vec<u8>>,
+        after: i64,
+    ) -> Result<Subscription, LockError> {
+        let feed = self.feeds.feed(lock, lease).await?;
+        let mut sub = Subscription {
+            feed,
+            keys,
+            notes: None,
+            from: after,
+            seen: 0,
+            pending: vec![],
+        };
+        let mut ready = sub.feed.ready.subscribe();
+        let opened = timeout(OPENING, ready.wait_for(Option::is_some)).await;
+        let start = match opened.map(|state| state.map(|s| s.clone())) {
+            Ok(Ok(Some(Ok(start)))) => start,
+            Ok(Ok(Some(Err(why)))) => return Err(ended(&why)),
+            Ok(_) => return Err(ended("the feed closed")),
+            Err(_) => return Err(Unavailable::MemberStalled { what: "did not open a watch", within: OPENING }.into()),
+        };
+        let kept = sub.feed.kept.lock().unwrap();
+        if let Some(why) = &kept.ended {
+            return Err(ended(why));
+        }
+        sub.from = after.max(start).max(kept.floor);
+        sub.seen = kept.seen;
+        let from = sub.from;
+        let mine = (kept.recent.iter()).filter(|e| revision(e) > from && sub.wants(e));
+        sub.pending = mine.cloned().collect();
+        sub.notes = Some(sub.feed.notes.subscribe());
+        drop(kept);
+        Ok(sub)
+    }
+}
+
+fn ended(why: &str) -> LockError {
+    Unavailable::WatchEnded(why.to_string()).into()
+}
+
+/// One follower of a feed: the changes to its keys after [`Subscription::from`].
+pub(in crate::lock) struct Subscription {
+    feed: Arc<Feed>,
+    keys: Vec<Vec<u8>>,
+    notes: Option<broadcast::Receiver<Note>>,
+    /// Every change to its keys after this revision is delivered: past the revision the caller
+    /// read at if the feed started before it and still keeps what came since, else a gap the
+    /// caller closes with a read.
+    pub from: i64,
+    seen: i64,
+    pending: Vec<Event>,
+}
+
+impl Subscription {
+    fn wants(&self, e: &Event) -> bool {
+        e.kv().is_some_and(|kv| self.keys.iter().any(|k| k == kv.key()))
+    }
+
+    /// The next note of the feed, its changes to this follower's keys kept.
+    async fn next(&mut self) -> Result<(), LockError> {
+        let notes = self.notes.as_mut().expect("subscribed");
+        match notes.recv().await {
+            Ok(Note::Changes(events, rev)) => {
+                let mine = events.iter().filter(|e| revision(e) > self.from);
+                let mine: Vec<_> = mine.filter(|e| self.wants(e)).cloned().collect();
+                self.pending.extend(mine);
+                self.seen = self.seen.max(rev);
+                Ok(())
+            }
+            Ok(Note::Seen(rev)) => {
+                self.seen = self.seen.max(rev);
+                Ok(())
+            }
+            Ok(Note::Ended(why)) => Err(ended(&why)),
+            Err(broadcast::error::RecvError::Lagged(_)) => Err(ended("a follower fell behind its feed")),
+            Err(broadcast::error::RecvError::Closed) => Err(ended("the feed closed")),
+        }
+    }
+
+    /// Completes when one of its keys changes (at once if one already did).
+    pub async fn changed(&mut self) -> Result<(), LockError> {
+        while self.pending.is_empty() {
+            self.next().await?;
+        }
+        Ok(())
+    }
+
+    /// The changes delivered so far, taken.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.pending)
+    }
+
+    /// Waits (up to [`SETTLE`]) until the feed delivered every change up to `rev`, asking etcd
+    /// for its progress: a transaction that changed a key this follower watches elsewhere and
+    /// one of its own keys is seen here too, or was not made. Gives up quietly.
+    pub async fn settle(&mut self, rev: i64) {
+        if self.seen >= rev {
+            return;
+        }
+        let _ = self.feed.commands.try_send(Command::Progress);
+        let passed = async {
+            while self.seen < rev {
+                if self.next().await.is_err() {
+                    return;
+                }
+            }
+        };
+        let _ = timeout(SETTLE, passed).await;
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        *self.feed.idle_since.lock().unwrap() = Instant::now();
+        self.feed.followers.fetch_sub(1, Ordering::Relaxed);
+    }
+}
