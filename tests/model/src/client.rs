@@ -37,9 +37,12 @@ impl Protocol {
                 }
                 can(Step::GiveUp);
             }
-            Phase::Holding { recorded, .. } => {
+            Phase::Holding { recorded, chain, ticket, .. } => {
                 if !recorded {
                     can(Step::Record);
+                }
+                if chain.is_empty() && self.refills(s, c, *ticket) {
+                    can(Step::Refill);
                 }
                 can(Step::Release);
                 if self.learns(s, c) {
@@ -76,6 +79,27 @@ impl Protocol {
             || locks.any(|lock| own(lock) || settings(&s.locks[lock as usize]))
     }
 
+    /// Whether the exclusive single-lock holder `c` of `ticket` would find keys behind it if it
+    /// read them (with handoff on; a read that finds none changes nothing).
+    fn refills(&self, s: &State, c: u8, ticket: Rev) -> bool {
+        let spec = self.spec.clients[c as usize];
+        let lock = &s.locks[spec.lock as usize];
+        self.spec.handoff != Handoff::Off
+            && !spec.shared
+            && spec.also.is_none()
+            && lock.queue.iter().any(|k| k.create > ticket)
+    }
+
+    /// The holder `c` of `ticket` reads the keys behind it: its chain from now on.
+    fn refill(&self, s: &mut State, c: u8, ticket: Rev) {
+        let lock = &s.locks[self.spec.clients[c as usize].lock as usize];
+        let behind = lock.queue.iter().filter(|k| k.create > ticket);
+        let behind: Vec<Rev> = behind.take(CHAIN).map(|k| k.create).collect();
+        if let Phase::Holding { chain, .. } = &mut s.clients[c as usize].phase {
+            *chain = behind;
+        }
+    }
+
     /// Whether the holder `c` can tell that its hold ended: its key is gone (its watch), or
     /// its session's lease is (its keepalives).
     pub fn learns(&self, s: &State, c: u8) -> bool {
@@ -110,6 +134,7 @@ impl Protocol {
                 s.clients[c as usize].phase = Phase::Enqueue;
             }
             (Step::Read, Phase::Reading { ticket }) => self.read(s, c, ticket),
+            (Step::Refill, Phase::Holding { ticket, .. }) => self.refill(s, c, ticket),
             (Step::Resend, phase) => self.resend(s, c, phase),
             (Step::WakeLock(l) | Step::RewatchLock(l), Phase::Waiting(w)) => self.read_lock(s, c, w, l),
             (Step::SetRecord, Phase::Waiting(w)) => self.set_record(s, c, w),

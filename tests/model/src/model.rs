@@ -32,6 +32,10 @@ pub enum Step {
     OnBehalf,
     /// Writes its own grant record (guarded by create revision).
     Record,
+    /// A holder that knows no key behind it reads the keys behind it (its chain), so that its
+    /// release can hand the lock on (the engine does so when the grant handed to it came with
+    /// no key behind, which a busy lock's chain ran out to). Only a read.
+    Refill,
     /// The app releases (or closes the hold's connection): guarded delete.
     Release,
     /// The copy of a release the hedge sent again answers it (see [`crate::resend`]).
@@ -131,7 +135,12 @@ impl Action {
         match self {
             Action::Client(_, step) => !matches!(
                 step,
-                Step::Rewatch | Step::RewatchLock(_) | Step::GiveUp | Step::HeartbeatMiss | Step::Deadline
+                Step::Rewatch
+                    | Step::RewatchLock(_)
+                    | Step::GiveUp
+                    | Step::HeartbeatMiss
+                    | Step::Deadline
+                    | Step::Refill
             ),
             Action::Expire(_)
             | Action::Revoke(..)
