@@ -88,16 +88,19 @@ async fn a_busy_semaphore_costs_about_four_requests_per_grant() {
     );
 }
 
-/// A holder granted by a read knows the key behind it; its release hands the lock on in the
-/// same transaction, and the waiter learns its grant from the watch on its key: no request.
+/// A holder granted by a read knows the keys behind it; its release hands the lock on in the
+/// same transaction, and the waiter learns its grant from its process's feed: no request (d
+/// behind it, handed on with the grant, spares it the read of a holder that knows nobody
+/// behind it, see the next test).
 #[tokio::test]
 async fn a_release_hands_the_lock_to_the_next_waiter_without_a_read() {
     let etcd = EtcdServer::start().await;
     declare(&etcd.endpoint, &["baton"]);
-    let [a, b, c] = sidecars(&etcd).await;
+    let [a, b, c, d] = sidecars(&etcd).await;
     a.must_acquire("baton", json!({})).await;
     let b_waits = queue_up(&b, "baton").await;
     let c_waits = queue_up(&c, "baton").await;
+    let d_waits = queue_up(&d, "baton").await;
     // b is granted by its read (a's release is a plain delete: a knew nobody behind it).
     assert_eq!(a.post("baton", "release", json!({})).await.0, 200);
     let b_token = b_waits.await.unwrap();
@@ -110,6 +113,38 @@ async fn a_release_hands_the_lock_to_the_next_waiter_without_a_read() {
         "(releaser, waiter) requests: one transaction, no read"
     );
     assert_eq!(c.post("baton", "release", json!({})).await.0, 200);
+    d_waits.await.unwrap();
+    assert_eq!(d.post("baton", "release", json!({})).await.0, 200);
+}
+
+/// A holder handed its grant with no key behind it (its releaser's chain ran out) reads the
+/// keys behind it while it holds, and its release hands the lock on: the next waiter, queued
+/// after every read before, spends no request either (`NextKeys`). (e behind d spares d a read
+/// of its own.)
+#[tokio::test]
+async fn a_holder_whose_chain_ran_out_reads_it_and_hands_on() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["baton"]);
+    let [a, b, c, d, e] = sidecars(&etcd).await;
+    a.must_acquire("baton", json!({})).await;
+    let b_waits = queue_up(&b, "baton").await;
+    let c_waits = queue_up(&c, "baton").await;
+    assert_eq!(a.post("baton", "release", json!({})).await.0, 200);
+    let b_token = b_waits.await.unwrap(); // by a read, which saw only c behind b
+    let d_waits = queue_up(&d, "baton").await;
+    let e_waits = queue_up(&e, "baton").await;
+    settle(&b).await;
+    let spent = hand_on(("baton", &b), &c, c_waits, b_token).await;
+    settle(&c).await;
+    assert_eq!(spent.0, 1.0, "the release: one transaction");
+    let before = d.metric("podlock_etcd_requests_total").await;
+    assert_eq!(c.post("baton", "release", json!({})).await.0, 200);
+    d_waits.await.unwrap();
+    let d_spent = d.metric("podlock_etcd_requests_total").await - before;
+    assert_eq!(d_spent, 0.0, "d was handed the lock: no read");
+    assert_eq!(d.post("baton", "release", json!({})).await.0, 200);
+    e_waits.await.unwrap();
+    assert_eq!(e.post("baton", "release", json!({})).await.0, 200);
 }
 
 /// A semaphore's holder granted by a read hands its own slot on the same way, while the other
@@ -119,11 +154,12 @@ async fn a_release_hands_the_lock_to_the_next_waiter_without_a_read() {
 async fn a_semaphore_release_hands_its_slot_to_the_next_waiter_without_a_read() {
     let etcd = EtcdServer::start().await;
     declare(&etcd.endpoint, &["pool", "--max-holders", "2"]);
-    let [x, a, b, c] = sidecars(&etcd).await;
+    let [x, a, b, c, d] = sidecars(&etcd).await;
     x.must_acquire("pool", json!({})).await;
     a.must_acquire("pool", json!({})).await;
     let b_waits = queue_up(&b, "pool").await;
     let c_waits = queue_up(&c, "pool").await;
+    let d_waits = queue_up(&d, "pool").await;
     // b is granted by its read when x leaves, and learns that c is behind it.
     assert_eq!(x.post("pool", "release", json!({})).await.0, 200);
     let b_token = b_waits.await.unwrap();
@@ -137,6 +173,8 @@ async fn a_semaphore_release_hands_its_slot_to_the_next_waiter_without_a_read() 
     for s in [a, c] {
         assert_eq!(s.post("pool", "release", json!({})).await.0, 200);
     }
+    d_waits.await.unwrap();
+    assert_eq!(d.post("pool", "release", json!({})).await.0, 200);
 }
 
 /// `N` sidecars, pods p0, p1, ...

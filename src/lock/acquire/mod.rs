@@ -21,17 +21,18 @@ use crate::lock::holdings::registry::{Claimed, SlotKey};
 use crate::lock::life::detached;
 use crate::lock::life::monitor::{self, MarkWhen};
 use crate::lock::messages::{AcquireRequest, EventKind, Grant};
-use crate::lock::protocol::entry::{Entry, Successor, rfc3339};
+use crate::lock::protocol::entry::{Entry, rfc3339};
 use crate::lock::protocol::names::{LockId, check_holder_id};
 use crate::lock::protocol::token::Token;
 use crate::lock::protocol::{Ask, Position, Standing};
-use crate::lock::txn::handoff::Chain;
+use crate::lock::etcd::Etcd;
+use crate::lock::txn::handoff::{self, Chain, NextKeys};
 use crate::lock::txn::queue::{self, Enqueued, Ticket};
 use crate::lock::txn::settings::Declared;
 use crate::lock::txn::settings::{HEARTBEAT, Settings, TTL};
 use ask::{check_mode, check_permits, check_permits_asked, check_rejoin};
 use pending::Pending;
-use wait::Turn;
+use wait::{Granted, Turn};
 
 /// How many times an acquire puts its key again (settings changed, an earlier key of the same
 /// holder in the way, the session's lease revoked) before it gives up.
@@ -99,7 +100,7 @@ impl Engine {
         let handed_on = placed.held().is_none();
         let (seen, mark) = if let Some(at) = placed.held() {
             (
-                (at, vec![]),
+                Granted { at, chain: vec![], handed: false },
                 MarkWhen::for_grant(true, declared.settings.max_holders, req.mode),
             )
         } else {
@@ -210,7 +211,7 @@ impl Engine {
         declared: &mut Declared,
         pending: &mut Pending<'_>,
         deadline: Instant,
-    ) -> Result<(i64, Vec<Successor>), LockError> {
+    ) -> Result<Granted, LockError> {
         let start = placed.standing.clone();
         let deadline = match (
             start.as_ref().map(|s| (&s.position, s.recording)),
@@ -231,7 +232,7 @@ impl Engine {
         };
         let turn = wait::wait_turn(etcd, &req.lock, (ticket, asked), declared, deadline, start).await?;
         match turn {
-            Turn::Granted { at, chain } => Ok((at, chain)),
+            Turn::Granted(granted) => Ok(granted),
             Turn::Gone => Err(self.vanished(&req.lock, &placed.session).await),
             Turn::TimedOut => Err(self.give_up(&req.lock, req.wait, pending).await),
             // maxHolders was lowered below the permits asked for while the key waited.
@@ -272,7 +273,7 @@ impl Engine {
         mut pending: Pending<'_>,
         placed: Placed,
         declared: &Declared,
-        (seen, chain): (i64, Vec<Successor>),
+        seen: Granted,
         mark: MarkWhen,
     ) -> Result<Grant, LockError> {
         let settings = declared.settings;
@@ -283,6 +284,7 @@ impl Engine {
             max_hold,
             ..
         } = placed;
+        let confirmed = seen.at;
         let mut entry = self.entry(&req, session.ttl, settings, token.epoch(), max_hold);
         // Stamped before the grant is recorded in etcd (which may admit the next waiter of a
         // semaphore), and answered as the same instant etcd shows: grants' `acquiredAt` then
@@ -301,7 +303,7 @@ impl Engine {
             mode: req.mode,
             permits: req.permits,
             connection_bound: req.connection_bound,
-            chain: Chain::of(declared, entry.ask(), chain),
+            chain: next_keys(self.etcd(), (&req.lock, &ticket), declared, entry.ask(), seen),
             set: vec![],
             max_hold: max_hold.start(acquired_at),
         };
@@ -309,7 +311,7 @@ impl Engine {
             req.lock,
             req.holder_id,
             (ticket, token),
-            seen,
+            confirmed,
             session,
             Duration::from_secs(heartbeat.into()),
             terms,
@@ -372,4 +374,14 @@ pub(super) fn check_lease(session: &Session) -> Result<(), LockError> {
         return Err(Unavailable::LeaseUnconfirmed(confirmed).into());
     }
     Ok(())
+}
+
+/// What the hold of `ticket` granted under `declared` may hand on with: the chain its grant
+/// came with, or, for a grant handed on without one, the keys behind it read now (see
+/// [`NextKeys`]).
+fn next_keys(etcd: &Etcd, (lock, ticket): (&LockId, &Ticket), declared: &Declared, ask: Ask, seen: Granted) -> NextKeys {
+    match seen.handed && seen.chain.is_empty() && handoff::possible(ask.mode) {
+        true => NextKeys::read(etcd, lock, ticket, declared, ask),
+        false => NextKeys::known(Chain::of(declared, ask, seen.chain)),
+    }
 }

@@ -34,6 +34,7 @@ use crate::lock::protocol::Ask;
 use crate::lock::protocol::entry::{Entry, rfc3339};
 use crate::lock::protocol::names::LockId;
 use crate::lock::protocol::token::Token;
+use crate::lock::txn::handoff::NextKeys;
 use crate::lock::txn::multi_lock::{self, EnqueuedSet, members};
 use crate::lock::txn::queue::Ticket;
 use crate::lock::txn::settings::{Declared, TTL};
@@ -257,7 +258,7 @@ impl Engine {
             .enumerate())
         .map(|(i, ((lock, ticket), d))| async move {
             match wait::wait_turn(etcd, lock, (ticket, Ask::one(req.mode)), d, deadline, None).await {
-                Ok(Turn::Granted { at, .. }) => Ok(at),
+                Ok(Turn::Granted(granted)) => Ok(granted.at),
                 Ok(Turn::Gone) => Err(Stop::Gone),
                 Ok(Turn::TimedOut) => Err(Stop::TimedOut(i)),
                 Ok(Turn::TooLarge) => unreachable!("a set's keys ask one permit, which every lock has"),
@@ -316,7 +317,7 @@ impl Engine {
                     mode: req.mode,
                     permits: req.permits,
                     connection_bound: req.connection_bound,
-                    chain: None,
+                    chain: NextKeys::known(None),
                     set: set.clone(),
                     max_hold: placed.max_hold.start(acquired_at),
                 };

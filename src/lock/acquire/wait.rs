@@ -47,11 +47,22 @@ use crate::lock::txn::handoff;
 use crate::lock::txn::queue::{self, Ticket};
 use crate::lock::txn::settings::Declared;
 
+/// A grant: the ticket may hold the lock from revision `at`.
+#[derive(Debug)]
+pub struct Granted {
+    /// The revision it holds from.
+    pub at: i64,
+    /// The keys behind it it knows.
+    pub chain: Vec<Successor>,
+    /// A release handed it the grant (else a read, or its enqueue, found it in).
+    pub handed: bool,
+}
+
 /// How a wait ended.
 #[derive(Debug)]
 pub enum Turn {
-    /// The ticket may hold the lock from revision `at`; `chain`: the keys behind it it knows.
-    Granted { at: i64, chain: Vec<Successor> },
+    /// The ticket may hold the lock.
+    Granted(Granted),
     /// The ticket's key disappeared (lease expired or revoked, key or lock deleted).
     Gone,
     /// The deadline passed first.
@@ -80,7 +91,7 @@ pub async fn wait_turn(
         match now.position {
             Position::Holder => {
                 let (at, chain) = (now.revision, now.chain);
-                return Ok(Turn::Granted { at, chain });
+                return Ok(Turn::Granted(Granted { at, chain, handed: false }));
             }
             Position::Gone => return Ok(Turn::Gone),
             Position::TooLarge => return Ok(Turn::TooLarge),
@@ -106,7 +117,9 @@ pub async fn wait_turn(
         };
         match timeout_at(deadline, woken(&mut watch, (ticket, ask))).await {
             Err(_) => return Ok(Turn::TimedOut),
-            Ok(Woken::Granted(at, chain)) => return Ok(Turn::Granted { at, chain }),
+            Ok(Woken::Granted(at, chain)) => {
+                return Ok(Turn::Granted(Granted { at, chain, handed: true }));
+            }
             Ok(Woken::Read) => {}
             // A broken watch (etcd restart, leader change) is not fatal: re-read and re-watch.
             // If etcd is really gone, the read below fails and the caller gets the error.
@@ -219,11 +232,19 @@ enum Gap {
     /// microseconds of the gap; if it did, this second watch reports it after etcd's catch-up
     /// loop (up to 100 ms). It saves a read on nearly every grant of a busy lock.
     SecondWatch,
+    /// Watch those keys from just after the read, and only so. A mutex waiter behind another
+    /// waiter is let in by a release that hands it the grant, which its feed brings at once
+    /// (a holder whose chain ran out reads the keys behind it to hand on, see `NextKeys`); the
+    /// key it watches matters only when a key ahead is lost or given up. etcd serves a watch
+    /// from a past revision through its catch-up loop, up to 100 ms late while the watch is
+    /// younger than that: all it can delay is such a rare wake-up.
+    FromRead,
 }
 
 impl Gap {
-    fn of(pos: &Position) -> Gap {
+    fn of(pos: &Position, max_holders: u32, ask: Ask) -> Gap {
         match pos {
+            Position::Waiter(_) if max_holders == 1 && handoff::possible(ask.mode) => Gap::FromRead,
             Position::Waiter(_) => Gap::SecondWatch,
             _ => Gap::Read,
         }
@@ -242,8 +263,8 @@ async fn watch_position(
     now: &Standing,
 ) -> Result<Watched, LockError> {
     let (pos, rev) = (&now.position, now.revision);
-    let lets_in = lets_in(pos, declared.settings.max_holders);
-    let mut gap = Gap::of(pos);
+    let mut lets_in = lets_in(pos, declared.settings.max_holders);
+    let mut gap = Gap::of(pos, declared.settings.max_holders, ask);
     let own = vec![lock.config_key().into_bytes(), ticket.key.clone().into_bytes()];
     let feed = etcd.follow(lock, ticket.lease, own, rev).await?;
     // A feed made since the read (the process's first wait on this lock in a while) started
@@ -251,7 +272,10 @@ async fn watch_position(
     if feed.from > rev {
         gap = Gap::Read;
     }
-    let mut keys = if now.turn_is_near() {
+    if gap == Gap::FromRead {
+        lets_in = lets_in.into_iter().map(|t| t.from(Some(rev + 1))).collect();
+    }
+    let mut keys = if now.turn_is_near() && gap != Gap::FromRead {
         let (watch, remade) = etcd.watch_keys_synced(&lets_in).await?;
         if remade {
             gap = Gap::Read;
@@ -268,7 +292,7 @@ async fn watch_position(
                     keys.also(&t.from(Some(rev + 1))).await?;
                 }
             }
-            Gap::Read => {
+            Gap::Read | Gap::FromRead => {
                 let again = standing(etcd, lock, (ticket, ask), declared).await?;
                 if again.position != *pos {
                     return Ok(Watched::Moved(again));

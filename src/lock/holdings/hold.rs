@@ -14,7 +14,7 @@ use crate::lock::protocol::entry::Mode;
 use crate::lock::protocol::entry::rfc3339;
 use crate::lock::protocol::names::LockId;
 use crate::lock::protocol::token::Token;
-use crate::lock::txn::handoff::Chain;
+use crate::lock::txn::handoff::NextKeys;
 use crate::lock::txn::queue::Ticket;
 
 /// One granted hold of this sidecar.
@@ -44,7 +44,7 @@ pub struct Hold {
     /// it, so no other request may take it over by naming its holder id.
     pub connection_bound: bool,
     /// What its release may hand the lock on with (see [`handoff`](crate::lock::txn::handoff)).
-    pub chain: Option<Chain>,
+    pub chain: NextKeys,
     /// A multi-lock hold's whole set, this lock among them, each with its token (see
     /// [`multi`](crate::lock::acquire::multi)); empty for a single lock. Released, heartbeated and lost as one.
     pub set: Vec<(LockId, Token)>,
@@ -68,7 +68,7 @@ pub struct Terms {
     /// Bound to the HTTP connection that asked for it.
     pub connection_bound: bool,
     /// What its release may hand the lock on with.
-    pub chain: Option<Chain>,
+    pub chain: NextKeys,
     /// A multi-lock hold's whole set, each lock with its token; empty for a single lock.
     pub set: Vec<(LockId, Token)>,
     /// Its deadline, if it has a maximum hold time.
@@ -84,7 +84,7 @@ impl Terms {
             mode: Mode::Exclusive,
             permits: 1,
             connection_bound: false,
-            chain: None,
+            chain: NextKeys::known(None),
             set: vec![],
             max_hold: None,
         }

@@ -49,7 +49,10 @@ impl Engine {
             m.ended.cancel(); // the monitors stop before our own deletions reach them
         }
         let release = match members.len() {
-            1 => handoff::release(&self.0.etcd, lock, &hold.ticket, hold.chain.as_ref()).await,
+            1 => {
+                let chain = hold.chain.get().await;
+                handoff::release(&self.0.etcd, lock, &hold.ticket, chain.as_ref()).await
+            }
             _ => multi_lock::release(&self.0.etcd, &tickets(&members)).await,
         };
         let removed = match release {

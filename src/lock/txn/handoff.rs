@@ -39,12 +39,17 @@ use etcd_client::{
     TxnOpResponse,
 };
 
+use std::time::Duration;
+use tokio::sync::watch;
+use tokio::time::timeout;
+use tracing::debug;
+
 use super::queue::Ticket;
 use super::receipt;
 use super::settings::Declared;
 use crate::critical_path::{self, Point};
 use crate::lock::error::LockError;
-use crate::lock::etcd::Etcd;
+use crate::lock::etcd::{self, Etcd};
 use crate::lock::protocol::Ask;
 use crate::lock::protocol::entry::{Entry, Mode, Successor};
 use crate::lock::protocol::names::LockId;
@@ -117,6 +122,50 @@ pub fn behind(lock: &LockId, ticket: &Ticket) -> TxnOp {
 /// The chain read behind a key: its leading run of exclusive entries.
 pub fn chain_of(kvs: &[KeyValue]) -> Vec<Successor> {
     kvs.iter().map_while(Successor::of).collect()
+}
+
+/// What a hold's release may hand the lock on with: known when it was granted, or being read
+/// while it holds. A hold handed its grant with no key behind it (the chain of a busy lock ran
+/// out) reads the keys behind it right away ([`NextKeys::read`]): its release then hands the
+/// lock on like any other, rather than leave the next waiter to wake on the deletion and read
+/// (the protocol model's `Refill`). The read costs what the waiter's would have.
+#[derive(Debug, Clone)]
+pub struct NextKeys(watch::Receiver<Option<Option<Chain>>>);
+
+/// How long a release waits for the keys behind its hold to be read; past it, the release
+/// is the plain delete and the next waiter reads.
+const READ_WAIT: Duration = Duration::from_millis(100);
+
+impl NextKeys {
+    /// What a hold granted with `chain` (if it may hand on) hands on with.
+    pub fn known(chain: Option<Chain>) -> Self {
+        NextKeys(watch::channel(Some(chain)).1)
+    }
+
+    /// Reads, in the background, the keys behind `ticket` granted under `declared` asking `ask`.
+    pub fn read(etcd: &Etcd, lock: &LockId, ticket: &Ticket, declared: &Declared, ask: Ask) -> Self {
+        let (tx, rx) = watch::channel(None);
+        let (etcd, read) = (etcd.clone(), Txn::new().and_then([behind(lock, ticket)]));
+        let declared = declared.clone();
+        tokio::spawn(async move {
+            let next = match etcd.txn(read).await {
+                Ok(resp) => etcd::gets(resp.op_responses()).next().map(|b| chain_of(b.kvs())),
+                Err(e) => {
+                    debug!(error = %e, "could not read the keys behind a hold; its release will not hand on");
+                    None
+                }
+            };
+            tx.send_replace(Some(next.and_then(|next| Chain::of(&declared, ask, next))));
+        });
+        NextKeys(rx)
+    }
+
+    /// The chain, once known (waiting up to [`READ_WAIT`] for a read under way).
+    pub async fn get(&self) -> Option<Chain> {
+        let mut known = self.0.clone();
+        let read = timeout(READ_WAIT, known.wait_for(Option::is_some)).await;
+        read.ok()?.ok()?.clone().flatten()
+    }
 }
 
 /// Releases `ticket`'s key: hands the lock to the first key of `chain` if it may (see the
