@@ -10,11 +10,11 @@ use tokio::task::JoinHandle;
 
 use crate::common::{EtcdServer, Sidecar, declare};
 
-/// Unary etcd requests made by `sidecars` so far.
-async fn requests(sidecars: &[Arc<Sidecar>]) -> f64 {
+/// What `sidecars` made of `metric` so far, together.
+async fn total(sidecars: &[Arc<Sidecar>], metric: &str) -> f64 {
     let mut total = 0.0;
     for s in sidecars {
-        total += s.metric("podlock_etcd_requests_total").await;
+        total += s.metric(metric).await;
     }
     total
 }
@@ -22,6 +22,11 @@ async fn requests(sidecars: &[Arc<Sidecar>]) -> f64 {
 /// `contenders` sidecars take and release the lock `busy` (declared with `options`) `rounds`
 /// times each, all at once; returns the etcd requests they made per grant.
 async fn requests_per_grant(contenders: usize, rounds: usize, options: &[&str]) -> f64 {
+    per_grant(contenders, rounds, options).await.0
+}
+
+/// Like [`requests_per_grant`], with the watches they created per grant.
+async fn per_grant(contenders: usize, rounds: usize, options: &[&str]) -> (f64, f64) {
     let etcd = EtcdServer::start().await;
     declare(&etcd.endpoint, &[&["busy"], options].concat());
     let mut sidecars = vec![];
@@ -33,7 +38,11 @@ async fn requests_per_grant(contenders: usize, rounds: usize, options: &[&str]) 
         assert_eq!(s.post("busy", "release", json!({})).await.0, 200);
         sidecars.push(Arc::new(s));
     }
-    let before = requests(&sidecars).await;
+    let metrics = ["podlock_etcd_requests_total", "podlock_etcd_watches_total"];
+    let before = [
+        total(&sidecars, metrics[0]).await,
+        total(&sidecars, metrics[1]).await,
+    ];
     let loops: Vec<_> = (sidecars.iter().cloned())
         .map(|s| {
             tokio::spawn(async move {
@@ -47,7 +56,12 @@ async fn requests_per_grant(contenders: usize, rounds: usize, options: &[&str]) 
     for l in loops {
         l.await.unwrap();
     }
-    (requests(&sidecars).await - before) / (contenders * rounds) as f64
+    let grants = (contenders * rounds) as f64;
+    let requests = (total(&sidecars, metrics[0]).await - before[0]) / grants;
+    (
+        requests,
+        (total(&sidecars, metrics[1]).await - before[1]) / grants,
+    )
 }
 
 #[tokio::test]
@@ -71,6 +85,20 @@ async fn a_busy_mutex_costs_about_two_requests_per_grant() {
     assert!(
         per_grant <= 2.6,
         "{per_grant:.2} etcd requests per grant with 4 contenders (enqueue, release, a read per chain)"
+    );
+}
+
+/// A waiter makes one watch, of the key ahead of it; its own key and the settings, and a
+/// hold's key, are followed on the lock's feed its process made once (`etcd::feed`). Before
+/// the feed, a busy mutex made about four watches per grant.
+#[tokio::test]
+async fn a_busy_mutex_makes_about_one_watch_per_grant() {
+    let (_, watches) = per_grant(4, 25, &[]).await;
+    eprintln!("etcd watches created per grant, 4 contenders: {watches:.2}");
+    // One per wait (the first waiter's, from now, is made again when etcd left it unsynced).
+    assert!(
+        watches <= 1.3,
+        "{watches:.2} etcd watches created per grant with 4 contenders (one per wait)"
     );
 }
 

@@ -14,6 +14,7 @@ use tracing::{debug, warn};
 
 use crate::lock::Engine;
 use crate::lock::error::{LockError, Unavailable};
+use crate::lock::etcd::Etcd;
 use crate::lock::etcd::session::Session;
 use crate::lock::holdings::hold::{Hold, Terms};
 use crate::lock::holdings::max_hold::MaxHold;
@@ -25,7 +26,6 @@ use crate::lock::protocol::entry::{Entry, rfc3339};
 use crate::lock::protocol::names::{LockId, check_holder_id};
 use crate::lock::protocol::token::Token;
 use crate::lock::protocol::{Ask, Position, Standing};
-use crate::lock::etcd::Etcd;
 use crate::lock::txn::handoff::{self, Chain, NextKeys};
 use crate::lock::txn::queue::{self, Enqueued, Ticket};
 use crate::lock::txn::settings::Declared;
@@ -100,7 +100,11 @@ impl Engine {
         let handed_on = placed.held().is_none();
         let (seen, mark) = if let Some(at) = placed.held() {
             (
-                Granted { at, chain: vec![], handed: false },
+                Granted {
+                    at,
+                    chain: vec![],
+                    handed: false,
+                },
                 MarkWhen::for_grant(true, declared.settings.max_holders, req.mode),
             )
         } else {
@@ -379,7 +383,13 @@ pub(super) fn check_lease(session: &Session) -> Result<(), LockError> {
 /// What the hold of `ticket` granted under `declared` may hand on with: the chain its grant
 /// came with, or, for a grant handed on without one, the keys behind it read now (see
 /// [`NextKeys`]).
-fn next_keys(etcd: &Etcd, (lock, ticket): (&LockId, &Ticket), declared: &Declared, ask: Ask, seen: Granted) -> NextKeys {
+fn next_keys(
+    etcd: &Etcd,
+    (lock, ticket): (&LockId, &Ticket),
+    declared: &Declared,
+    ask: Ask,
+    seen: Granted,
+) -> NextKeys {
     match seen.handed && seen.chain.is_empty() && handoff::possible(ask.mode) {
         true => NextKeys::read(etcd, lock, ticket, declared, ask),
         false => NextKeys::known(Chain::of(declared, ask, seen.chain)),

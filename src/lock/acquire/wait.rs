@@ -91,7 +91,11 @@ pub async fn wait_turn(
         match now.position {
             Position::Holder => {
                 let (at, chain) = (now.revision, now.chain);
-                return Ok(Turn::Granted(Granted { at, chain, handed: false }));
+                return Ok(Turn::Granted(Granted {
+                    at,
+                    chain,
+                    handed: false,
+                }));
             }
             Position::Gone => return Ok(Turn::Gone),
             Position::TooLarge => return Ok(Turn::TooLarge),
@@ -118,7 +122,11 @@ pub async fn wait_turn(
         match timeout_at(deadline, woken(&mut watch, (ticket, ask))).await {
             Err(_) => return Ok(Turn::TimedOut),
             Ok(Woken::Granted(at, chain)) => {
-                return Ok(Turn::Granted(Granted { at, chain, handed: true }));
+                return Ok(Turn::Granted(Granted {
+                    at,
+                    chain,
+                    handed: true,
+                }));
             }
             Ok(Woken::Read) => {}
             // A broken watch (etcd restart, leader change) is not fatal: re-read and re-watch.

@@ -22,7 +22,7 @@ use tokio::time::{Instant, timeout};
 
 use super::mux::{self, Command};
 use super::watch::Target;
-use super::{Etcd, link::Link, Stats};
+use super::{Etcd, Stats, link::Link};
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::protocol::names::LockId;
 
@@ -31,9 +31,10 @@ use crate::lock::protocol::names::LockId;
 pub(super) const LINGER: Duration = Duration::from_secs(10);
 
 /// How many of its latest changes a feed keeps for followers that read before they subscribed.
-/// A wait subscribes within milliseconds of its read; a feed's keys change a few times per
-/// grant of this process.
-const KEEP: usize = 256;
+/// A wait subscribes within milliseconds of its read, and a feed's keys change a few times per
+/// grant of this process; a sidecar follows up to hundreds of locks, so the memory is kept
+/// small (a follower that read before the oldest change kept reads again).
+const KEEP: usize = 64;
 
 /// How many notes a follower may fall behind before it is told to read again.
 const BACKLOG: usize = 1024;
@@ -139,7 +140,12 @@ impl Feeds {
         }
         shared.generations += 1;
         let generation = shared.generations;
-        let commands = mux::spawn(self.link.clone(), self.stats.clone(), Arc::downgrade(self), generation);
+        let commands = mux::spawn(
+            self.link.clone(),
+            self.stats.clone(),
+            Arc::downgrade(self),
+            generation,
+        );
         shared.stream = Some((generation, commands.clone()));
         (generation, commands)
     }
@@ -219,7 +225,8 @@ impl Feed {
         let mut kept = self.kept.lock().unwrap();
         kept.ended.get_or_insert_with(|| why.clone());
         let _ = self.notes.send(Note::Ended(why.clone()));
-        self.ready.send_if_modified(|r| r.is_none() && r.replace(Err(why)).is_none());
+        self.ready
+            .send_if_modified(|r| r.is_none() && r.replace(Err(why)).is_none());
     }
 }
 
@@ -249,7 +256,13 @@ impl Etcd {
             Ok(Ok(Some(Ok(start)))) => start,
             Ok(Ok(Some(Err(why)))) => return Err(ended(&why)),
             Ok(_) => return Err(ended("the feed closed")),
-            Err(_) => return Err(Unavailable::MemberStalled { what: "did not open a watch", within: OPENING }.into()),
+            Err(_) => {
+                return Err(Unavailable::MemberStalled {
+                    what: "did not open a watch",
+                    within: OPENING,
+                }
+                .into());
+            }
         };
         let kept = sub.feed.kept.lock().unwrap();
         if let Some(why) = &kept.ended {

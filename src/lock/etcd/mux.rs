@@ -16,11 +16,11 @@ use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior, interval, sleep_until, timeout};
 use tracing::debug;
 
+use super::Stats;
 use super::feed::{Feed, Feeds};
 use super::link::Link;
 use super::members::Members;
 use super::watch::WATCH_SILENCE;
-use super::Stats;
 
 /// What a stream's task is asked to do.
 pub(super) enum Command {
@@ -38,7 +38,12 @@ const SWEEP: Duration = Duration::from_secs(1);
 
 /// Opens a stream for the feeds of `generation` on the first [`Command::Open`] sent to the
 /// returned channel.
-pub(super) fn spawn(link: Link, stats: Arc<Stats>, feeds: Weak<Feeds>, generation: u64) -> mpsc::Sender<Command> {
+pub(super) fn spawn(
+    link: Link,
+    stats: Arc<Stats>,
+    feeds: Weak<Feeds>,
+    generation: u64,
+) -> mpsc::Sender<Command> {
     let (commands, mut rx) = mpsc::channel(COMMANDS);
     tokio::spawn(async move {
         let mut mux = Mux {
@@ -175,7 +180,10 @@ impl Mux {
                 continue;
             };
             for id in self.served.swap_remove(i).ids {
-                stream.cancel(id).await.map_err(|e| format!("could not cancel a watch: {e}"))?;
+                stream
+                    .cancel(id)
+                    .await
+                    .map_err(|e| format!("could not cancel a watch: {e}"))?;
             }
         }
         Ok(())
@@ -224,7 +232,10 @@ impl Mux {
     }
 }
 
-async fn send(stream: &mut WatchStream, requests: Vec<(Vec<u8>, etcd_client::WatchOptions)>) -> Result<(), Arc<str>> {
+async fn send(
+    stream: &mut WatchStream,
+    requests: Vec<(Vec<u8>, etcd_client::WatchOptions)>,
+) -> Result<(), Arc<str>> {
     for (key, options) in requests {
         (stream.watch(key, Some(options)).await).map_err(|e| format!("could not make a watch: {e}"))?;
     }

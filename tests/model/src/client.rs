@@ -37,7 +37,12 @@ impl Protocol {
                 }
                 can(Step::GiveUp);
             }
-            Phase::Holding { recorded, chain, ticket, .. } => {
+            Phase::Holding {
+                recorded,
+                chain,
+                ticket,
+                ..
+            } => {
                 if !recorded {
                     can(Step::Record);
                 }
