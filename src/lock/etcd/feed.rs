@@ -27,8 +27,9 @@ use crate::lock::error::{LockError, Unavailable};
 use crate::lock::protocol::names::LockId;
 
 /// How long a feed nobody follows is kept: a process that takes a lock again within it (a busy
-/// lock's contender, a retry) makes no new watch.
-pub(super) const LINGER: Duration = Duration::from_secs(10);
+/// lock's contender, a retry, the next burst) makes no new watch. An idle feed costs etcd two
+/// registered watches and no message (the stream's silence check is one per process).
+pub(super) const LINGER: Duration = Duration::from_secs(60);
 
 /// How many of its latest changes a feed keeps for followers that read before they subscribed.
 /// A wait subscribes within milliseconds of its read, and a feed's keys change a few times per
