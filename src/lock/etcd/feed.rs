@@ -13,15 +13,14 @@
 //! used for [`LINGER`] is cancelled.
 
 use etcd_client::Event;
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::{broadcast, mpsc};
 use tokio::time::{Instant, timeout};
 
-use super::mux::{self, Command};
-use super::watch::Target;
+use super::mux::{self, Command, Feed, Note, Registry, revision};
 use super::{Etcd, Stats, link::Link};
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::protocol::names::LockId;
@@ -31,18 +30,6 @@ use crate::lock::protocol::names::LockId;
 /// registered watches and no message (the stream's silence check is one per process).
 pub(super) const LINGER: Duration = Duration::from_secs(60);
 
-/// How many of its latest changes a feed keeps for followers that read before they subscribed.
-/// A wait subscribes within milliseconds of its read, and a feed's keys change a few times per
-/// grant of this process; a sidecar follows up to hundreds of locks, so the memory is kept
-/// small (a follower that read before the oldest change kept reads again).
-const KEEP: usize = 64;
-
-/// How many notes a follower may fall behind before it is told to read again. A follower waits
-/// on its feed, and a feed's keys change a few times per grant of its process; the channel's
-/// slots are allocated up front, per feed, and a sidecar may follow hundreds of locks (1,024
-/// slots took the scale benchmark's sidecar with 200 holds from 20.7 to 28.4 MiB).
-const BACKLOG: usize = 64;
-
 /// How long [`Subscription::settle`] waits for the feed to pass a revision: on loopback etcd
 /// answers a progress request within a millisecond; a stream with a watch still on etcd's
 /// catch-up path is not answered at all, and the waiter reads instead.
@@ -50,17 +37,6 @@ const SETTLE: Duration = Duration::from_millis(3);
 
 /// How long a follower waits for a new feed's watches to be made.
 const OPENING: Duration = Duration::from_millis(800);
-
-/// What a feed tells its followers, in order.
-#[derive(Clone, Debug)]
-pub(super) enum Note {
-    /// Changes etcd delivered, and the revision it delivered them at.
-    Changes(Arc<[Event]>, i64),
-    /// etcd delivered every change up to this revision (an answer to a progress request).
-    Seen(i64),
-    /// The feed ended (its stream broke, or etcd cancelled a watch): read again.
-    Ended(Arc<str>),
-}
 
 /// The feeds of one process, by lock and lease, and the stream they share.
 pub(in crate::lock) struct Feeds {
@@ -75,35 +51,6 @@ struct Shared {
     /// The current stream's generation and command channel, once one was opened.
     stream: Option<(u64, mpsc::Sender<Command>)>,
     generations: u64,
-}
-
-/// One lock's settings key and one lease's keys in its queue, watched on the shared stream.
-pub(super) struct Feed {
-    pub(super) targets: Vec<Target>,
-    pub(super) generation: u64,
-    commands: mpsc::Sender<Command>,
-    notes: broadcast::Sender<Note>,
-    kept: Mutex<Kept>,
-    /// `Some(Ok(start))` once its watches are made: it delivers every change after `start`.
-    ready: watch::Sender<Option<Result<i64, Arc<str>>>>,
-    followers: AtomicUsize,
-    idle_since: Mutex<Instant>,
-}
-
-/// A feed's memory of its latest changes.
-#[derive(Default)]
-struct Kept {
-    start: i64,
-    /// Every change after this revision is in `recent`.
-    floor: i64,
-    /// The newest revision etcd delivered everything up to.
-    seen: i64,
-    recent: VecDeque<Event>,
-    ended: Option<Arc<str>>,
-}
-
-fn revision(e: &Event) -> i64 {
-    e.kv().map_or(0, |kv| kv.mod_revision())
 }
 
 impl Feeds {
@@ -144,18 +91,15 @@ impl Feeds {
         }
         shared.generations += 1;
         let generation = shared.generations;
-        let commands = mux::spawn(
-            self.link.clone(),
-            self.stats.clone(),
-            Arc::downgrade(self),
-            generation,
-        );
+        let commands = mux::spawn(self.link.clone(), self.stats.clone(), registry(self), generation);
         shared.stream = Some((generation, commands.clone()));
         (generation, commands)
     }
+}
 
+impl Registry for Feeds {
     /// Removes the feeds of `generation` nobody followed for [`LINGER`], and returns them.
-    pub(super) fn idle(&self, generation: u64) -> Vec<Arc<Feed>> {
+    fn idle(&self, generation: u64) -> Vec<Arc<Feed>> {
         let mut shared = self.shared.lock().unwrap();
         let idle = |f: &Arc<Feed>| {
             f.generation == generation
@@ -170,67 +114,12 @@ impl Feeds {
     }
 
     /// Forgets the stream of `generation`, which ended, and its feeds.
-    pub(super) fn forget(&self, generation: u64) {
+    fn forget(&self, generation: u64) {
         let mut shared = self.shared.lock().unwrap();
         shared.feeds.retain(|_, f| f.generation != generation);
         if shared.stream.as_ref().is_some_and(|(g, _)| *g == generation) {
             shared.stream = None;
         }
-    }
-}
-
-impl Feed {
-    fn new(lock: &LockId, lease: i64, generation: u64, commands: mpsc::Sender<Command>) -> Arc<Self> {
-        let own = format!("{}{lease:016x}/", lock.queue_prefix());
-        let targets = vec![
-            Target::any_change(lock.config_key().as_bytes()),
-            Target::any_change_under(own.as_bytes()),
-        ];
-        Arc::new(Feed {
-            targets,
-            generation,
-            commands,
-            notes: broadcast::Sender::new(BACKLOG),
-            kept: Mutex::default(),
-            ready: watch::Sender::new(None),
-            followers: AtomicUsize::new(0),
-            idle_since: Mutex::new(Instant::now()),
-        })
-    }
-
-    /// Its watches are made: it delivers every change after `start`.
-    pub(super) fn started(&self, start: i64) {
-        let mut kept = self.kept.lock().unwrap();
-        (kept.start, kept.floor, kept.seen) = (start, start, start);
-        self.ready.send_replace(Some(Ok(start)));
-    }
-
-    /// Keeps `events`, delivered at `rev`, and passes them on.
-    pub(super) fn deliver(&self, events: &[Event], rev: i64) {
-        let mut kept = self.kept.lock().unwrap();
-        kept.recent.extend(events.iter().cloned());
-        while kept.recent.len() > KEEP {
-            let old = kept.recent.pop_front().expect("kept");
-            kept.floor = kept.floor.max(revision(&old));
-        }
-        kept.seen = kept.seen.max(rev);
-        let _ = self.notes.send(Note::Changes(events.into(), rev));
-    }
-
-    /// etcd delivered every change up to `rev`.
-    pub(super) fn seen(&self, rev: i64) {
-        let mut kept = self.kept.lock().unwrap();
-        kept.seen = kept.seen.max(rev);
-        let _ = self.notes.send(Note::Seen(rev));
-    }
-
-    /// The feed ended: its followers read again, and a new one replaces it.
-    pub(super) fn end(&self, why: Arc<str>) {
-        let mut kept = self.kept.lock().unwrap();
-        kept.ended.get_or_insert_with(|| why.clone());
-        let _ = self.notes.send(Note::Ended(why.clone()));
-        self.ready
-            .send_if_modified(|r| r.is_none() && r.replace(Err(why)).is_none());
     }
 }
 
@@ -281,6 +170,12 @@ impl Etcd {
         drop(kept);
         Ok(sub)
     }
+}
+
+/// `feeds` as the stream's task sees it.
+fn registry(feeds: &Arc<Feeds>) -> Weak<dyn Registry> {
+    let feeds: Arc<dyn Registry> = feeds.clone();
+    Arc::downgrade(&feeds)
 }
 
 fn ended(why: &str) -> LockError {
