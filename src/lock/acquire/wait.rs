@@ -58,6 +58,18 @@ pub struct Granted {
     pub handed: bool,
 }
 
+impl Granted {
+    /// The grant a read found in, at `now`.
+    fn read(now: Standing) -> Self {
+        let (at, chain) = (now.revision, now.chain);
+        Granted {
+            at,
+            chain,
+            handed: false,
+        }
+    }
+}
+
 /// How a wait ended.
 #[derive(Debug)]
 pub enum Turn {
@@ -89,14 +101,7 @@ pub async fn wait_turn(
     };
     loop {
         match now.position {
-            Position::Holder => {
-                let (at, chain) = (now.revision, now.chain);
-                return Ok(Turn::Granted(Granted {
-                    at,
-                    chain,
-                    handed: false,
-                }));
-            }
+            Position::Holder => return Ok(Turn::Granted(Granted::read(now))),
             Position::Gone => return Ok(Turn::Gone),
             Position::TooLarge => return Ok(Turn::TooLarge),
             _ => {}
@@ -121,13 +126,7 @@ pub async fn wait_turn(
         };
         match timeout_at(deadline, woken(&mut watch, (ticket, ask))).await {
             Err(_) => return Ok(Turn::TimedOut),
-            Ok(Woken::Granted(at, chain)) => {
-                return Ok(Turn::Granted(Granted {
-                    at,
-                    chain,
-                    handed: true,
-                }));
-            }
+            Ok(Woken::Granted(granted)) => return Ok(Turn::Granted(granted)),
             Ok(Woken::Read) => {}
             // A broken watch (etcd restart, leader change) is not fatal: re-read and re-watch.
             // If etcd is really gone, the read below fails and the caller gets the error.
@@ -142,8 +141,8 @@ pub async fn wait_turn(
 
 /// What woke a waiter.
 enum Woken {
-    /// A grant handed to it: the revision it holds from, and the chain handed on with it.
-    Granted(i64, Vec<Successor>),
+    /// A grant handed to it, with the chain handed on with it.
+    Granted(Granted),
     /// A change that may have moved it: read its position.
     Read,
     /// The watch broke.
@@ -175,7 +174,11 @@ async fn woken(w: &mut Watches, (ticket, ask): (&Ticket, Ask)) -> Woken {
         if handoff::possible(ask.mode)
             && let Some((at, chain)) = handed(&mut w.feed, ticket, &mine, &keys).await
         {
-            return Woken::Granted(at, chain);
+            return Woken::Granted(Granted {
+                at,
+                chain,
+                handed: true,
+            });
         }
         if !mine.is_empty() || !handoff::handed_to_others(&keys, ticket) {
             return Woken::Read;

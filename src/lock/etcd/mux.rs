@@ -103,6 +103,13 @@ pub(super) fn spawn(
     commands
 }
 
+/// An open stream, and the member serving it.
+struct Opened {
+    stream: WatchStream,
+    members: Arc<Members>,
+    member: Option<usize>,
+}
+
 /// A feed the stream serves: its watch ids, and how many etcd confirmed.
 struct Served {
     feed: Arc<Feed>,
@@ -126,11 +133,23 @@ impl Mux {
         generation: u64,
         commands: &mut mpsc::Receiver<Command>,
     ) -> Arc<str> {
+        match self.open(&link, commands).await {
+            Ok(opened) => self.serve_stream(opened, feeds, generation, commands).await,
+            Err(why) => why,
+        }
+    }
+
+    /// Opens the stream with the first feed sent, on a member picked for it.
+    async fn open(
+        &mut self,
+        link: &Link,
+        commands: &mut mpsc::Receiver<Command>,
+    ) -> Result<Opened, Arc<str>> {
         let first = loop {
             match commands.recv().await {
                 Some(Command::Open(feed)) => break feed,
                 Some(Command::Progress) => {}
-                None => return "no feed".into(),
+                None => return Err("no feed".into()),
             }
         };
         let clients = link.current();
@@ -141,12 +160,30 @@ impl Mux {
         let open = watches.watch(key, Some(options));
         let mut stream = match timeout(2 * WATCH_SILENCE, open).await {
             Ok(Ok(stream)) => stream,
-            Ok(Err(e)) => return format!("could not open a watch stream: {e}").into(),
-            Err(_) => return stalled(&clients.members, member),
+            Ok(Err(e)) => return Err(format!("could not open a watch stream: {e}").into()),
+            Err(_) => return Err(stalled(&clients.members, member)),
         };
-        if let Err(e) = send(&mut stream, requests).await {
-            return e;
-        }
+        send(&mut stream, requests).await?;
+        let members = clients.members.clone();
+        Ok(Opened {
+            stream,
+            members,
+            member,
+        })
+    }
+
+    /// Passes commands to the stream and its responses to the feeds, until it ends.
+    async fn serve_stream(
+        &mut self,
+        Opened {
+            mut stream,
+            members,
+            member,
+        }: Opened,
+        feeds: &Weak<dyn Registry>,
+        generation: u64,
+        commands: &mut mpsc::Receiver<Command>,
+    ) -> Arc<str> {
         let (mut heard, mut asked) = (Instant::now(), None::<Instant>);
         let mut sweep = interval(SWEEP);
         sweep.set_missed_tick_behavior(MissedTickBehavior::Delay);
@@ -174,7 +211,7 @@ impl Mux {
                 }
                 _ = sleep_until(check_at) => {
                     if asked.is_some() {
-                        return stalled(&clients.members, member);
+                        return stalled(&members, member);
                     }
                     if let Err(e) = progress(&mut stream).await {
                         return e;
@@ -373,7 +410,13 @@ impl Feed {
         let mut kept = self.kept.lock().unwrap();
         kept.ended.get_or_insert_with(|| why.clone());
         let _ = self.notes.send(Note::Ended(why.clone()));
-        self.ready
-            .send_if_modified(|r| r.is_none() && r.replace(Err(why)).is_none());
+        // Followers still waiting for the feed to open learn that it never will.
+        self.ready.send_if_modified(|ready| {
+            let waiting = ready.is_none();
+            if waiting {
+                *ready = Some(Err(why));
+            }
+            waiting
+        });
     }
 }
