@@ -30,10 +30,14 @@ use crate::lock::protocol::names::LockId;
 /// registered watches and no message (the stream's silence check is one per process).
 pub(super) const LINGER: Duration = Duration::from_secs(60);
 
-/// How long [`Subscription::settle`] waits for the feed to pass a revision: on loopback etcd
-/// answers a progress request within a millisecond; a stream with a watch still on etcd's
-/// catch-up path is not answered at all, and the waiter reads instead.
-const SETTLE: Duration = Duration::from_millis(3);
+/// How long [`Subscription::settle`] waits for the feed to pass a revision. It ends as soon as
+/// the feed passes it: on loopback the grant's event or etcd's answer to the progress request
+/// comes within a millisecond. The bound matters only when that answer does not come (a stream
+/// with a watch still on etcd's catch-up path is not answered until the watch is synced, at
+/// most 100 ms) or a busy machine runs the process late; then the waiter reads instead. At
+/// 3 ms, a loaded 2-core machine (the test suite in parallel) ran past it and read after a
+/// release that had handed it the grant.
+const SETTLE: Duration = Duration::from_millis(20);
 
 /// How long a follower waits for a new feed's watches to be made.
 const OPENING: Duration = Duration::from_millis(800);
