@@ -59,14 +59,14 @@ fn main() -> anyhow::Result<()> {
         LogFormat::Json => logs.json().init(),
         LogFormat::Text => logs.init(),
     }
-    // A sidecar serves one pod: one thread does it with less CPU and memory, and no
-    // cross-thread wake-ups on the lock's hot path. The operator gets a thread per core.
-    let runtime = match cli.command {
-        Command::Operator(_) => tokio::runtime::Runtime::new()?,
-        _ => tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()?,
-    };
+    // One thread for every command. A sidecar serves one pod: one thread does it with less CPU
+    // and memory, and no cross-thread wake-ups on the lock's hot path. The operator too: with a
+    // thread per core it spent about a third of its CPU waking and parking threads (futex,
+    // the scheduler), and took 2.2 to 2.5 s of CPU to bring 1,000 locks Ready against 1.4 to
+    // 1.6 s on one thread, as fast (bench/README.md, "The operator's CPU").
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     runtime.block_on(async {
         match cli.command {
             Command::Sidecar(args) => sidecar::run(args).await,
