@@ -18,7 +18,6 @@ mod measure;
 mod path;
 mod peers;
 mod profile;
-mod socket;
 mod table;
 
 use std::time::Duration;
@@ -63,13 +62,6 @@ async fn main() {
         let etcd = EtcdServer::start().await;
         let path = path::measure(&etcd, n as usize, Duration::from_secs(secs)).await;
         return println!("{}", path.table(n as usize));
-    }
-    if let Some(i) = args.iter().position(|a| a == "--unix-socket") {
-        let number = |j: usize| args.get(j).and_then(|v| v.parse::<usize>().ok());
-        let (Some(cycles), Some(rounds)) = (number(i + 1), number(i + 2)) else {
-            panic!("usage: --unix-socket CYCLES ROUNDS");
-        };
-        return socket::compare(cycles, rounds).await;
     }
     let quick = args.iter().any(|a| a == "--quick");
     let machine = results::machine();

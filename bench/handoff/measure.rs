@@ -22,30 +22,13 @@ impl Podlock {
         let mut out = vec![];
         for i in 0..n {
             let sidecar = Sidecar::start(&etcd.endpoint, &format!("bench-{lock}-{i}"), &[]).await;
-            out.push(Arc::new(Podlock::on(sidecar, lock)));
+            out.push(Arc::new(Podlock {
+                sidecar,
+                http: reqwest::Client::new(),
+                lock: lock.into(),
+            }));
         }
         out
-    }
-
-    /// A contender for `lock` through `sidecar`, over TCP.
-    pub fn on(sidecar: Sidecar, lock: &str) -> Podlock {
-        Podlock {
-            sidecar,
-            http: reqwest::Client::new(),
-            lock: lock.into(),
-        }
-    }
-
-    /// From now on, calls the sidecar over its Unix socket at `path` (its `--listen-unix`), or
-    /// over TCP again (`None`), on a new connection either way.
-    pub fn use_unix_socket(&mut self, path: Option<&std::path::Path>) {
-        let client = reqwest::Client::builder();
-        self.http = match path {
-            Some(path) => client.unix_socket(path),
-            None => client,
-        }
-        .build()
-        .expect("an HTTP client");
     }
 
     async fn call(&self, verb: &str, body: serde_json::Value) {

@@ -25,10 +25,6 @@ pub struct SidecarArgs {
     /// judges the pod.
     #[arg(long, env = "PODLOCK_CLUSTER", default_value = "", value_parser = crate::lock::cluster_name)]
     pub cluster: String,
-    /// Also serve the lock API on this Unix socket path, for clients that share the pod's
-    /// filesystem (an `emptyDir` mounted in both containers). A stale socket file is replaced.
-    #[arg(long, env = "PODLOCK_LISTEN_UNIX")]
-    pub listen_unix: Option<std::path::PathBuf>,
     /// Also serve /healthz, /readyz and /metrics (only those) here, e.g. 0.0.0.0:4041 for
     /// kubelet probes and Prometheus; the lock API stays on --listen.
     #[arg(long, env = "PODLOCK_HEALTH_LISTEN")]

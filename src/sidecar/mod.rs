@@ -30,24 +30,10 @@ pub async fn run(args: SidecarArgs) -> anyhow::Result<()> {
         Some(addr) => Some(bind_any_family(addr).await?),
         None => None,
     };
-    let unix = args.listen_unix.as_deref().map(bind_unix).transpose()?;
-    info!(listen = %args.listen, unix = ?args.listen_unix, namespace = args.namespace, standalone = args.standalone, "sidecar serving");
+    info!(listen = %args.listen, namespace = args.namespace, standalone = args.standalone, "sidecar serving");
     let started = startup::Started::default();
     tokio::spawn(started.clone().connect(args));
-    serve(started, (listener, unix), health).await
-}
-
-/// Binds a Unix socket at `path`, replacing a file left there (by an earlier run of this
-/// container: the socket's directory is the pod's).
-fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
-            anyhow::bail!("cannot replace {}: {e}", path.display())
-        }
-        _ => {}
-    }
-    tokio::net::UnixListener::bind(path)
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))
+    serve(started, listener, health).await
 }
 
 async fn bind(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
@@ -73,20 +59,13 @@ async fn bind_any_family(addr: SocketAddr) -> anyhow::Result<tokio::net::TcpList
 /// probes or its API gone.
 async fn serve(
     started: startup::Started,
-    (listener, unix): (tokio::net::TcpListener, Option<tokio::net::UnixListener>),
+    listener: tokio::net::TcpListener,
     health: Option<tokio::net::TcpListener>,
 ) -> anyhow::Result<()> {
     let health_app = started.health();
     let health = async move {
         match health {
             Some(listener) => axum::serve(listener, health_app).await,
-            None => std::future::pending().await,
-        }
-    };
-    let unix_app = started.api();
-    let unix = async move {
-        match unix {
-            Some(listener) => axum::serve(listener, unix_app).await,
             None => std::future::pending().await,
         }
     };
@@ -114,10 +93,6 @@ async fn serve(
         failed = health => {
             shutdown().await;
             anyhow::bail!("the health listener failed: {failed:?}");
-        }
-        failed = unix => {
-            shutdown().await;
-            anyhow::bail!("the Unix socket listener failed: {failed:?}");
         }
         _ = term.recv() => info!("SIGTERM: ending every hold"),
         _ = tokio::signal::ctrl_c() => info!("interrupted: ending every hold"),
