@@ -257,9 +257,14 @@ proxy_and_scheduler_up() {
     --healthz-bind-address "127.0.0.1:$(free_port)" --metrics-bind-address "127.0.0.1:$(free_port)" \
     --iptables-localhost-nodeports=false --conntrack-max-per-core 0 \
     --conntrack-tcp-timeout-established 0 --conntrack-tcp-timeout-close-wait 0
+  # A StatefulSet's pod can reach the scheduler before its new PersistentVolumeClaim reaches
+  # the scheduler's cache ("unbound immediate PersistentVolumeClaims. not found"); the claim's
+  # arrival did not always move the pod back to the active queue, and it then waited out the
+  # default 5 minutes, as long as the demo's `helm install --wait`. Retry such a pod after 10 s.
   start kube-scheduler "$BIN/kube-scheduler" --kubeconfig "$KUBECONFIG" \
     --authentication-kubeconfig "$KUBECONFIG" --authorization-kubeconfig "$KUBECONFIG" \
-    --leader-elect=false --secure-port "$(free_port)" --bind-address 127.0.0.1
+    --leader-elect=false --secure-port "$(free_port)" --bind-address 127.0.0.1 \
+    --pod-max-in-unschedulable-pods-duration 10s
 }
 
 # NetworkPolicy enforcement: kube-router's network policy controller alone (no routing, no
