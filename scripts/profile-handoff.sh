@@ -11,13 +11,7 @@ cd "$(dirname "$0")/.."
 n=${1:-8} secs=${2:-20}
 step() { printf '\033[1m[profile]\033[0m %s\n' "$*" >&2; }
 bash scripts/setup.sh >/dev/null
-step "building the benchmark (release)"
-cargo bench --bench handoff --no-run 2>&1 | tail -1 >&2
-bench=
-for f in target/release/deps/handoff-*; do # the newest, but for the .d files
-  case $f in *.d) continue ;; esac
-  if [ -z "$bench" ] || [ "$f" -nt "$bench" ]; then bench=$f; fi
-done
+bench=$(scripts/bench-binary.sh handoff)
 out=target/profile
 mkdir -p "$out"
 step "podlock, $n contenders, ${secs} s, under perf record -a -g (99 Hz)"

@@ -14,13 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\033[1m[profile]\033[0m %s\n' "$*" >&2; }
 bash scripts/setup.sh --kubernetes >/dev/null
-step "building the benchmark (release)"
-cargo bench --bench scale --no-run 2>&1 | tail -1 >&2
-bench=
-for f in target/release/deps/scale-*; do # the newest, but for the .d files
-  case $f in *.d) continue ;; esac
-  if [ -z "$bench" ] || [ "$f" -nt "$bench" ]; then bench=$f; fi
-done
+bench=$(scripts/bench-binary.sh scale)
 out=target/profile
 mkdir -p "$out"
 step "the scale benchmark, quick size, the operator under perf record (199 Hz, dwarf call graphs)"
