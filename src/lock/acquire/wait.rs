@@ -61,11 +61,19 @@ pub struct Granted {
 impl Granted {
     /// The grant a read found in, at `now`.
     fn read(now: Standing) -> Self {
-        let (at, chain) = (now.revision, now.chain);
+        Granted {
+            at: now.revision,
+            chain: now.chain,
+            handed: false,
+        }
+    }
+
+    /// The grant a release handed on at `at`, with the chain that came with it.
+    fn handed((at, chain): (i64, Vec<Successor>)) -> Self {
         Granted {
             at,
             chain,
-            handed: false,
+            handed: true,
         }
     }
 }
@@ -172,13 +180,9 @@ async fn woken(w: &mut Watches, (ticket, ask): (&Ticket, Ask)) -> Woken {
             critical_path::mark_at(Point::WaitEvent, ticket.revision, newest.unwrap_or(0), at);
         }
         if handoff::possible(ask.mode)
-            && let Some((at, chain)) = handed(&mut w.feed, ticket, &mine, &keys).await
+            && let Some(grant) = handed(&mut w.feed, ticket, &mine, &keys).await
         {
-            return Woken::Granted(Granted {
-                at,
-                chain,
-                handed: true,
-            });
+            return Woken::Granted(Granted::handed(grant));
         }
         if !mine.is_empty() || !handoff::handed_to_others(&keys, ticket) {
             return Woken::Read;

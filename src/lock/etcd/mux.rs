@@ -342,7 +342,6 @@ pub(super) struct Feed {
 /// A feed's memory of its latest changes.
 #[derive(Default)]
 pub(super) struct Kept {
-    pub(super) start: i64,
     /// Every change after this revision is in `recent`.
     pub(super) floor: i64,
     /// The newest revision etcd delivered everything up to.
@@ -382,7 +381,7 @@ impl Feed {
     /// Its watches are made: it delivers every change after `start`.
     pub(super) fn started(&self, start: i64) {
         let mut kept = self.kept.lock().unwrap();
-        (kept.start, kept.floor, kept.seen) = (start, start, start);
+        (kept.floor, kept.seen) = (start, start);
         self.ready.send_replace(Some(Ok(start)));
     }
 
