@@ -47,21 +47,16 @@ struct Run {
 #[tokio::main]
 async fn main() {
     let args: Vec<String> = std::env::args().collect();
-    if let Some(i) = args.iter().position(|a| a == "--podlock-only") {
-        let number = |j: usize| args.get(j).and_then(|v| v.parse::<u64>().ok());
-        let (Some(n), Some(secs)) = (number(i + 1), number(i + 2)) else {
-            panic!("usage: --podlock-only CONTENDERS SECONDS");
-        };
-        return profile::podlock_only(n as usize, Duration::from_secs(secs)).await;
+    if let Some((n, window)) = mode(&args, "--podlock-only") {
+        return profile::podlock_only(n, window).await;
     }
-    if let Some(i) = args.iter().position(|a| a == "--critical-path") {
-        let number = |j: usize| args.get(j).and_then(|v| v.parse::<u64>().ok());
-        let (Some(n), Some(secs)) = (number(i + 1), number(i + 2)) else {
-            panic!("usage: --critical-path CONTENDERS SECONDS");
-        };
+    if let Some((n, window)) = mode(&args, "--floor-only") {
+        return profile::floor_only(n, window).await;
+    }
+    if let Some((n, window)) = mode(&args, "--critical-path") {
         let etcd = EtcdServer::start().await;
-        let path = path::measure(&etcd, n as usize, Duration::from_secs(secs)).await;
-        return println!("{}", path.table(n as usize));
+        let path = path::measure(&etcd, n, window).await;
+        return println!("{}", path.table(n));
     }
     let quick = args.iter().any(|a| a == "--quick");
     let machine = results::machine();
@@ -108,6 +103,16 @@ async fn main() {
     }
     .write();
     println!("\nwritten: {written}");
+}
+
+/// The contenders and seconds after `flag` (`--podlock-only 8 20`), if `args` name it.
+fn mode(args: &[String], flag: &str) -> Option<(usize, Duration)> {
+    let i = args.iter().position(|a| a == flag)?;
+    let number = |j: usize| args.get(j).and_then(|v| v.parse::<u64>().ok());
+    let (Some(n), Some(secs)) = (number(i + 1), number(i + 2)) else {
+        panic!("usage: {flag} CONTENDERS SECONDS");
+    };
+    Some((n as usize, Duration::from_secs(secs)))
 }
 
 /// The contenders of the critical path's run: a mutex as contended as the 8-contender rows.

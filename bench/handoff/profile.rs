@@ -1,10 +1,13 @@
 //! `--podlock-only CONTENDERS SECONDS`: podlock alone, for a profiler to watch
 //! (`scripts/profile-handoff.sh`): the handoff rate, the waits' distribution, the gaps
 //! between grants, where a stall of the whole queue shows, and the sidecars' CPU per grant.
+//! `--floor-only CONTENDERS SECONDS`: the 2-writes floor alone, for the same profiler
+//! (`scripts/profile-etcd.sh` sets one beside the other).
 
 use std::time::Duration;
 
 use crate::common::{EtcdServer, declare, usage};
+use crate::floor::{Floor, ring};
 use crate::measure::{Podlock, contended, warm_up};
 
 /// `--podlock-only N SECONDS`: podlock alone, `n` contenders for `window`, for a profiler to
@@ -46,6 +49,21 @@ pub async fn podlock_only(n: usize, window: Duration) {
     let buckets = [20, 30, 50, 100, 200].map(|ms| format!(">= {ms} ms: {}", slow(ms)));
     println!("slow waits: {}", buckets.join(", "));
     print_gaps(&r.grants_at);
+}
+
+/// `--floor-only N SECONDS`: the 2-writes floor's ring of `n` contenders alone for `window`, for
+/// a profiler to watch (`scripts/profile-etcd.sh`); prints its rate and etcd's CPU.
+pub async fn floor_only(n: usize, window: Duration) {
+    let etcd = EtcdServer::start().await;
+    println!(
+        "floor (2 writes), {n} contenders, etcd pid {}: running for {window:?}",
+        etcd.pid()
+    );
+    let r = ring(&etcd.endpoint, etcd.pid(), n, window, Floor::TwoWrites).await;
+    println!(
+        "handoffs/s {:.0}; etcd's CPU s per 1,000 handoffs {:.2}, the ring's {:.2}",
+        r.rate, r.etcd_cpu, r.client_cpu
+    );
 }
 
 /// The time between consecutive grants: a stall of the whole lock (every waiter's wait grows by
