@@ -2,7 +2,7 @@
 
 use crate::etcd_transport;
 use clap::Args;
-use etcd_client::{Certificate, Client, ConnectOptions, Identity, TlsOptions};
+use etcd_client::{Certificate, Channel, Client, ConnectOptions, Identity, TlsOptions};
 use std::path::PathBuf;
 use std::time::Duration;
 use tonic::transport::Endpoint;
@@ -106,7 +106,7 @@ impl EtcdArgs {
         let connected = match (endpoints, tls) {
             ([one], tls) => {
                 let channel = etcd_transport::channel(&endpoint(one, tls)?);
-                Client::from_channel(channel, Some(opts)).await
+                Client::from_channel(Channel::Tonic(channel), Some(opts)).await
             }
             (_, Some(tls)) => Client::connect(endpoints, Some(opts.with_tls(tls))).await,
             (_, None) => Client::connect(endpoints, Some(opts)).await,

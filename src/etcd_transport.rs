@@ -9,42 +9,19 @@
 //! [`Coalescing`] does the same at the socket: a flush with bytes pending first lets every other
 //! ready task run once (it wakes itself and yields), then writes everything queued by then in
 //! one `writev`.
-//!
-//! The end of a request's stream is a frame of its own for another reason: tonic's request body
-//! learns that it has no more messages only when it is polled once more, so hyper sends the
-//! message's DATA frame without END_STREAM and, once h2 grants the stream more window (after
-//! the connection task wrote the first frames), an empty DATA frame that ends it: a second
-//! write, about 200 µs later, for every unary request. [`EndKnown`] looks one frame ahead so
-//! the last message carries the end.
 
-use etcd_client::Channel;
-use hyper::body::{Body, Bytes, Frame, SizeHint};
 use hyper::rt::{Read, ReadBufCursor, Write};
 use hyper_util::rt::TokioIo;
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
-use tonic::Status;
-use tonic::transport::{Endpoint, Uri};
-use tower::ServiceExt;
-use tower::util::BoxCloneSyncService;
+use tonic::transport::{Channel, Endpoint, Uri};
 
 /// Bytes held before a write goes to the socket without waiting for the flush.
 const HOLD_AT_MOST: usize = 64 * 1024;
 
-/// A lazily connected channel to the single member at `endpoint`, its writes coalesced and
-/// each request's end sent with its last message.
+/// A lazily connected channel to the single member at `endpoint`, its writes coalesced.
 pub fn channel(endpoint: &Endpoint) -> Channel {
-    let channel = connect_lazy(endpoint)
-        .map_request(|request: hyper::Request<tonic::body::Body>| {
-            request.map(|body| tonic::body::Body::new(EndKnown::new(body)))
-        })
-        .map_err(tower::BoxError::from);
-    Channel::Custom(BoxCloneSyncService::new(channel))
-}
-
-/// The tonic channel under [`channel`].
-fn connect_lazy(endpoint: &Endpoint) -> tonic::transport::Channel {
     endpoint.connect_with_connector_lazy(tower::service_fn(|uri: Uri| async move {
         let host = uri.host().unwrap_or("localhost").trim_matches(['[', ']']);
         let default_port = if uri.scheme_str() == Some("https") {
@@ -56,68 +33,6 @@ fn connect_lazy(endpoint: &Endpoint) -> tonic::transport::Channel {
         stream.set_nodelay(true)?;
         Ok::<_, io::Error>(Coalescing::new(TokioIo::new(stream)))
     }))
-}
-
-/// A request body that knows it has ended as soon as its last frame is taken (see the module's
-/// documentation): after each frame it polls its inner body once more and keeps what that gives.
-pub struct EndKnown<B> {
-    inner: B,
-    /// The frame polled ahead, to give next.
-    ahead: Option<Result<Frame<Bytes>, Status>>,
-    /// Whether the inner body said it has nothing more.
-    ended: bool,
-}
-
-impl<B> EndKnown<B> {
-    /// Wraps `inner`.
-    pub fn new(inner: B) -> Self {
-        EndKnown {
-            inner,
-            ahead: None,
-            ended: false,
-        }
-    }
-}
-
-impl<B: Body<Data = Bytes, Error = Status> + Unpin> Body for EndKnown<B> {
-    type Data = Bytes;
-    type Error = Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        let this = &mut *self;
-        let frame = match this.ahead.take() {
-            Some(frame) => frame,
-            None if this.ended => return Poll::Ready(None),
-            None => match ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
-                Some(frame) => frame,
-                None => {
-                    this.ended = true;
-                    return Poll::Ready(None);
-                }
-            },
-        };
-        // A body with nothing ready stays open: its waker is registered by this poll.
-        match Pin::new(&mut this.inner).poll_frame(cx) {
-            Poll::Ready(Some(next)) => this.ahead = Some(next),
-            Poll::Ready(None) => this.ended = true,
-            Poll::Pending => {}
-        }
-        Poll::Ready(Some(frame))
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.ahead.is_none() && (self.ended || self.inner.is_end_stream())
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        match self.ahead {
-            Some(_) => SizeHint::default(),
-            None => self.inner.size_hint(),
-        }
-    }
 }
 
 /// A writer that holds what is written until a flush, and on a flush lets the other ready tasks
