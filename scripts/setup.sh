@@ -5,7 +5,7 @@
 #   redis-server      Debian's redis-server, for the Redis lock peer in bench/ (not started as
 #                     a service; the benchmark starts its own on a free loopback port)
 #   ip, iptables      Debian's iproute2 and iptables (the safety checker's etcd partitions)
-#   perf              Debian's linux-perf (scripts/profile-handoff.sh, scripts/profile-operator.sh)
+#   perf              Debian's linux-perf (scripts/profile-handoff.sh, profile-etcd.sh, profile-operator.sh)
 #   python3           Debian's python3: examples/fenced_store.py (the demo's and the tests'
 #                     fenced store) and the Python client example
 #   javac, node       Debian's openjdk-17-jdk-headless and nodejs, which run the Java and Node
@@ -112,7 +112,7 @@ wanted redis-server test && apt_install redis-server redis-server "for bench/pee
 wanted python3 && apt_install python3 python3 "the fenced store of the demo and tests, the Python example"
 wanted ip && apt_install ip iproute2 "the safety checker's partitions, and the node's pod network"
 wanted iptables && apt_install iptables iptables "the safety checker's partitions, kube-proxy and the kubelet"
-wanted perf test && apt_install perf linux-perf "scripts/profile-handoff.sh and scripts/profile-operator.sh"
+wanted perf test && apt_install perf linux-perf "scripts/profile-handoff.sh, profile-etcd.sh and profile-operator.sh"
 wanted javac test && apt_install javac openjdk-17-jdk-headless "the Java client example's test"
 wanted node test && apt_install node nodejs "the Node client example's test"
 wanted shellcheck test && apt_install shellcheck shellcheck "the shell scripts' linter in scripts/test.sh"
