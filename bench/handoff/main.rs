@@ -382,9 +382,14 @@ impl EtcdWork {
         EtcdWork(std::array::from_fn(|i| self.0[i] - before.0[i]))
     }
 
+    /// Each per grant.
+    fn per_grant(&self, grants: f64) -> [f64; 3] {
+        self.0.map(|v| v / grants.max(1.0))
+    }
+
     /// The row: each per grant.
     fn row(&self, n: usize, grants: f64) -> Row {
-        let [requests, watches, events] = self.0.map(|v| v / grants.max(1.0));
+        let [requests, watches, events] = self.per_grant(grants);
         Row::new(format!(
             "etcd requests / watches created / watch events per grant, {n} contender(s)"
         ))

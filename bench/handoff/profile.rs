@@ -6,6 +6,7 @@
 
 use std::time::Duration;
 
+use crate::EtcdWork;
 use crate::common::{EtcdServer, declare, usage};
 use crate::floor::{Floor, ring};
 use crate::measure::{Podlock, contended, warm_up};
@@ -22,9 +23,10 @@ pub async fn podlock_only(n: usize, window: Duration) {
         etcd.pid()
     );
     let sidecars_cpu = || cs.iter().map(|c| usage(c.sidecar.pid()).1).sum::<f64>();
-    let cpu = sidecars_cpu();
+    let (cpu, work) = (sidecars_cpu(), EtcdWork::of(&cs).await);
     let r = contended(&cs, window).await;
     let cpu = sidecars_cpu() - cpu;
+    let work = EtcdWork::of(&cs).await.minus(&work);
     let mean = Duration::from_secs_f64(1.0 / r.handoffs_per_s.max(1e-9));
     println!(
         "handoffs/s {:.0}, mean handoff {:.2} ms, p99 wait {:.1} ms (FIFO predicts about {:.1} ms: {n} handoffs)",
@@ -37,6 +39,10 @@ pub async fn podlock_only(n: usize, window: Duration) {
         "sidecars' CPU s per 1,000 grants {:.2} ({cpu:.2} s over {} grants)",
         1000.0 * cpu / r.grants.max(1) as f64,
         r.grants
+    );
+    let [requests, watches, events] = work.per_grant(r.grants as f64);
+    println!(
+        "etcd requests / watches created / watch events per grant: {requests:.3} / {watches:.3} / {events:.3}"
     );
     let quantiles = quantiles(&r.waits, &[0.5, 0.9, 0.99, 0.999, 1.0]);
     println!("waits over {} grants: {quantiles}", r.waits.len());
