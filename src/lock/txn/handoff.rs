@@ -130,10 +130,7 @@ pub fn chain_of(kvs: &[KeyValue]) -> Vec<Successor> {
 /// lock on like any other, rather than leave the next waiter to wake on the deletion and read
 /// (the protocol model's `Refill`). The read costs what the waiter's would have.
 #[derive(Debug, Clone)]
-pub struct NextKeys(
-    watch::Receiver<Option<Option<Chain>>>,
-    Option<std::sync::Arc<watch::Sender<bool>>>,
-);
+pub struct NextKeys(watch::Receiver<Option<Option<Chain>>>);
 
 /// How long a release waits for the keys behind its hold to be read; past it, the release
 /// is the plain delete and the next waiter reads.
@@ -142,7 +139,7 @@ const READ_WAIT: Duration = Duration::from_millis(100);
 impl NextKeys {
     /// What a hold granted with `chain` (if it may hand on) hands on with.
     pub fn known(chain: Option<Chain>) -> Self {
-        NextKeys(watch::channel(Some(chain)).1, None)
+        NextKeys(watch::channel(Some(chain)).1)
     }
 
     /// Reads, in the background, the keys behind `ticket` granted under `declared` asking `ask`.
@@ -150,10 +147,7 @@ impl NextKeys {
         let (tx, rx) = watch::channel(None);
         let (etcd, read) = (etcd.clone(), Txn::new().and_then([behind(lock, ticket)]));
         let declared = declared.clone();
-        // Experiment: the read starts when the release asks for the chain, not at the grant.
-        let (go, mut asked) = watch::channel(false);
         tokio::spawn(async move {
-            let _ = asked.wait_for(|go| *go).await;
             let next = match etcd.txn(read).await {
                 Ok(resp) => etcd::gets(resp.op_responses()).next().map(|b| chain_of(b.kvs())),
                 Err(e) => {
@@ -163,14 +157,11 @@ impl NextKeys {
             };
             tx.send_replace(Some(next.and_then(|next| Chain::of(&declared, ask, next))));
         });
-        NextKeys(rx, Some(std::sync::Arc::new(go)))
+        NextKeys(rx)
     }
 
     /// The chain, once known (waiting up to [`READ_WAIT`] for a read under way).
     pub async fn get(&self) -> Option<Chain> {
-        if let Some(go) = &self.1 {
-            go.send_replace(true);
-        }
         let mut known = self.0.clone();
         let read = timeout(READ_WAIT, known.wait_for(Option::is_some)).await;
         read.ok()?.ok()?.clone().flatten()
