@@ -26,9 +26,9 @@ use common::usage;
 use common::{EtcdServer, declare, results};
 use failover::{Fault, TTL};
 use floor::{Floor, Ring};
-use measure::{Podlock, cli_rate, contended, uncontended, warm_up};
+use measure::{EtcdWork, Podlock, cli_rate, contended, uncontended, warm_up};
 use peers::{Peers, Redis};
-use table::{FLOORS, RATIOS, Row, blocks, contended_rows, json_f64, rate_key, spread};
+use table::{FLOORS, RATIOS, Row, blocks, contended_rows, etcd_work_row, json_f64, rate_key, spread};
 
 /// One run of the benchmark: its sizes, and what every lock runs on.
 struct Run {
@@ -247,7 +247,7 @@ impl Run {
             ],
             floor_cpu(|r| r.etcd_cpu),
         ));
-        rows.push(p.work.row(n, g));
+        rows.push(etcd_work_row(&p.work, n, g));
         (rows, rss)
     }
 
@@ -355,46 +355,6 @@ struct PodlockRound {
 fn median_by<T>(mut rounds: Vec<T>, rate: impl Fn(&T) -> f64) -> T {
     rounds.sort_by(|a, b| rate(a).total_cmp(&rate(b)));
     rounds.swap_remove(rounds.len() / 2)
-}
-
-/// The etcd work podlock's sidecars counted: unary requests, watches created, watch events.
-struct EtcdWork([f64; 3]);
-
-impl EtcdWork {
-    const METRICS: [&str; 3] = [
-        "podlock_etcd_requests_total",
-        "podlock_etcd_watches_total",
-        "podlock_watch_events_total",
-    ];
-
-    /// The sums over `contenders`' sidecars.
-    async fn of(contenders: &[std::sync::Arc<Podlock>]) -> Self {
-        let mut sums = [0.0; 3];
-        for (sum, metric) in sums.iter_mut().zip(Self::METRICS) {
-            for c in contenders {
-                *sum += c.sidecar.metric(metric).await;
-            }
-        }
-        EtcdWork(sums)
-    }
-
-    fn minus(&self, before: &EtcdWork) -> EtcdWork {
-        EtcdWork(std::array::from_fn(|i| self.0[i] - before.0[i]))
-    }
-
-    /// Each per grant.
-    fn per_grant(&self, grants: f64) -> [f64; 3] {
-        self.0.map(|v| v / grants.max(1.0))
-    }
-
-    /// The row: each per grant.
-    fn row(&self, n: usize, grants: f64) -> Row {
-        let [requests, watches, events] = self.per_grant(grants);
-        Row::new(format!(
-            "etcd requests / watches created / watch events per grant, {n} contender(s)"
-        ))
-        .set(0, requests, format!("{requests:.2} / {watches:.2} / {events:.2}"))
-    }
 }
 
 fn etcd_version() -> String {

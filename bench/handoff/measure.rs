@@ -194,3 +194,35 @@ pub async fn cli_rate(cmd: &[String], loops: usize, window: Duration) -> f64 {
     }
     f64::from(total) / start.elapsed().as_secs_f64()
 }
+
+/// The etcd work podlock's sidecars counted: unary requests, watches created, watch events.
+pub struct EtcdWork([f64; 3]);
+
+impl EtcdWork {
+    const METRICS: [&str; 3] = [
+        "podlock_etcd_requests_total",
+        "podlock_etcd_watches_total",
+        "podlock_watch_events_total",
+    ];
+
+    /// The sums over `contenders`' sidecars.
+    pub async fn of(contenders: &[Arc<Podlock>]) -> Self {
+        let mut sums = [0.0; 3];
+        for (sum, metric) in sums.iter_mut().zip(Self::METRICS) {
+            for c in contenders {
+                *sum += c.sidecar.metric(metric).await;
+            }
+        }
+        EtcdWork(sums)
+    }
+
+    /// This count less `before`: the work done between the two.
+    pub fn minus(&self, before: &EtcdWork) -> EtcdWork {
+        EtcdWork(std::array::from_fn(|i| self.0[i] - before.0[i]))
+    }
+
+    /// Each per grant.
+    pub fn per_grant(&self, grants: f64) -> [f64; 3] {
+        self.0.map(|v| v / grants.max(1.0))
+    }
+}

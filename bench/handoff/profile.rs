@@ -6,10 +6,9 @@
 
 use std::time::Duration;
 
-use crate::EtcdWork;
 use crate::common::{EtcdServer, declare, usage};
 use crate::floor::{Floor, ring};
-use crate::measure::{Podlock, contended, warm_up};
+use crate::measure::{EtcdWork, Podlock, contended, warm_up};
 
 /// `--podlock-only N SECONDS`: podlock alone, `n` contenders for `window`, for a profiler to
 /// watch (`scripts/profile-handoff.sh`); prints one line.

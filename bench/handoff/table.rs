@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use crate::common::{percentile, results};
-use crate::measure::Contended;
+use crate::measure::{Contended, EtcdWork};
 
 /// Columns after "measurement".
 pub const PEERS: [&str; 7] = [
@@ -176,4 +176,13 @@ pub fn contended_rows(
         );
     }
     rows
+}
+
+/// The row of `work` over `grants` grants with `n` contenders: each per grant.
+pub fn etcd_work_row(work: &EtcdWork, n: usize, grants: f64) -> Row {
+    let [requests, watches, events] = work.per_grant(grants);
+    Row::new(format!(
+        "etcd requests / watches created / watch events per grant, {n} contender(s)"
+    ))
+    .set(0, requests, format!("{requests:.2} / {watches:.2} / {events:.2}"))
 }
