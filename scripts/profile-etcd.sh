@@ -11,13 +11,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 n=${1:-8} secs=${2:-20}
 hz=999
+window=$((secs - 6)) # sampled: from the 4th second, ending 2 s before the run
 step() { printf '\033[1m[profile-etcd]\033[0m %s\n' "$*" >&2; }
 bash scripts/setup.sh >/dev/null
 bench=$(scripts/bench-binary.sh handoff)
 out=target/profile-etcd
 mkdir -p "$out"
 
-# profile NAME MODE: runs `$bench MODE n secs`, records its etcd for secs - 6 seconds from the
+# profile NAME MODE: runs `$bench MODE n secs`, records its etcd for $window seconds from the
 # 4th second on, and leaves the run's output in $out/NAME.txt and the stacks in $out/NAME.stacks.
 profile() {
   local name=$1 mode=$2 pid=""
@@ -31,7 +32,7 @@ profile() {
   done
   [ -n "$pid" ] || { step "$name: no etcd pid printed"; exit 1; }
   sleep 4 # the contenders warm up before sampling
-  perf record -g -F "$hz" -p "$pid" -o "$out/$name.data" -- sleep "$((secs - 6))" 2>/dev/null
+  perf record -g -F "$hz" -p "$pid" -o "$out/$name.data" -- sleep "$window" 2>/dev/null
   wait "$run"
   perf script -i "$out/$name.data" 2>/dev/null >"$out/$name.stacks"
 }
@@ -40,7 +41,7 @@ profile() {
 activities() {
   local name=$1 rate
   rate=$(sed -n 's/^handoffs\/s \([0-9]*\).*/\1/p' "$out/$name.txt")
-  awk -v rate="$rate" -v secs="$((secs - 6))" -v hz="$hz" -v name="$name" '
+  awk -v rate="$rate" -v secs="$window" -v hz="$hz" -v name="$name" '
     BEGIN {
       n = split("all|WAL).sync|applyEntries|rangeKeys|Compare|watchServer).Watch|processUnaryRPC|HandleStreams|loopyWriter|mallocgc|gcBgMarkWorker|findRunnable", pat, "|")
       split("all of etcd|raft log fsync (WAL sync)|applying committed entries|range reads (mvcc rangeKeys)|transaction compares|watch streams (create, cancel, progress, events)|unary requests (gRPC handler)|reading the sockets (HTTP/2 frames)|writing the sockets (gRPC loopy writer)|allocation (mallocgc)|garbage collection (mark workers)|Go scheduler looking for work", label, "|")

@@ -11,7 +11,8 @@ use crate::floor::{Floor, ring};
 use crate::measure::{EtcdWork, Podlock, contended, warm_up};
 
 /// `--podlock-only N SECONDS`: podlock alone, `n` contenders for `window`, for a profiler to
-/// watch (`scripts/profile-handoff.sh`); prints one line.
+/// watch (`scripts/profile-handoff.sh`, `scripts/profile-etcd.sh`); prints the rate, the CPU
+/// and etcd work per grant, the waits and the gaps between grants.
 pub async fn podlock_only(n: usize, window: Duration) {
     let etcd = EtcdServer::start().await;
     declare(&etcd.endpoint, &["profiled"]);
