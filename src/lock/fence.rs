@@ -18,7 +18,7 @@
 //!
 //! [`protocol::holders`]: super::protocol::holders
 
-use super::Engine;
+use super::engine::Engine;
 use super::error::LockError;
 use super::messages::FenceCheck;
 use super::protocol::Queued;
@@ -79,20 +79,13 @@ impl Engine {
         })
     }
 
-    /// The slots of `lock` as this sidecar last read its settings (1 if never): only how much
-    /// of the queue to read, the answer takes the settings read with it.
-    fn slots_seen(&self, lock: &LockId) -> u32 {
-        let cache = self.0.declared.lock().unwrap();
-        cache.get(lock).map_or(1, |d| d.settings.max_holders)
-    }
-
     /// The holders in `read` under the settings read with it; `None` if the read may have
     /// stopped among them. An undeclared lock has none, unless this sidecar serves undeclared
     /// locks (`--standalone`): then the default settings apply, as to its acquires.
     fn holders_in(&self, read: &LockRead) -> Option<Vec<HolderInfo>> {
         let max_holders = match &read.declared {
             Some(d) => d.settings.max_holders,
-            None if self.0.standalone => MAX_HOLDERS.default,
+            None if self.standalone() => MAX_HOLDERS.default,
             None => return Some(vec![]),
         };
         complete_head(queue::decode(&read.queue), read.more, max_holders)

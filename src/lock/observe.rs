@@ -14,7 +14,7 @@
 use etcd_client::EventType;
 use tracing::warn;
 
-use super::Engine;
+use super::engine::Engine;
 use super::error::LockError;
 use super::etcd::watch::{KeyWatch, Target};
 use super::fence::Holding;

@@ -6,10 +6,10 @@ use kube::{Resource, ResourceExt};
 use std::sync::Arc;
 
 use super::backoff::Backoff;
+use super::clocks::Clocks;
 use super::isolation::Isolation;
 use super::liveness::noticed::Noticed;
 use super::liveness::returned::Returned;
-use super::reconcile::clocks::Clocks;
 use super::status::writer::StatusWriter;
 use crate::crd::DistributedLock;
 use crate::lock::{LockId, Store};

@@ -1,8 +1,8 @@
 //! What an acquire may ask of its locks: a mode, a number of permits, and a rejoin of a hold its
 //! holder id already has. Each refusal says which field to change and how.
 
+use crate::lock::engine::hold::Hold;
 use crate::lock::error::LockError;
-use crate::lock::holdings::hold::Hold;
 use crate::lock::messages::AcquireRequest;
 use crate::lock::protocol::entry::Mode;
 use crate::lock::protocol::names::LockId;

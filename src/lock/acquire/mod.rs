@@ -12,13 +12,13 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
-use crate::lock::Engine;
+use crate::lock::engine::Engine;
+use crate::lock::engine::hold::{Hold, Terms};
+use crate::lock::engine::max_hold::MaxHold;
+use crate::lock::engine::registry::{Claimed, SlotKey};
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::Etcd;
 use crate::lock::etcd::session::Session;
-use crate::lock::holdings::hold::{Hold, Terms};
-use crate::lock::holdings::max_hold::MaxHold;
-use crate::lock::holdings::registry::{Claimed, SlotKey};
 use crate::lock::life::detached;
 use crate::lock::life::monitor::{self, MarkWhen};
 use crate::lock::messages::{AcquireRequest, EventKind, Grant};
@@ -78,13 +78,13 @@ impl Engine {
             return self.acquire_set(req).await;
         }
         let slot: SlotKey = (req.lock.clone(), req.holder_id.clone());
-        if let Some(hold) = self.0.registry.held(&slot) {
+        if let Some(hold) = self.registry().held(&slot) {
             check_rejoin(&req, &hold)?;
             if let Some(grant) = self.regrant(&hold).await? {
                 return Ok(grant);
             }
         }
-        let mut pending = match self.0.registry.claim(&slot) {
+        let mut pending = match self.registry().claim(&slot) {
             Ok(()) => Pending::new(self, vec![slot]),
             Err(Claimed::Holds(hold)) => return check_rejoin(&req, &hold).map(|()| Grant::of(&hold)),
             Err(Claimed::Waits) => {
@@ -127,14 +127,14 @@ impl Engine {
     /// still in place. A key found gone is a loss (410), never a silent new hold; `None`: the
     /// hold was released meanwhile, acquire anew.
     pub(super) async fn regrant(&self, hold: &Arc<Hold>) -> Result<Option<Grant>, LockError> {
-        let ours = queue::is_ours(&self.0.etcd, &hold.ticket).await?;
+        let ours = queue::is_ours(self.etcd(), &hold.ticket).await?;
         if hold.session.is_lost() {
             self.end_lost(hold, monitor::SESSION_LOST).await;
         } else if !ours {
             self.end_lost(hold, monitor::KEY_DELETED).await;
         }
         // Answer from the registry as it is now: the hold may have ended during the read.
-        match self.0.registry.get_held(&hold.lock, &hold.holder_id) {
+        match self.registry().get_held(&hold.lock, &hold.holder_id) {
             Ok(now) => Ok(Some(Grant::of(&now))),
             Err(lost @ LockError::Lost { .. }) => Err(lost),
             Err(_) => Ok(None),
@@ -156,12 +156,12 @@ impl Engine {
             let max_hold = MaxHold::of(req, &[(&req.lock, s.max_hold_seconds)])?;
             let ttl = req.ttl_seconds.unwrap_or(s.ttl_seconds);
             let ttl = TTL.check(ttl)?;
-            let session = self.0.sessions.get(ttl).await?;
+            let session = self.sessions().get(ttl).await?;
             let entry = self.entry(req, ttl, s, s.epoch, max_hold);
             let key = req.lock.entry_key(session.id, &req.holder_id);
-            self.0.registry.placing(&pending.slots[0], &key);
+            self.registry().placing(&pending.slots[0], &key);
             let enqueue = {
-                let (etcd, lock, under) = (self.0.etcd.clone(), req.lock.clone(), declared.clone());
+                let (etcd, lock, under) = (self.etcd().clone(), req.lock.clone(), declared.clone());
                 let (lease, key) = (session.id, key.clone());
                 async move { queue::enqueue(&etcd, &lock, &key, &entry, lease, &under).await }
             };
@@ -192,7 +192,7 @@ impl Engine {
                         revision = old.revision,
                         "removing an earlier key of this holder that no acquire tracks"
                     );
-                    queue::remove(&self.0.etcd, &old).await?;
+                    queue::remove(self.etcd(), &old).await?;
                 }
                 Err(LockError::LeaseNotFound(e)) => session.end(&format!("etcd: {e}")),
                 Err(e) => return Err(e),
@@ -229,7 +229,7 @@ impl Engine {
             (Some(_), true) => return Err(self.give_up(&req.lock, req.wait, pending).await),
             _ => deadline,
         };
-        let (etcd, ticket) = (&self.0.etcd, &placed.ticket);
+        let (etcd, ticket) = (self.etcd(), &placed.ticket);
         let asked = Ask {
             mode: req.mode,
             permits: req.permits,
@@ -295,7 +295,7 @@ impl Engine {
         // follow the order the lock made them in, whichever answer arrives first.
         let acquired_at = SystemTime::now();
         entry.acquired_at = Some(rfc3339(acquired_at));
-        if mark == MarkWhen::Now && !queue::mark_acquired(&self.0.etcd, &ticket, &entry).await? {
+        if mark == MarkWhen::Now && !queue::mark_acquired(self.etcd(), &ticket, &entry).await? {
             return Err(self.vanished(&req.lock, &session).await);
         }
         check_lease(&session)?;
@@ -321,7 +321,7 @@ impl Engine {
             terms,
         ));
         pending.keys = None;
-        self.0.registry.hold(pending.slots[0].clone(), hold.clone());
+        self.registry().hold(pending.slots[0].clone(), hold.clone());
         debug!(lock = %hold.lock, holder = %hold.holder_id, token = hold.token(), "acquired");
         self.publish(&hold, EventKind::Acquired, None);
         monitor::spawn_monitor(self.clone(), hold.clone(), mark, entry);
@@ -339,7 +339,7 @@ impl Engine {
     ) -> Entry {
         Entry {
             holder_id: req.holder_id.clone(),
-            pod: self.0.pod.clone(),
+            pod: self.pod().clone(),
             requested_at: rfc3339(SystemTime::now()),
             acquired_at: None,
             ttl_seconds: ttl,

@@ -21,12 +21,12 @@ use tracing::debug;
 
 use super::pending::Pending;
 use super::wait::{self, Turn};
-use crate::lock::Engine;
+use crate::lock::engine::Engine;
+use crate::lock::engine::hold::{Hold, Terms};
+use crate::lock::engine::max_hold::MaxHold;
+use crate::lock::engine::registry::Claimed;
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::session::Session;
-use crate::lock::holdings::hold::{Hold, Terms};
-use crate::lock::holdings::max_hold::MaxHold;
-use crate::lock::holdings::registry::Claimed;
 use crate::lock::life::detached;
 use crate::lock::life::monitor::{self, MarkWhen};
 use crate::lock::messages::{AcquireRequest, EventKind, Grant};
@@ -93,7 +93,7 @@ impl Engine {
             let acquired_at = SystemTime::now();
             let entries = self.set_entries(&req, &locks, &declared, &placed, Some(acquired_at));
             let members = members(&locks, &declared, &placed.tickets);
-            if multi_lock::record(&self.0.etcd, &members, &placed.tickets, &entries).await? {
+            if multi_lock::record(self.etcd(), &members, &placed.tickets, &entries).await? {
                 return self.start_set(req, &locks, &declared, pending, placed, (at, acquired_at));
             }
             // A key gone fails the acquire; settings changed under a turn: wait again.
@@ -115,7 +115,7 @@ impl Engine {
         let mut pending = Pending::new(self, vec![]);
         for lock in locks {
             let slot = (lock.clone(), req.holder_id.clone());
-            match self.0.registry.claim(&slot) {
+            match self.registry().claim(&slot) {
                 Ok(()) => pending.slots.push(slot),
                 Err(Claimed::Holds(hold)) => return Ok(Err(hold)),
                 Err(Claimed::Waits) => {
@@ -167,11 +167,11 @@ impl Engine {
         for _ in 0..MAX_PLACEMENTS {
             let placed = self.draft(req, locks, declared).await?;
             for (slot, t) in pending.slots.iter().zip(&placed.tickets) {
-                self.0.registry.placing(slot, &t.key);
+                self.registry().placing(slot, &t.key);
             }
             let entries = self.set_entries(req, locks, declared, &placed, None);
             let enqueue = {
-                let (etcd, locks, declared) = (self.0.etcd.clone(), locks.to_vec(), declared.to_vec());
+                let (etcd, locks, declared) = (self.etcd().clone(), locks.to_vec(), declared.to_vec());
                 let (keys, lease) = (placed.tickets.clone(), placed.session.id);
                 async move {
                     multi_lock::enqueue(&etcd, &members(&locks, &declared, &keys), &entries, lease).await
@@ -195,7 +195,7 @@ impl Engine {
                     }
                 }
                 Ok(EnqueuedSet::Stale(old)) => {
-                    multi_lock::remove(&self.0.etcd, &old).await?;
+                    multi_lock::remove(self.etcd(), &old).await?;
                 }
                 Err(LockError::LeaseNotFound(e)) => placed.session.end(&format!("etcd: {e}")),
                 Err(e) => return Err(e),
@@ -226,7 +226,7 @@ impl Engine {
         let max_hold = MaxHold::of(req, &limits)?;
         let shortest = declared.iter().map(|d| d.settings.ttl_seconds).min();
         let ttl = req.ttl_seconds.or(shortest).unwrap_or_default();
-        let session = self.0.sessions.get(TTL.check(ttl)?).await?;
+        let session = self.sessions().get(TTL.check(ttl)?).await?;
         let ticket = |l: &LockId| Ticket {
             key: l.entry_key(session.id, &req.holder_id),
             revision: 0,
@@ -250,7 +250,7 @@ impl Engine {
         declared: &mut [Declared],
         deadline: Instant,
     ) -> Result<i64, Stop> {
-        let etcd = &self.0.etcd;
+        let etcd = self.etcd();
         let turns = (locks
             .iter()
             .zip(&placed.tickets)
@@ -336,7 +336,7 @@ impl Engine {
             .collect();
         pending.keys = None;
         for ((slot, hold), entry) in pending.slots.iter().zip(&holds).zip(entries) {
-            self.0.registry.hold(slot.clone(), hold.clone());
+            self.registry().hold(slot.clone(), hold.clone());
             self.publish(hold, EventKind::Acquired, None);
             monitor::spawn_monitor(self.clone(), hold.clone(), MarkWhen::Now, entry);
         }

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use tracing::warn;
 
-use crate::lock::Engine;
+use crate::lock::engine::Engine;
+use crate::lock::engine::registry::SlotKey;
 use crate::lock::etcd::session::Session;
-use crate::lock::holdings::registry::SlotKey;
 use crate::lock::life::detached;
 use crate::lock::txn::multi_lock;
 use crate::lock::txn::queue::Ticket;
@@ -49,7 +49,7 @@ impl<'a> Pending<'a> {
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         for slot in &self.slots {
-            self.engine.0.registry.unclaim(slot);
+            self.engine.registry().unclaim(slot);
         }
         if let Some((tickets, session)) = self.keys.take() {
             detached::spawn_removal(self.engine.clone(), tickets, session);

@@ -7,8 +7,8 @@
 use tokio::time::sleep_until;
 use tracing::info;
 
-use crate::lock::Engine;
-use crate::lock::holdings::hold::Hold;
+use crate::lock::engine::Engine;
+use crate::lock::engine::hold::Hold;
 use crate::lock::messages::EventKind;
 use crate::lock::txn::release_note::DEADLINE;
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use tracing::{info, warn};
 
 use super::late;
-use crate::lock::Engine;
+use crate::lock::engine::Engine;
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::Sent;
 use crate::lock::etcd::session::Session;

@@ -7,10 +7,10 @@ use tracing::{debug, info, warn};
 
 use super::detached::spawn_removal;
 use super::monitor::{KEY_DELETED, SESSION_LOST, SHUTDOWN};
-use crate::lock::Engine;
+use crate::lock::engine::Engine;
+use crate::lock::engine::hold::Hold;
 use crate::lock::error::LockError;
 use crate::lock::etcd::session::Session;
-use crate::lock::holdings::hold::Hold;
 use crate::lock::messages::EventKind;
 use crate::lock::protocol::names::LockId;
 use crate::lock::txn::handoff;
@@ -25,14 +25,14 @@ impl Engine {
     /// sidecar knowing yet: that is a loss (410 and a `lost` event), never a success. A key that
     /// this release's own first copy deleted is told apart by its receipt (see `receipt`).
     pub async fn release(&self, lock: &LockId, holder: &str) -> Result<(), LockError> {
-        let hold = self.0.registry.get_held(lock, holder)?;
+        let hold = self.registry().get_held(lock, holder)?;
         self.end_released(hold).await
     }
 
     /// Releases `holder`'s hold of `lock` if it is still the one with fencing `token` (a hold
     /// bound to a connection that closed); a later hold of the same holder is left alone.
     pub async fn release_token(&self, lock: &LockId, holder: &str, token: i64) -> Result<(), LockError> {
-        match self.0.registry.get_held(lock, holder) {
+        match self.registry().get_held(lock, holder) {
             Ok(hold) if hold.token() == token => self.end_released(hold).await,
             Ok(_) => Ok(()),
             Err(e) => Err(e),
@@ -51,9 +51,9 @@ impl Engine {
         let release = match members.len() {
             1 => {
                 let chain = hold.chain.get().await;
-                handoff::release(&self.0.etcd, lock, &hold.ticket, chain.as_ref()).await
+                handoff::release(self.etcd(), lock, &hold.ticket, chain.as_ref()).await
             }
-            _ => multi_lock::release(&self.0.etcd, &tickets(&members)).await,
+            _ => multi_lock::release(self.etcd(), &tickets(&members)).await,
         };
         let removed = match release {
             Ok(removed) => removed,
@@ -70,13 +70,13 @@ impl Engine {
             self.check_session(&hold.session).await;
             return Err(self.lose(&hold, self.why_key_deleted(&hold).await).await);
         }
-        if !self.0.registry.end_released(&hold) {
+        if !self.registry().end_released(&hold) {
             // Its monitor ended it meanwhile (lost, and reported), or a release of the same
             // holder id did (two requests of one holder): say which, and report nothing again.
-            return Err(self.0.registry.ended(&hold));
+            return Err(self.registry().ended(&hold));
         }
         for m in members.iter().filter(|m| !Arc::ptr_eq(m, &hold)) {
-            if self.0.registry.end_released(m) {
+            if self.registry().end_released(m) {
                 self.publish(m, EventKind::Released, None);
             }
         }
@@ -91,7 +91,7 @@ impl Engine {
         let mut members = vec![hold.clone()];
         for (lock, token) in hold.set.iter().filter(|(l, _)| *l != hold.lock) {
             let slot = (lock.clone(), hold.holder_id.clone());
-            members.push(self.0.registry.held(&slot).filter(|m| m.fencing == *token)?);
+            members.push(self.registry().held(&slot).filter(|m| m.fencing == *token)?);
         }
         Some(members)
     }
@@ -100,12 +100,12 @@ impl Engine {
     /// a key found gone is a loss (410). If etcd does not answer, the window is restarted all
     /// the same (the app is alive; the lease is watched over separately).
     pub async fn heartbeat(&self, lock: &LockId, holder: &str) -> Result<SystemTime, LockError> {
-        let hold = self.0.registry.get_held(lock, holder)?;
+        let hold = self.registry().get_held(lock, holder)?;
         let expires = hold.heartbeat();
         for m in self.members(&hold).unwrap_or_default().iter().skip(1) {
             m.heartbeat();
         }
-        match queue::is_ours(&self.0.etcd, &hold.ticket).await {
+        match queue::is_ours(self.etcd(), &hold.ticket).await {
             Ok(_) if hold.session.is_lost() => Err(self.lose(&hold, SESSION_LOST).await),
             Ok(true) => Ok(expires),
             Ok(false) => Err(self.lose(&hold, self.why_key_deleted(&hold).await).await),
@@ -120,7 +120,7 @@ impl Engine {
     /// release, a deadline) if it left a note for exactly this hold (read within
     /// [`NOTE_READ`]), else [`KEY_DELETED`].
     pub(crate) async fn why_key_deleted(&self, hold: &Hold) -> &'static str {
-        let note = release_note::noted(&self.0.etcd, &hold.lock, &hold.holder_id, &hold.ticket);
+        let note = release_note::noted(self.etcd(), &hold.lock, &hold.holder_id, &hold.ticket);
         match tokio::time::timeout(NOTE_READ, note).await {
             Ok(Ok(Some(ending))) => ending.reason(),
             _ => KEY_DELETED,
@@ -132,7 +132,7 @@ impl Engine {
     /// holder id (409), even when that holder id holds again since.
     async fn lose(&self, hold: &Arc<Hold>, reason: &str) -> LockError {
         if !self.end_lost(hold, reason).await {
-            return self.0.registry.ended(hold);
+            return self.registry().ended(hold);
         }
         LockError::Lost {
             lock: hold.lock.clone(),
@@ -154,7 +154,7 @@ impl Engine {
         };
         for (lock, token) in hold.set.iter().filter(|(l, _)| *l != hold.lock) {
             let slot = (lock.clone(), hold.holder_id.clone());
-            if let Some(m) = self.0.registry.held(&slot).filter(|m| m.fencing == *token) {
+            if let Some(m) = self.registry().held(&slot).filter(|m| m.fencing == *token) {
                 self.end_lost_one(&m, &theirs);
             }
         }
@@ -163,7 +163,7 @@ impl Engine {
 
     /// Ends `hold` alone as lost, unless it already ended; returns whether it ended it.
     fn end_lost_one(&self, hold: &Arc<Hold>, reason: &str) -> bool {
-        if !self.0.registry.mark_lost(hold, reason) {
+        if !self.registry().mark_lost(hold, reason) {
             return false;
         }
         hold.ended.cancel();
@@ -176,7 +176,7 @@ impl Engine {
     /// Ends `session` at once if etcd no longer has its lease: a key of it that vanished may
     /// mean the lease was revoked, and then every hold on it is lost.
     pub(crate) async fn check_session(&self, session: &Session) {
-        if let Ok(None) = self.0.etcd.lease_keys(session.id).await {
+        if let Ok(None) = self.etcd().lease_keys(session.id).await {
             session.end("etcd no longer has the lease (revoked or expired)");
         }
     }
@@ -184,15 +184,15 @@ impl Engine {
     /// Ends every hold and wait at once by revoking this sidecar's leases (on SIGTERM). The
     /// holds end by something other than their release, so each is reported `lost`.
     pub async fn shutdown(&self) {
-        let holds = self.0.registry.drain_held();
+        let holds = self.registry().drain_held();
         for h in &holds {
             h.ended.cancel();
         }
-        self.0.sessions.close().await;
+        self.sessions().close().await;
         for h in &holds {
             self.publish(h, EventKind::Lost, Some(SHUTDOWN.into()));
         }
-        self.0.events.close();
+        self.subscribers().close();
         info!(ended = holds.len(), "ended every hold");
     }
 }

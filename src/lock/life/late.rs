@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::time::{Instant, timeout_at};
 use tracing::{info, warn};
 
-use crate::lock::Engine;
+use crate::lock::engine::Engine;
 use crate::lock::error::LockError;
 use crate::lock::etcd::watch::Target;
 use crate::lock::protocol::keys::parse_entry_key;
@@ -70,7 +70,7 @@ impl Engine {
             .iter()
             .map(|k| Target::any_change(k.as_bytes()).from(*from))
             .collect();
-        let mut watch = self.0.etcd.watch_keys(&targets).await?;
+        let mut watch = self.etcd().watch_keys(&targets).await?;
         loop {
             watch.changed().await?;
             let mut created = vec![];
@@ -89,8 +89,7 @@ impl Engine {
     async fn read_keys(&self, keys: &[String]) -> Result<(Vec<(String, i64)>, i64), LockError> {
         let ops = keys.iter().map(|k| etcd_client::TxnOp::get(k.as_str(), None));
         let resp = self
-            .0
-            .etcd
+            .etcd()
             .txn(etcd_client::Txn::new().and_then(ops.collect::<Vec<_>>()))
             .await?;
         let at = resp.header().map_or(0, |h| h.revision());
@@ -108,13 +107,13 @@ impl Engine {
     async fn remove_untracked(&self, found: Vec<(String, i64)>, lease: i64) -> Result<(), LockError> {
         let untracked: Vec<Ticket> = found
             .into_iter()
-            .filter(|(key, _)| parse_entry_key(key).is_some_and(|slot| !self.0.registry.knows(&slot, key)))
+            .filter(|(key, _)| parse_entry_key(key).is_some_and(|slot| !self.registry().knows(&slot, key)))
             .map(|(key, revision)| Ticket { key, revision, lease })
             .collect();
         if untracked.is_empty() {
             return Ok(());
         }
-        let removed = multi_lock::end_together(&self.0.etcd, &untracked).await?;
+        let removed = multi_lock::end_together(self.etcd(), &untracked).await?;
         for (t, _) in untracked.iter().zip(removed).filter(|(_, r)| *r) {
             info!(
                 key = t.key,

@@ -15,10 +15,10 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{Instrument, info, info_span, warn};
 
 use super::deadline;
-use crate::lock::Engine;
+use crate::lock::engine::Engine;
+use crate::lock::engine::hold::Hold;
 use crate::lock::error::LockError;
 use crate::lock::etcd::feed::Subscription;
-use crate::lock::holdings::hold::Hold;
 use crate::lock::messages::EventKind;
 use crate::lock::protocol::entry::{Entry, Mode};
 use crate::lock::txn::{entry_swap, queue};
@@ -211,8 +211,8 @@ async fn heartbeat_missed(hold: &Hold) {
 mod tests {
     use super::*;
     use crate::lock::LockId;
+    use crate::lock::engine::hold::Terms;
     use crate::lock::etcd::session::Session;
-    use crate::lock::holdings::hold::Terms;
     use crate::lock::txn::queue::Ticket;
 
     fn hold(window: Duration) -> Hold {

@@ -2,7 +2,6 @@
 //! `status`, and deletes its etcd keys when the object is deleted (finalizer).
 
 mod annotated;
-pub mod clocks;
 pub mod deadline;
 mod epoch;
 pub(super) mod holder_service;

@@ -1,6 +1,6 @@
-//! When the holds with a maximum hold time began, as the operator reckons them (see
-//! [`deadline`](super::deadline)): kept in the operator's context, apart from the reconcile
-//! that uses them.
+//! When the holds with a maximum hold time began, as the operator reckons them (the
+//! reconciler's `deadline` ends a hold past it): kept in the operator's context, which every
+//! wing of the operator shares.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -16,7 +16,7 @@ pub struct Clocks(Mutex<HashMap<LockId, HashMap<i64, SystemTime>>>);
 impl Clocks {
     /// When each of `held` (the lock's timed holders now) began: its recorded grant, else
     /// when this operator first saw it hold. Forgets the lock's holds that are gone.
-    pub(super) fn started(&self, lock: &LockId, held: &[QueueEntry]) -> Vec<SystemTime> {
+    pub(crate) fn started(&self, lock: &LockId, held: &[QueueEntry]) -> Vec<SystemTime> {
         let mut all = self.0.lock().unwrap();
         let seen = all.remove(lock).unwrap_or_default();
         let now = SystemTime::now();

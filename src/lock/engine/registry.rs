@@ -214,8 +214,8 @@ fn not_held(lock: &LockId, holder: &str, slot: Option<&Slot>) -> LockError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lock::engine::hold::Terms;
     use crate::lock::etcd::session::Session;
-    use crate::lock::holdings::hold::Terms;
     use crate::lock::txn::queue::Ticket;
 
     fn held(registry: &Registry, holder: &str) -> Arc<Hold> {

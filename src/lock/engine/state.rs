@@ -1,0 +1,288 @@
+//! `Engine`: the state one sidecar keeps (its etcd client and sessions, the settings cache, the
+//! registry of holds and waits, the event subscribers), its read-only views, and the orphan
+//! sweep that runs beside it.
+//!
+//! The engine's verbs are `impl Engine` blocks in the wings above this one, each in the file of
+//! its verb (docs/design.md, "Where each `Engine` method lives"): they reach this state through
+//! the accessors here.
+//!
+//! The orphan sweep removes queue keys under this sidecar's own leases that no acquire and no
+//! hold of its registry tracks.
+//!
+//! Such a key can only come from a copy of an enqueue that etcd applied after its acquire had
+//! ended (a hedged request, or one delayed in the network): it sits on a live lease, nobody will
+//! release it, and once first in the queue it would hold the lock for as long as the pod lives.
+//! A key is removed when two sweeps in a row find it unknown with the same create revision, so
+//! that a release or removal already under way is not raced; the removal is guarded by that
+//! revision, so a newer key of the same holder is never touched.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, SystemTime};
+use tokio::sync::mpsc;
+use tokio::time::sleep;
+use tracing::{info, warn};
+
+use super::events;
+use super::hold::Hold;
+use super::registry::Registry;
+use crate::lock::error::LockError;
+use crate::lock::etcd::link::Link;
+use crate::lock::etcd::session::Sessions;
+use crate::lock::etcd::{Etcd, Stats};
+use crate::lock::messages::{EventKind, HoldEvent, LocalEntry, LockInfo};
+use crate::lock::protocol::entry::{PodRef, rfc3339};
+use crate::lock::protocol::keys::{self, parse_entry_key};
+use crate::lock::protocol::names::LockId;
+use crate::lock::txn::queue::{self, Ticket};
+use crate::lock::txn::settings::{self, Declared};
+
+struct Inner {
+    etcd: Etcd,
+    sessions: Sessions,
+    pod: PodRef,
+    standalone: bool,
+    declared: Mutex<HashMap<LockId, Declared>>,
+    registry: Registry,
+    events: events::Subscribers,
+}
+
+/// The lock engine of one sidecar. Cheap to clone.
+#[derive(Clone)]
+pub struct Engine(Arc<Inner>);
+
+impl Engine {
+    /// An engine on `client` for `pod`; `standalone` serves undeclared locks with defaults.
+    /// `members` has one client per etcd member: new watches and requests go to one that answers
+    /// (see `etcd/members.rs`), and so do keepalives (see `etcd/session.rs`). Starts its orphan
+    /// sweep (below) on the current Tokio runtime.
+    pub fn new(
+        client: etcd_client::Client,
+        members: Vec<etcd_client::Client>,
+        pod: PodRef,
+        standalone: bool,
+    ) -> Self {
+        let etcd = Etcd::with_members(client, members);
+        let engine = Engine(Arc::new(Inner {
+            sessions: Sessions::new(etcd.clone()),
+            etcd,
+            pod,
+            standalone,
+            declared: Mutex::default(),
+            registry: Registry::default(),
+            events: events::Subscribers::default(),
+        }));
+        tokio::spawn(sweep_until_gone(Arc::downgrade(&engine.0)));
+        engine
+    }
+
+    /// The registry of this sidecar's holds and waits.
+    pub(in crate::lock) fn registry(&self) -> &Registry {
+        &self.0.registry
+    }
+
+    /// The sessions (leases) its keys are bound to.
+    pub(in crate::lock) fn sessions(&self) -> &Sessions {
+        &self.0.sessions
+    }
+
+    /// Whether it serves undeclared locks with the default settings (`--standalone`).
+    pub(in crate::lock) fn standalone(&self) -> bool {
+        self.0.standalone
+    }
+
+    /// The subscribers to its holds' events.
+    pub(in crate::lock) fn subscribers(&self) -> &events::Subscribers {
+        &self.0.events
+    }
+
+    /// The slots of `lock` as this sidecar last read its settings (1 if never): only how much
+    /// of the queue to read, the answer takes the settings read with it.
+    pub(in crate::lock) fn slots_seen(&self, lock: &LockId) -> u32 {
+        let cache = self.0.declared.lock().unwrap();
+        cache.get(lock).map_or(1, |d| d.settings.max_holders)
+    }
+
+    /// The etcd client with its counters.
+    pub(crate) fn etcd(&self) -> &Etcd {
+        &self.0.etcd
+    }
+
+    /// The engine's etcd clients, for whoever can build new ones when etcd refuses them.
+    pub fn link(&self) -> &Link {
+        self.0.etcd.link()
+    }
+
+    /// How much etcd work this engine caused.
+    pub fn stats(&self) -> &Stats {
+        self.0.etcd.stats()
+    }
+
+    /// The pod this engine serves.
+    pub fn pod(&self) -> &PodRef {
+        &self.0.pod
+    }
+
+    /// How many keepalives failed since start.
+    pub fn keepalive_failures(&self) -> u64 {
+        self.0.sessions.keepalive_failures()
+    }
+
+    /// Subscribes to events about this sidecar's holds of `lock` (of every lock when `None`).
+    /// The receiver ends if it falls behind (see `events.rs`): then treat every hold as lost.
+    pub fn subscribe(&self, lock: Option<LockId>) -> mpsc::Receiver<HoldEvent> {
+        self.0.events.subscribe(lock)
+    }
+
+    /// Whether etcd answers within `within`.
+    pub async fn ready(&self, within: Duration) -> bool {
+        // Read something this sidecar may read even with namespace-scoped etcd credentials.
+        let opts = etcd_client::GetOptions::new().with_prefix().with_count_only();
+        let probe = self
+            .0
+            .etcd
+            .get(keys::config_prefix(Some(&self.0.pod.namespace)), Some(opts));
+        matches!(tokio::time::timeout(within, probe).await, Ok(Ok(_)))
+    }
+
+    /// The settings of `lock`: declared ones (cached), or the defaults when standalone.
+    pub(in crate::lock) async fn declared(&self, lock: &LockId, fresh: bool) -> Result<Declared, LockError> {
+        if !fresh && let Some(d) = self.0.declared.lock().unwrap().get(lock) {
+            return Ok(d.clone());
+        }
+        let found = settings::read(&self.0.etcd, lock).await?;
+        self.remember(lock, found)
+    }
+
+    pub(in crate::lock) fn remember(
+        &self,
+        lock: &LockId,
+        found: Option<Declared>,
+    ) -> Result<Declared, LockError> {
+        let mut cache = self.0.declared.lock().unwrap();
+        let d = match found {
+            Some(d) => d,
+            None if self.0.standalone => Declared::undeclared(),
+            None => {
+                cache.remove(lock);
+                return Err(LockError::NotFound(lock.clone()));
+            }
+        };
+        cache.insert(lock.clone(), d.clone());
+        Ok(d)
+    }
+
+    pub(in crate::lock) fn publish(&self, hold: &Hold, kind: EventKind, reason: Option<String>) {
+        let deadline = hold.max_hold.map(|d| rfc3339(d.wall));
+        self.announce(hold, kind, reason, deadline);
+    }
+
+    /// Publishes an event about `hold` that names `deadline` (its maximum hold time's, or the
+    /// one a yield request set).
+    pub(in crate::lock) fn announce(
+        &self,
+        hold: &Hold,
+        kind: EventKind,
+        reason: Option<String>,
+        deadline: Option<String>,
+    ) {
+        let event = HoldEvent {
+            kind,
+            lock: hold.lock.clone(),
+            holder_id: hold.holder_id.clone(),
+            fencing_token: hold.token(),
+            mode: hold.mode,
+            reason,
+            deadline,
+            at: rfc3339(SystemTime::now()),
+        };
+        self.0.events.publish(&hold.lock, &event);
+    }
+
+    /// Reads a lock's settings and queue from etcd.
+    pub async fn inspect(&self, lock: &LockId) -> Result<LockInfo, LockError> {
+        let d = self.declared(lock, true).await?;
+        let resp = self
+            .0
+            .etcd
+            .get(lock.queue_prefix(), Some(queue::queue_order()))
+            .await?;
+        let state = queue::split_queue(resp.kvs(), d.settings.max_holders);
+        Ok(LockInfo {
+            lock: lock.name.clone(),
+            held: !state.holders.is_empty(),
+            fencing_token: state.holders.iter().map(|h| h.fencing_token).max(),
+            holders: state.holders,
+            waiters: state.waiters,
+            ttl_seconds: d.settings.ttl_seconds,
+            max_holders: d.settings.max_holders,
+        })
+    }
+
+    /// This sidecar's holds and waits.
+    pub fn local(&self) -> Vec<LocalEntry> {
+        self.0.registry.local()
+    }
+
+    /// How many holds this sidecar has.
+    pub fn held_count(&self) -> usize {
+        self.0.registry.held_count()
+    }
+}
+
+/// How often the sweep runs: one lease read per session each time.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+
+/// Sweeps until the engine is gone.
+async fn sweep_until_gone(engine: Weak<Inner>) {
+    let mut suspects = HashSet::new();
+    loop {
+        sleep(SWEEP_EVERY).await;
+        let Some(inner) = engine.upgrade() else {
+            return;
+        };
+        suspects = Engine(inner).sweep(&suspects).await;
+    }
+}
+
+impl Engine {
+    /// One sweep: removes the keys that were suspects before and still are; returns the new
+    /// suspects, as (key, create revision).
+    async fn sweep(&self, before: &HashSet<(String, i64)>) -> HashSet<(String, i64)> {
+        let mut suspects = HashSet::new();
+        for session in self.0.sessions.live().await {
+            let keys = match self.0.etcd.lease_keys(session.id).await {
+                Ok(Some(keys)) => keys,
+                Ok(None) => continue, // the keepalive loop ends the session
+                Err(e) => {
+                    warn!(error = %e, "orphan sweep could not read a lease's keys");
+                    continue;
+                }
+            };
+            for key in keys.into_iter().filter_map(|k| String::from_utf8(k).ok()) {
+                let Some(slot) = parse_entry_key(&key) else {
+                    continue;
+                };
+                if self.0.registry.knows(&slot, &key) {
+                    continue;
+                }
+                let Ok(resp) = self.0.etcd.get(key.as_str(), None).await else {
+                    continue;
+                };
+                let Some(revision) = resp.kvs().first().map(|kv| kv.create_revision()) else {
+                    continue;
+                };
+                if !before.contains(&(key.clone(), revision)) {
+                    suspects.insert((key, revision));
+                    continue;
+                }
+                let lease = session.id;
+                let ticket = Ticket { key, revision, lease };
+                if let Ok(true) = queue::remove(&self.0.etcd, &ticket).await {
+                    info!(lock = %slot.0, holder = %slot.1, key = ticket.key, revision, "removed a queue key no acquire tracks");
+                }
+            }
+        }
+        suspects
+    }
+}
