@@ -45,7 +45,8 @@ pub use protocol::token::{MAX_EPOCH, REVISION_LIMIT, Token, TokenError, next_epo
 pub use refusal::Refusal;
 pub use store::changes::{Change, Changes, QueueEntry};
 pub use store::clusters::{Withdrawn, may_publish};
-pub use store::{LockState, NamespacePassword, Revoked, RoundTripError, Store};
+pub use store::auth::NamespacePassword;
+pub use store::{LockState, Revoked, RoundTripError, Store};
 pub use txn::queue::QueueState;
 pub use txn::release_note::{DEADLINE, Ending, YIELD};
 pub use txn::settings::{Bound, HEARTBEAT, MAX_HOLD, MAX_HOLDERS, Settings, TTL};

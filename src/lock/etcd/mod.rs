@@ -20,7 +20,7 @@ use std::task::Poll;
 use std::time::Duration;
 use tokio::time::{Instant, timeout_at};
 
-use crate::lock::error::EtcdFailure;
+use crate::lock::error::etcd::EtcdFailure;
 use crate::lock::error::{LockError, Unavailable};
 use link::{Clients, Link};
 

@@ -5,7 +5,7 @@
 //! what it returns is typed ([`QueueEntry`], [`Change`]): the key layout and etcd's own types
 //! stay inside the engine.
 
-mod auth;
+pub(super) mod auth;
 pub(super) mod changes;
 pub(super) mod clusters;
 
@@ -23,7 +23,6 @@ use crate::lock::txn::queue::{self, QueueState, Ticket};
 use crate::lock::txn::release_note::{self, Ending};
 use crate::lock::txn::settings::{self, Settings};
 use crate::lock::txn::{entry_swap, multi_lock};
-pub use auth::NamespacePassword;
 use changes::{Changes, QueueEntry};
 use clusters::Withdrawn;
 

@@ -36,11 +36,8 @@ use std::time::Duration;
 use tracing::warn;
 
 use crate::lock::Store;
+pub use secret::SECRET;
 use secret::Credentials;
-
-/// The Secret with a namespace's etcd credentials (`username`, `password`, and with etcd TLS
-/// the CA that signed etcd's certificate, `ca.crt`).
-pub const SECRET: &str = "podlock-etcd";
 
 /// Provisions etcd credentials per namespace.
 pub struct Isolation {

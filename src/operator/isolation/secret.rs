@@ -10,11 +10,14 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use tracing::{info, warn};
 
-use super::SECRET;
 use crate::lock::{LockError, Store};
 
 #[cfg(test)]
 mod tests;
+
+/// The Secret with a namespace's etcd credentials (`username`, `password`, and with etcd TLS
+/// the CA that signed etcd's certificate, `ca.crt`).
+pub const SECRET: &str = "podlock-etcd";
 
 /// Why a Secret could not be provisioned.
 #[derive(Debug, thiserror::Error)]
