@@ -17,6 +17,7 @@ mod acquire;
 mod engine;
 mod error;
 mod etcd;
+mod feed;
 mod fence;
 mod life;
 mod messages;
@@ -43,9 +44,9 @@ pub use protocol::names::{
 };
 pub use protocol::token::{MAX_EPOCH, REVISION_LIMIT, Token, TokenError, next_epoch};
 pub use refusal::Refusal;
+pub use store::auth::NamespacePassword;
 pub use store::changes::{Change, Changes, QueueEntry};
 pub use store::clusters::{Withdrawn, may_publish};
-pub use store::auth::NamespacePassword;
 pub use store::{LockState, Revoked, RoundTripError, Store};
 pub use txn::queue::QueueState;
 pub use txn::release_note::{DEADLINE, Ending, YIELD};

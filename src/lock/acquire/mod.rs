@@ -229,12 +229,12 @@ impl Engine {
             (Some(_), true) => return Err(self.give_up(&req.lock, req.wait, pending).await),
             _ => deadline,
         };
-        let (etcd, ticket) = (self.etcd(), &placed.ticket);
+        let ticket = &placed.ticket;
         let asked = Ask {
             mode: req.mode,
             permits: req.permits,
         };
-        let turn = wait::wait_turn(etcd, &req.lock, (ticket, asked), declared, deadline, start).await?;
+        let turn = wait::wait_turn(self, &req.lock, (ticket, asked), declared, deadline, start).await?;
         match turn {
             Turn::Granted(granted) => Ok(granted),
             Turn::Gone => Err(self.vanished(&req.lock, &placed.session).await),

@@ -250,14 +250,13 @@ impl Engine {
         declared: &mut [Declared],
         deadline: Instant,
     ) -> Result<i64, Stop> {
-        let etcd = self.etcd();
         let turns = (locks
             .iter()
             .zip(&placed.tickets)
             .zip(declared.iter_mut())
             .enumerate())
         .map(|(i, ((lock, ticket), d))| async move {
-            match wait::wait_turn(etcd, lock, (ticket, Ask::one(req.mode)), d, deadline, None).await {
+            match wait::wait_turn(self, lock, (ticket, Ask::one(req.mode)), d, deadline, None).await {
                 Ok(Turn::Granted(granted)) => Ok(granted.at),
                 Ok(Turn::Gone) => Err(Stop::Gone),
                 Ok(Turn::TimedOut) => Err(Stop::TimedOut(i)),

@@ -15,7 +15,7 @@
 //!   grant a release hands it, and the config key (the settings changed: read again).
 //!
 //! Its own key and the config key are not watched per wait: the process follows them on the
-//! lock's feed ([`etcd::feed`]), one long-lived watch shared by every wait and hold of the
+//! lock's feed ([`feed`]), one long-lived watch shared by every wait and hold of the
 //! process on the lock, which keeps its recent changes for a wait that read before it
 //! subscribed. So a wait makes one watch (a first waiter of a semaphore, one per holder).
 //!
@@ -26,7 +26,7 @@
 //! watches' start is covered in one of two ways (see [`Gap`]).
 //!
 //! [`granted`]: crate::lock::protocol::position::Ahead::granted
-//! [`etcd::feed`]: crate::lock::etcd::feed
+//! [`feed`]: crate::lock::feed
 //! [`Etcd::watch_keys_synced`]: crate::lock::etcd::Etcd::watch_keys_synced
 
 use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
@@ -35,10 +35,11 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::warn;
 
 use crate::critical_path::{self, Point};
+use crate::lock::engine::Engine;
 use crate::lock::error::LockError;
-use crate::lock::etcd::feed::Subscription;
 use crate::lock::etcd::watch::{KeyWatch, Target};
 use crate::lock::etcd::{self, Etcd};
+use crate::lock::feed::Subscription;
 use crate::lock::protocol::entry::Successor;
 use crate::lock::protocol::names::LockId;
 use crate::lock::protocol::{self, Change};
@@ -95,13 +96,14 @@ pub enum Turn {
 /// where it stood (`start`, from the enqueue) or, without that, from a read. `declared` follows
 /// the lock's settings as they change and ends as the ones the turn was decided by.
 pub async fn wait_turn(
-    etcd: &Etcd,
+    engine: &Engine,
     lock: &LockId,
     (ticket, ask): (&Ticket, Ask),
     declared: &mut Declared,
     deadline: Instant,
     start: Option<Standing>,
 ) -> Result<Turn, LockError> {
+    let etcd = engine.etcd();
     let read = async |declared: &mut Declared| standing(etcd, lock, (ticket, ask), declared).await;
     let mut now = match start {
         Some(start) => start,
@@ -115,7 +117,7 @@ pub async fn wait_turn(
             _ => {}
         }
         let started = Instant::now();
-        let watched = watch_position(etcd, lock, (ticket, ask), declared, &now);
+        let watched = watch_position(engine, lock, (ticket, ask), declared, &now);
         let mut watch = match timeout_at(deadline, watched).await {
             Err(_) => return Ok(Turn::TimedOut),
             Ok(Ok(Watched::Watching(watch))) => watch,
@@ -227,7 +229,7 @@ enum Watched {
 }
 
 /// What a waiter watches: the keys that let it in, on a watch of its own, and its own key and
-/// the lock's settings, on the feed its process shares for the lock (`etcd::feed`).
+/// the lock's settings, on the feed its process shares for the lock (`feed/`).
 struct Watches {
     keys: KeyWatch,
     feed: Subscription,
@@ -271,7 +273,7 @@ impl Gap {
 /// checked to be on etcd's synced path ([`Etcd::watch_keys_synced`]); one far back does not
 /// pay for the check, as etcd syncs them long before its turn.
 async fn watch_position(
-    etcd: &Etcd,
+    engine: &Engine,
     lock: &LockId,
     (ticket, ask): (&Ticket, Ask),
     declared: &mut Declared,
@@ -281,7 +283,8 @@ async fn watch_position(
     let mut lets_in = lets_in(pos, declared.settings.max_holders);
     let mut gap = Gap::of(pos, declared.settings.max_holders, ask);
     let own = vec![lock.config_key().into_bytes(), ticket.key.clone().into_bytes()];
-    let feed = etcd.follow(lock, ticket.lease, own, rev).await?;
+    let feed = engine.feeds().follow(lock, ticket.lease, own, rev).await?;
+    let etcd = engine.etcd();
     // A feed made since the read (the process's first wait on this lock in a while) started
     // after it: only a read covers its keys in between.
     if feed.from > rev {

@@ -30,6 +30,7 @@ use crate::lock::error::LockError;
 use crate::lock::etcd::link::Link;
 use crate::lock::etcd::session::Sessions;
 use crate::lock::etcd::{Etcd, Stats};
+use crate::lock::feed::Feeds;
 use crate::lock::messages::{EventKind, HoldEvent, LocalEntry, LockInfo};
 use crate::lock::protocol::entry::{PodRef, rfc3339};
 use crate::lock::protocol::keys::{self, parse_entry_key};
@@ -39,6 +40,7 @@ use crate::lock::txn::settings::{self, Declared};
 
 struct Inner {
     etcd: Etcd,
+    feeds: Arc<Feeds>,
     sessions: Sessions,
     pod: PodRef,
     standalone: bool,
@@ -65,6 +67,7 @@ impl Engine {
         let etcd = Etcd::with_members(client, members);
         let engine = Engine(Arc::new(Inner {
             sessions: Sessions::new(etcd.clone()),
+            feeds: Feeds::new(etcd.link().clone(), etcd.shared_stats()),
             etcd,
             pod,
             standalone,
@@ -74,6 +77,11 @@ impl Engine {
         }));
         tokio::spawn(sweep_until_gone(Arc::downgrade(&engine.0)));
         engine
+    }
+
+    /// The feeds its waits and holds follow their own keys and the settings on.
+    pub(in crate::lock) fn feeds(&self) -> &Arc<Feeds> {
+        &self.0.feeds
     }
 
     /// The registry of this sidecar's holds and waits.

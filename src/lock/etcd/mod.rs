@@ -3,10 +3,8 @@
 //! member that answers (see [`Members`](self::members::Members)). Watches are in
 //! [`watch`](self::watch).
 
-pub(super) mod feed;
 pub(super) mod link;
 pub(super) mod members;
-mod mux;
 pub(super) mod session;
 pub(super) mod watch;
 
@@ -70,7 +68,6 @@ pub struct Stats {
 pub struct Etcd {
     pub(super) link: Link,
     pub(super) stats: Arc<Stats>,
-    feeds: Arc<feed::Feeds>,
 }
 
 impl Etcd {
@@ -83,8 +80,7 @@ impl Etcd {
     /// new requests and watches.
     pub fn with_members(client: Client, members: Vec<Client>) -> Self {
         let (link, stats) = (Link::new(client, members), Arc::<Stats>::default());
-        let feeds = feed::Feeds::new(link.clone(), stats.clone());
-        Etcd { link, stats, feeds }
+        Etcd { link, stats }
     }
 
     /// The underlying client, for what this wrapper does not cover.
@@ -100,6 +96,11 @@ impl Etcd {
     /// The counters.
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// The counters, shared with what counts beside this client (the engine's feeds).
+    pub(in crate::lock) fn shared_stats(&self) -> Arc<Stats> {
+        self.stats.clone()
     }
 
     /// Runs `request` hedged (see [`hedged`]), counting every attempt. Each attempt goes to a

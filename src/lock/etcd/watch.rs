@@ -16,7 +16,7 @@ use crate::lock::etcd::{Etcd, Stats};
 /// that answer may take (see [`KeyWatch::next`]). A stalled member is thus left within about
 /// twice this, inside the 1 s the contract allows for a `lost` notice and a handoff. It costs one
 /// small message on the watch's stream per silent interval.
-pub(super) const WATCH_SILENCE: Duration = Duration::from_millis(400);
+pub(in crate::lock) const WATCH_SILENCE: Duration = Duration::from_millis(400);
 
 /// How long etcd may take to answer a progress request on a stream whose watches are all on its
 /// synced path (see [`Etcd::watch_keys_synced`]); on loopback it answers within a millisecond.
@@ -153,7 +153,7 @@ impl Target {
     }
 
     /// The key (or prefix) watched.
-    pub(super) fn key(&self) -> &[u8] {
+    pub(in crate::lock) fn key(&self) -> &[u8] {
         &self.key
     }
 
@@ -162,7 +162,7 @@ impl Target {
     }
 
     /// The options of its watch's create request.
-    pub(super) fn watch_options(&self) -> WatchOptions {
+    pub(in crate::lock) fn watch_options(&self) -> WatchOptions {
         let filters = if self.puts {
             vec![]
         } else {

@@ -18,7 +18,7 @@ use super::deadline;
 use crate::lock::engine::Engine;
 use crate::lock::engine::hold::Hold;
 use crate::lock::error::LockError;
-use crate::lock::etcd::feed::Subscription;
+use crate::lock::feed::Subscription;
 use crate::lock::messages::EventKind;
 use crate::lock::protocol::entry::{Entry, Mode};
 use crate::lock::txn::{entry_swap, queue};
@@ -119,7 +119,7 @@ pub(crate) const KEY_DELETED: &str = "its key was deleted (lock deleted or hold 
 
 /// Completes when the hold's key is deleted (or replaced); meanwhile tells the hold's
 /// subscribers of a yield request written into its entry. The key is followed on the lock's
-/// feed (see `etcd::feed`), from the confirmed revision; a feed that started later, or one
+/// feed (see `feed/`), from the confirmed revision; a feed that started later, or one
 /// followed again after it broke, is caught up with a read.
 async fn key_deleted(engine: &Engine, hold: &Hold) -> &'static str {
     let (etcd, ticket) = (engine.etcd(), &hold.ticket);
@@ -127,7 +127,11 @@ async fn key_deleted(engine: &Engine, hold: &Hold) -> &'static str {
     loop {
         let started = Instant::now();
         let key = vec![ticket.key.clone().into_bytes()];
-        match etcd.follow(&hold.lock, ticket.lease, key, hold.confirmed).await {
+        match engine
+            .feeds()
+            .follow(&hold.lock, ticket.lease, key, hold.confirmed)
+            .await
+        {
             Ok(mut feed) => {
                 if feed.from > hold.confirmed {
                     match entry_swap::current(etcd, ticket).await {

@@ -36,8 +36,8 @@ use std::time::Duration;
 use tracing::warn;
 
 use crate::lock::Store;
-pub use secret::SECRET;
 use secret::Credentials;
+pub use secret::SECRET;
 
 /// Provisions etcd credentials per namespace.
 pub struct Isolation {

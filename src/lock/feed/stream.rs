@@ -1,4 +1,4 @@
-//! The one watch stream that a process's feeds share (see [`feed`](super::feed)).
+//! The one watch stream that a process's feeds share (see [`feed`](super)).
 //!
 //! A task owns the stream. It makes each feed's watches on it, with watch ids of its own
 //! choosing, and passes each response to the feed whose watch it is: events to that feed,
@@ -8,60 +8,26 @@
 //! (its followers read again) and the next follower opens a new stream, on another member. A
 //! stream left without feeds ends too.
 //!
-//! Each [`Feed`] keeps its latest changes and passes them on to its followers; the registry of
-//! feeds and the followers' side are in `feed`, which this module knows only as a [`Registry`].
+//! Each [`Feed`] keeps its latest changes and passes them on to its followers (`kept.rs`); the
+//! feeds of the process and the followers' side are in `follow.rs`, which this module knows
+//! only as a [`Directory`].
 
-use etcd_client::Event;
 use etcd_client::{WatchResponse, WatchStream};
-use std::collections::VecDeque;
-use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Weak};
 use std::time::Duration;
-use tokio::sync::{broadcast, mpsc, watch};
+use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior, interval, sleep_until, timeout};
 use tracing::debug;
 
-use super::Stats;
-use super::link::Link;
-use super::members::Members;
-use super::watch::Target;
-use super::watch::WATCH_SILENCE;
-use crate::lock::protocol::names::LockId;
+use super::kept::{Command, Feed};
+use crate::lock::etcd::Stats;
+use crate::lock::etcd::link::Link;
+use crate::lock::etcd::members::Members;
+use crate::lock::etcd::watch::WATCH_SILENCE;
 
-/// What a stream's task is asked to do.
-pub(super) enum Command {
-    /// Make the feed's watches.
-    Open(Arc<Feed>),
-    /// Ask etcd for the stream's progress (see `Subscription::settle`).
-    Progress,
-}
-
-/// How many of its latest changes a feed keeps for followers that read before they subscribed.
-/// A wait subscribes within milliseconds of its read, and a feed's keys change a few times per
-/// grant of this process; a sidecar follows up to hundreds of locks, so the memory is kept
-/// small (a follower that read before the oldest change kept reads again).
-const KEEP: usize = 64;
-
-/// How many notes a follower may fall behind before it is told to read again. A follower waits
-/// on its feed, and a feed's keys change a few times per grant of its process; the channel's
-/// slots are allocated up front, per feed, and a sidecar may follow hundreds of locks (1,024
-/// slots took the scale benchmark's sidecar with 200 holds from 20.7 to 28.4 MiB).
-const BACKLOG: usize = 64;
-
-/// What a feed tells its followers, in order.
-#[derive(Clone, Debug)]
-pub(super) enum Note {
-    /// Changes etcd delivered, and the revision it delivered them at.
-    Changes(Arc<[Event]>, i64),
-    /// etcd delivered every change up to this revision (an answer to a progress request).
-    Seen(i64),
-    /// The feed ended (its stream broke, or etcd cancelled a watch): read again.
-    Ended(Arc<str>),
-}
-
-/// What the stream's task asks of the registry of the feeds it serves.
-pub(super) trait Registry: Send + Sync {
+/// What the stream's task asks of the directory of the feeds it serves.
+pub(super) trait Directory: Send + Sync {
     /// Removes the feeds of `generation` nobody followed for a while, and returns them.
     fn idle(&self, generation: u64) -> Vec<Arc<Feed>>;
     /// Forgets the stream of `generation`, which ended, and its feeds.
@@ -79,7 +45,7 @@ const SWEEP: Duration = Duration::from_secs(1);
 pub(super) fn spawn(
     link: Link,
     stats: Arc<Stats>,
-    feeds: Weak<dyn Registry>,
+    feeds: Weak<dyn Directory>,
     generation: u64,
 ) -> mpsc::Sender<Command> {
     let (commands, mut rx) = mpsc::channel(COMMANDS);
@@ -129,7 +95,7 @@ impl Mux {
     async fn run(
         &mut self,
         link: Link,
-        feeds: &Weak<dyn Registry>,
+        feeds: &Weak<dyn Directory>,
         generation: u64,
         commands: &mut mpsc::Receiver<Command>,
     ) -> Arc<str> {
@@ -180,7 +146,7 @@ impl Mux {
             members,
             member,
         }: Opened,
-        feeds: &Weak<dyn Registry>,
+        feeds: &Weak<dyn Directory>,
         generation: u64,
         commands: &mut mpsc::Receiver<Command>,
     ) -> Arc<str> {
@@ -297,7 +263,7 @@ impl Mux {
     }
 
     /// Ends every feed of the stream and forgets it, so the next follower opens a new one.
-    fn end(&mut self, why: Arc<str>, feeds: &Weak<dyn Registry>, generation: u64) {
+    fn end(&mut self, why: Arc<str>, feeds: &Weak<dyn Directory>, generation: u64) {
         if let Some(feeds) = feeds.upgrade() {
             feeds.forget(generation);
         }
@@ -324,98 +290,4 @@ async fn progress(stream: &mut WatchStream) -> Result<(), Arc<str>> {
 fn stalled(members: &Members, member: Option<usize>) -> Arc<str> {
     members.suspect(member, "the feeds' watch stream went silent");
     "the etcd member serving the feeds went silent".into()
-}
-
-/// One lock's settings key and one lease's keys in its queue, watched on the shared stream.
-pub(super) struct Feed {
-    pub(super) targets: Vec<Target>,
-    pub(super) generation: u64,
-    pub(super) commands: mpsc::Sender<Command>,
-    pub(super) notes: broadcast::Sender<Note>,
-    pub(super) kept: Mutex<Kept>,
-    /// `Some(Ok(start))` once its watches are made: it delivers every change after `start`.
-    pub(super) ready: watch::Sender<Option<Result<i64, Arc<str>>>>,
-    pub(super) followers: AtomicUsize,
-    pub(super) idle_since: Mutex<Instant>,
-}
-
-/// A feed's memory of its latest changes.
-#[derive(Default)]
-pub(super) struct Kept {
-    /// Every change after this revision is in `recent`.
-    pub(super) floor: i64,
-    /// The newest revision etcd delivered everything up to.
-    pub(super) seen: i64,
-    pub(super) recent: VecDeque<Event>,
-    pub(super) ended: Option<Arc<str>>,
-}
-
-pub(super) fn revision(e: &Event) -> i64 {
-    e.kv().map_or(0, |kv| kv.mod_revision())
-}
-
-impl Feed {
-    pub(super) fn new(
-        lock: &LockId,
-        lease: i64,
-        generation: u64,
-        commands: mpsc::Sender<Command>,
-    ) -> Arc<Self> {
-        let own = format!("{}{lease:016x}/", lock.queue_prefix());
-        let targets = vec![
-            Target::any_change(lock.config_key().as_bytes()),
-            Target::any_change_under(own.as_bytes()),
-        ];
-        Arc::new(Feed {
-            targets,
-            generation,
-            commands,
-            notes: broadcast::Sender::new(BACKLOG),
-            kept: Mutex::default(),
-            ready: watch::Sender::new(None),
-            followers: AtomicUsize::new(0),
-            idle_since: Mutex::new(Instant::now()),
-        })
-    }
-
-    /// Its watches are made: it delivers every change after `start`.
-    pub(super) fn started(&self, start: i64) {
-        let mut kept = self.kept.lock().unwrap();
-        (kept.floor, kept.seen) = (start, start);
-        self.ready.send_replace(Some(Ok(start)));
-    }
-
-    /// Keeps `events`, delivered at `rev`, and passes them on.
-    pub(super) fn deliver(&self, events: &[Event], rev: i64) {
-        let mut kept = self.kept.lock().unwrap();
-        kept.recent.extend(events.iter().cloned());
-        while kept.recent.len() > KEEP {
-            let old = kept.recent.pop_front().expect("kept");
-            kept.floor = kept.floor.max(revision(&old));
-        }
-        kept.seen = kept.seen.max(rev);
-        let _ = self.notes.send(Note::Changes(events.into(), rev));
-    }
-
-    /// etcd delivered every change up to `rev`.
-    pub(super) fn seen(&self, rev: i64) {
-        let mut kept = self.kept.lock().unwrap();
-        kept.seen = kept.seen.max(rev);
-        let _ = self.notes.send(Note::Seen(rev));
-    }
-
-    /// The feed ended: its followers read again, and a new one replaces it.
-    pub(super) fn end(&self, why: Arc<str>) {
-        let mut kept = self.kept.lock().unwrap();
-        kept.ended.get_or_insert_with(|| why.clone());
-        let _ = self.notes.send(Note::Ended(why.clone()));
-        // Followers still waiting for the feed to open learn that it never will.
-        self.ready.send_if_modified(|ready| {
-            let waiting = ready.is_none();
-            if waiting {
-                *ready = Some(Err(why));
-            }
-            waiting
-        });
-    }
 }

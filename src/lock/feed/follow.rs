@@ -1,16 +1,5 @@
-//! Watches that outlive a wait: a lock's settings and this process's own entries in its queue,
-//! watched once and shared by every wait and hold of the process on that lock.
-//!
-//! A wait used to watch its own key and the lock's settings, and a hold its key: watches made
-//! and cancelled on every grant, each a message to etcd and a watcher registered and torn down
-//! there (issue #43). A *feed* watches the same keys for as long as the process uses the lock:
-//! the settings key, and every key under the session's lease in the lock's queue
-//! (`{queue}/{lease:016x}/`), which holds this process's entries and nobody else's. It keeps
-//! its recent changes, so a wait that read its position at revision `r` follows every change
-//! after `r` without a watch of its own ([`Subscription::from`] says from where it can).
-//!
-//! The feeds of a process share one watch stream (see [`mux`](super::mux)); a feed nobody
-//! used for [`LINGER`] is cancelled.
+//! The feeds of one process, by lock and lease ([`Feeds`]), and their followers
+//! ([`Subscription`]).
 
 use etcd_client::Event;
 use std::collections::HashMap;
@@ -20,15 +9,17 @@ use std::time::Duration;
 use tokio::sync::{broadcast, mpsc};
 use tokio::time::{Instant, timeout};
 
-use super::mux::{self, Command, Feed, Note, Registry, revision};
-use super::{Etcd, Stats, link::Link};
+use super::kept::{Command, Feed, Note, revision};
+use super::stream::{self, Directory};
 use crate::lock::error::{LockError, Unavailable};
+use crate::lock::etcd::Stats;
+use crate::lock::etcd::link::Link;
 use crate::lock::protocol::names::LockId;
 
 /// How long a feed nobody follows is kept: a process that takes a lock again within it (a busy
 /// lock's contender, a retry, the next burst) makes no new watch. An idle feed costs etcd two
 /// registered watches and no message (the stream's silence check is one per process).
-pub(super) const LINGER: Duration = Duration::from_secs(60);
+const LINGER: Duration = Duration::from_secs(60);
 
 /// How long [`Subscription::settle`] waits for the feed to pass a revision. It ends as soon as
 /// the feed passes it: on loopback the grant's event or etcd's answer to the progress request
@@ -58,7 +49,7 @@ struct Shared {
 }
 
 impl Feeds {
-    pub(super) fn new(link: Link, stats: Arc<Stats>) -> Arc<Self> {
+    pub(in crate::lock) fn new(link: Link, stats: Arc<Stats>) -> Arc<Self> {
         Arc::new(Feeds {
             link,
             stats,
@@ -95,13 +86,13 @@ impl Feeds {
         }
         shared.generations += 1;
         let generation = shared.generations;
-        let commands = mux::spawn(self.link.clone(), self.stats.clone(), registry(self), generation);
+        let commands = stream::spawn(self.link.clone(), self.stats.clone(), registry(self), generation);
         shared.stream = Some((generation, commands.clone()));
         (generation, commands)
     }
 }
 
-impl Registry for Feeds {
+impl Directory for Feeds {
     /// Removes the feeds of `generation` nobody followed for [`LINGER`], and returns them.
     fn idle(&self, generation: u64) -> Vec<Arc<Feed>> {
         let mut shared = self.shared.lock().unwrap();
@@ -127,18 +118,18 @@ impl Registry for Feeds {
     }
 }
 
-impl Etcd {
+impl Feeds {
     /// Follows this process's own entries in `lock`'s queue under `lease`, and the lock's
     /// settings, from just after `after`, on a feed shared with every other follower (see the
     /// module's doc). Only changes to `keys` are passed on.
     pub(in crate::lock) async fn follow(
-        &self,
+        self: &Arc<Self>,
         lock: &LockId,
         lease: i64,
         keys: Vec<Vec<u8>>,
         after: i64,
     ) -> Result<Subscription, LockError> {
-        let feed = self.feeds.feed(lock, lease).await?;
+        let feed = self.feed(lock, lease).await?;
         let mut sub = Subscription {
             feed,
             keys,
@@ -177,8 +168,8 @@ impl Etcd {
 }
 
 /// `feeds` as the stream's task sees it.
-fn registry(feeds: &Arc<Feeds>) -> Weak<dyn Registry> {
-    let feeds: Arc<dyn Registry> = feeds.clone();
+fn registry(feeds: &Arc<Feeds>) -> Weak<dyn Directory> {
+    let feeds: Arc<dyn Directory> = feeds.clone();
     Arc::downgrade(&feeds)
 }
 
