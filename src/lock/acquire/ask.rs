@@ -2,11 +2,12 @@
 //! holder id already has. Each refusal says which field to change and how.
 
 use crate::lock::engine::hold::Hold;
+use crate::lock::engine::max_hold::MaxHold;
 use crate::lock::error::LockError;
 use crate::lock::messages::AcquireRequest;
 use crate::lock::protocol::entry::Mode;
 use crate::lock::protocol::names::LockId;
-use crate::lock::txn::settings::Settings;
+use crate::lock::txn::settings::{Settings, TTL};
 
 /// The request field that asks for permits.
 const PERMITS_FIELD: &str = "permits";
@@ -116,6 +117,48 @@ pub(super) fn check_mode(lock: &LockId, mode: Mode, s: Settings) -> Result<(), L
         )));
     }
     Ok(())
+}
+
+/// What `req` asks, checked against the lock's settings `s`: its mode and permits, and the
+/// maximum hold time and TTL its entry records.
+pub(super) fn checked(req: &AcquireRequest, s: Settings) -> Result<(MaxHold, u32), LockError> {
+    check_mode(&req.lock, req.mode, s)?;
+    check_permits(&req.lock, req.permits, s)?;
+    let max_hold = MaxHold::of(req, &[(&req.lock, s.max_hold_seconds)])?;
+    let ttl = TTL.check(req.ttl_seconds.unwrap_or(s.ttl_seconds))?;
+    Ok((max_hold, ttl))
+}
+
+/// The most locks one request may take: enough for the sets users ask for, few enough that
+/// its transactions stay far below etcd's limit of operations per transaction.
+pub const MAX_SET: usize = 8;
+
+/// The locks of a multi-lock request, in its order (`lock` first), checked: distinct, of one
+/// namespace, at most [`MAX_SET`].
+pub(super) fn check_set(req: &AcquireRequest) -> Result<Vec<LockId>, LockError> {
+    let locks: Vec<LockId> = std::iter::once(&req.lock).chain(&req.with).cloned().collect();
+    if locks.len() > MAX_SET {
+        return Err(LockError::Invalid(format!(
+            "with names {} locks besides {}; a multi-lock acquire takes at most {MAX_SET} locks in all",
+            req.with.len(),
+            req.lock.name
+        )));
+    }
+    for (i, lock) in locks.iter().enumerate() {
+        if lock.namespace != req.lock.namespace {
+            return Err(LockError::Invalid(format!(
+                "with: {lock} is in another namespace; a multi-lock acquire takes locks of {} only",
+                req.lock.namespace
+            )));
+        }
+        if locks[..i].contains(lock) {
+            return Err(LockError::Invalid(format!(
+                "with: lock {} is named twice; name each lock of the set once",
+                lock.name
+            )));
+        }
+    }
+    Ok(locks)
 }
 
 #[cfg(test)]

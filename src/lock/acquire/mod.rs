@@ -29,8 +29,8 @@ use crate::lock::protocol::{Ask, Position, Standing};
 use crate::lock::txn::handoff::{self, Chain, NextKeys};
 use crate::lock::txn::queue::{self, Enqueued, Ticket};
 use crate::lock::txn::settings::Declared;
-use crate::lock::txn::settings::{HEARTBEAT, Settings, TTL};
-use ask::{check_mode, check_permits, check_permits_asked, check_rejoin};
+use crate::lock::txn::settings::{HEARTBEAT, Settings};
+use ask::{check_permits_asked, check_rejoin, checked};
 use pending::Pending;
 use wait::{Granted, Turn};
 
@@ -151,11 +151,7 @@ impl Engine {
     ) -> Result<Placed, LockError> {
         for _ in 0..MAX_PLACEMENTS {
             let s = declared.settings;
-            check_mode(&req.lock, req.mode, s)?;
-            check_permits(&req.lock, req.permits, s)?;
-            let max_hold = MaxHold::of(req, &[(&req.lock, s.max_hold_seconds)])?;
-            let ttl = req.ttl_seconds.unwrap_or(s.ttl_seconds);
-            let ttl = TTL.check(ttl)?;
+            let (max_hold, ttl) = checked(req, s)?;
             let session = self.sessions().get(ttl).await?;
             let entry = self.entry(req, ttl, s, s.epoch, max_hold);
             let key = req.lock.entry_key(session.id, &req.holder_id);

@@ -19,6 +19,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tracing::debug;
 
+use super::ask::{check_mode, check_rejoin, check_set};
 use super::pending::Pending;
 use super::wait::{self, Turn};
 use crate::lock::engine::Engine;
@@ -38,10 +39,6 @@ use crate::lock::txn::handoff::NextKeys;
 use crate::lock::txn::multi_lock::{self, EnqueuedSet, members};
 use crate::lock::txn::queue::Ticket;
 use crate::lock::txn::settings::{Declared, TTL};
-
-/// The most locks one request may take: enough for the sets users ask for, few enough that
-/// its transactions stay far below etcd's limit of operations per transaction.
-pub const MAX_SET: usize = 8;
 
 /// How many times a multi-lock acquire puts its keys again before it gives up (as a single one).
 const MAX_PLACEMENTS: usize = 5;
@@ -151,7 +148,7 @@ impl Engine {
                 ),
             });
         }
-        crate::lock::acquire::ask::check_rejoin(req, held)?;
+        check_rejoin(req, held)?;
         self.regrant(held).await
     }
 
@@ -218,7 +215,7 @@ impl Engine {
         declared: &[Declared],
     ) -> Result<Placed, LockError> {
         for (lock, d) in locks.iter().zip(declared) {
-            crate::lock::acquire::ask::check_mode(lock, req.mode, d.settings)?;
+            check_mode(lock, req.mode, d.settings)?;
         }
         let limits: Vec<(&LockId, u32)> = (locks.iter().zip(declared))
             .map(|(l, d)| (l, d.settings.max_hold_seconds))
@@ -368,34 +365,6 @@ fn heartbeat(req: &AcquireRequest, declared: &[Declared]) -> u32 {
         .filter(|w| *w > 0);
     req.heartbeat_timeout_seconds
         .unwrap_or_else(|| windows.min().unwrap_or(0))
-}
-
-/// The locks of a multi-lock request, in its order (`lock` first), checked: distinct, of one
-/// namespace, at most [`MAX_SET`].
-fn check_set(req: &AcquireRequest) -> Result<Vec<LockId>, LockError> {
-    let locks: Vec<LockId> = std::iter::once(&req.lock).chain(&req.with).cloned().collect();
-    if locks.len() > MAX_SET {
-        return Err(LockError::Invalid(format!(
-            "with names {} locks besides {}; a multi-lock acquire takes at most {MAX_SET} locks in all",
-            req.with.len(),
-            req.lock.name
-        )));
-    }
-    for (i, lock) in locks.iter().enumerate() {
-        if lock.namespace != req.lock.namespace {
-            return Err(LockError::Invalid(format!(
-                "with: {lock} is in another namespace; a multi-lock acquire takes locks of {} only",
-                req.lock.namespace
-            )));
-        }
-        if locks[..i].contains(lock) {
-            return Err(LockError::Invalid(format!(
-                "with: lock {} is named twice; name each lock of the set once",
-                lock.name
-            )));
-        }
-    }
-    Ok(locks)
 }
 
 #[cfg(test)]

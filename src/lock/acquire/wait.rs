@@ -29,7 +29,7 @@
 //! [`feed`]: crate::lock::feed
 //! [`Etcd::watch_keys_synced`]: crate::lock::etcd::Etcd::watch_keys_synced
 
-use etcd_client::{EventType, GetOptions, SortOrder, SortTarget, Txn, TxnOp};
+use etcd_client::EventType;
 use std::time::Duration;
 use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::warn;
@@ -348,24 +348,10 @@ async fn standing(
 ) -> Result<Standing, LockError> {
     loop {
         let max = declared.settings.max_holders;
-        let (needed, values) = protocol::keys_needed(max, ask.mode);
-        let mut ahead = GetOptions::new()
-            .with_prefix()
-            .with_max_create_revision(ticket.revision - 1)
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(needed.into());
-        if !values {
-            ahead = ahead.with_keys_only();
-        }
-        let mut ops = vec![
-            TxnOp::get(ticket.key.as_str(), None),
-            TxnOp::get(lock.config_key(), None),
-            TxnOp::get(lock.queue_prefix(), Some(ahead)),
-        ];
-        if handoff::possible(ask.mode) {
-            ops.push(handoff::behind(lock, ticket));
-        }
-        let resp = etcd.txn(Txn::new().and_then(ops)).await?;
+        let behind = handoff::possible(ask.mode).then(|| handoff::behind(lock, ticket));
+        let resp = etcd
+            .txn(queue::position_read(lock, (ticket, ask), max, behind))
+            .await?;
         let rev = resp.header().map_or(0, |h| h.revision());
         let mut gets = etcd::gets(resp.op_responses());
         let (mine, config, ahead) = (gets.next(), gets.next(), gets.next());

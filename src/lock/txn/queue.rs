@@ -352,3 +352,30 @@ pub(in crate::lock) fn recording(ahead: &[KeyValue], pos: &Position) -> bool {
         .and_then(|kv| Entry::decode(kv.value()))
         .is_some_and(|e| e.with.is_empty())
 }
+
+/// The read of where `ticket` (asking `ask`) stands in a lock of `max_holders` slots: its own
+/// key, the settings and the keys ahead of it that decide its position
+/// ([`protocol::keys_needed`]), then `behind` (a waiter that may be handed its grant reads the
+/// keys behind it, its chain).
+pub fn position_read(
+    lock: &LockId,
+    (ticket, ask): (&Ticket, Ask),
+    max_holders: u32,
+    behind: Option<TxnOp>,
+) -> Txn {
+    let (needed, values) = protocol::keys_needed(max_holders, ask.mode);
+    let mut ahead = GetOptions::new()
+        .with_prefix()
+        .with_max_create_revision(ticket.revision - 1)
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(needed.into());
+    if !values {
+        ahead = ahead.with_keys_only();
+    }
+    let ops = [
+        TxnOp::get(ticket.key.as_str(), None),
+        TxnOp::get(lock.config_key(), None),
+        TxnOp::get(lock.queue_prefix(), Some(ahead)),
+    ];
+    Txn::new().and_then(ops.into_iter().chain(behind).collect::<Vec<_>>())
+}
