@@ -61,8 +61,8 @@ pub(super) fn above_permits(lock: &LockId, permits: u32, s: Settings) -> LockErr
 /// set it holds as part of), with neither side bound to a connection (a connection's hold is
 /// its own, see the contract's "Holder identity").
 pub(super) fn check_rejoin(req: &AcquireRequest, hold: &Hold) -> Result<(), LockError> {
-    if req.with.is_empty() && !hold.set.is_empty() {
-        let names: Vec<&str> = hold.set.iter().map(|(l, _)| l.name.as_str()).collect();
+    if req.with.is_empty() && !hold.terms.set.is_empty() {
+        let names: Vec<&str> = hold.terms.set.iter().map(|(l, _)| l.name.as_str()).collect();
         return Err(LockError::HolderInUse {
             lock: req.lock.clone(),
             holder: req.holder_id.clone(),
@@ -72,8 +72,8 @@ pub(super) fn check_rejoin(req: &AcquireRequest, hold: &Hold) -> Result<(), Lock
             ),
         });
     }
-    if req.connection_bound || hold.connection_bound {
-        let why = if hold.connection_bound {
+    if req.connection_bound || hold.terms.connection_bound {
+        let why = if hold.terms.connection_bound {
             "; that hold is bound to another connection (POST .../hold)"
         } else {
             "; a hold bound to a connection (POST .../hold) cannot take over a held holder id"
@@ -84,22 +84,22 @@ pub(super) fn check_rejoin(req: &AcquireRequest, hold: &Hold) -> Result<(), Lock
             why: why.into(),
         });
     }
-    if req.mode != hold.mode {
+    if req.mode != hold.terms.mode {
         return Err(LockError::ModeConflict {
             lock: req.lock.clone(),
             holder: req.holder_id.clone(),
-            held: hold.mode,
+            held: hold.terms.mode,
             asked: req.mode,
         });
     }
-    if req.permits != hold.permits {
+    if req.permits != hold.terms.permits {
         return Err(LockError::HolderInUse {
             lock: req.lock.clone(),
             holder: req.holder_id.clone(),
             why: format!(
                 "; it holds {} permits, and this acquire asks for {}: release it first to hold with \
                  another number of permits",
-                hold.permits, req.permits
+                hold.terms.permits, req.permits
             ),
         });
     }

@@ -134,7 +134,7 @@ impl Engine {
             .chain(&req.with)
             .map(|l| l.name.as_str())
             .collect();
-        let mut has: Vec<&str> = held.set.iter().map(|(l, _)| l.name.as_str()).collect();
+        let mut has: Vec<&str> = held.terms.set.iter().map(|(l, _)| l.name.as_str()).collect();
         asked.sort();
         has.sort();
         if asked != has {

@@ -42,7 +42,7 @@ use crate::lock::etcd::{self, Etcd};
 use crate::lock::feed::Subscription;
 use crate::lock::protocol::entry::Successor;
 use crate::lock::protocol::names::LockId;
-use crate::lock::protocol::{self, Change};
+use crate::lock::protocol::{self, WakeOn};
 use crate::lock::protocol::{Ask, Position, Standing};
 use crate::lock::txn::handoff;
 use crate::lock::txn::queue::{self, Ticket};
@@ -332,8 +332,8 @@ fn lets_in(pos: &Position, max_holders: u32) -> Vec<Target> {
     let wakes = protocol::wakes(pos, max_holders).into_iter();
     wakes
         .map(|(key, on)| match on {
-            Change::Deletion => Target::deletion(&key),
-            Change::Any => Target::any_change(&key),
+            WakeOn::Deletion => Target::deletion(&key),
+            WakeOn::Any => Target::any_change(&key),
         })
         .collect()
 }

@@ -32,24 +32,10 @@ pub struct Hold {
     pub confirmed: i64,
     /// The session whose lease the key is bound to.
     pub session: Arc<Session>,
-    /// When the hold began.
-    pub acquired_at: SystemTime,
     /// The heartbeat window (zero: none).
     pub heartbeat: Duration,
-    /// Exclusive, or shared with other shared holds.
-    pub mode: Mode,
-    /// How many of the lock's slots it takes.
-    pub permits: u32,
-    /// Bound to the HTTP connection that asked for it (`POST .../hold`): that connection owns
-    /// it, so no other request may take it over by naming its holder id.
-    pub connection_bound: bool,
-    /// What its release may hand the lock on with (see [`handoff`](crate::lock::txn::handoff)).
-    pub chain: NextKeys,
-    /// A multi-lock hold's whole set, this lock among them, each with its token (see
-    /// [`multi`](crate::lock::acquire::multi)); empty for a single lock. Released, heartbeated and lost as one.
-    pub set: Vec<(LockId, Token)>,
-    /// When the hold ends at the latest (its maximum hold time), if it has one.
-    pub max_hold: Option<Deadline>,
+    /// How it holds, decided with its grant and fixed for its life.
+    pub terms: Terms,
     /// When the heartbeat window ends; each heartbeat moves it.
     pub(in crate::lock) deadline: watch::Sender<Instant>,
     /// Cancelled when the hold ends, by release or loss.
@@ -65,11 +51,14 @@ pub struct Terms {
     pub mode: Mode,
     /// How many of the lock's slots it takes.
     pub permits: u32,
-    /// Bound to the HTTP connection that asked for it.
+    /// Bound to the HTTP connection that asked for it (`POST .../hold`): that connection owns
+    /// it, so no other request may take it over by naming its holder id.
     pub connection_bound: bool,
-    /// What its release may hand the lock on with.
+    /// What its release may hand the lock on with (see [`handoff`](crate::lock::txn::handoff)).
     pub chain: NextKeys,
-    /// A multi-lock hold's whole set, each lock with its token; empty for a single lock.
+    /// A multi-lock hold's whole set, this lock among them, each with its token (see
+    /// [`multi`](crate::lock::acquire::multi)); empty for a single lock. Released, heartbeated
+    /// and lost as one.
     pub set: Vec<(LockId, Token)>,
     /// Its deadline, if it has a maximum hold time.
     pub max_hold: Option<Deadline>,
@@ -111,14 +100,8 @@ impl Hold {
             fencing,
             confirmed,
             session,
-            acquired_at: terms.acquired_at,
             heartbeat,
-            mode: terms.mode,
-            permits: terms.permits,
-            connection_bound: terms.connection_bound,
-            chain: terms.chain,
-            set: terms.set,
-            max_hold: terms.max_hold,
+            terms,
             deadline,
             ended: CancellationToken::new(),
         }
@@ -144,7 +127,7 @@ impl Hold {
             SystemTime::now() + self.heartbeat
         };
         // No heartbeat keeps a hold past its maximum hold time.
-        self.max_hold.map_or(expires, |d| expires.min(d.wall))
+        self.terms.max_hold.map_or(expires, |d| expires.min(d.wall))
     }
 }
 
@@ -157,13 +140,13 @@ impl Grant {
             lease_id: hold.ticket.lease,
             ttl_seconds: hold.session.ttl,
             heartbeat_timeout_seconds: hold.heartbeat.as_secs() as u32,
-            acquired_at: rfc3339(hold.acquired_at),
-            max_hold_seconds: hold.max_hold.map(|d| d.seconds),
-            deadline: hold.max_hold.map(|d| rfc3339(d.wall)),
-            mode: hold.mode,
-            permits: hold.permits,
+            acquired_at: rfc3339(hold.terms.acquired_at),
+            max_hold_seconds: hold.terms.max_hold.map(|d| d.seconds),
+            deadline: hold.terms.max_hold.map(|d| rfc3339(d.wall)),
+            mode: hold.terms.mode,
+            permits: hold.terms.permits,
             handed_on: false,
-            locks: (hold.set.iter())
+            locks: (hold.terms.set.iter())
                 .map(|(lock, token)| LockToken {
                     lock: lock.name.clone(),
                     fencing_token: token.get(),

@@ -181,7 +181,7 @@ impl Engine {
     }
 
     pub(in crate::lock) fn publish(&self, hold: &Hold, kind: EventKind, reason: Option<String>) {
-        let deadline = hold.max_hold.map(|d| rfc3339(d.wall));
+        let deadline = hold.terms.max_hold.map(|d| rfc3339(d.wall));
         self.announce(hold, kind, reason, deadline);
     }
 
@@ -199,7 +199,7 @@ impl Engine {
             lock: hold.lock.clone(),
             holder_id: hold.holder_id.clone(),
             fencing_token: hold.token(),
-            mode: hold.mode,
+            mode: hold.terms.mode,
             reason,
             deadline,
             at: rfc3339(SystemTime::now()),

@@ -15,7 +15,7 @@ use crate::lock::txn::release_note::DEADLINE;
 /// Warns `hold`'s subscribers when its deadline is near, and completes at the deadline;
 /// never for a hold without a maximum hold time.
 pub(super) async fn reached(engine: &Engine, hold: &Hold) -> &'static str {
-    let Some(deadline) = hold.max_hold else {
+    let Some(deadline) = hold.terms.max_hold else {
         return std::future::pending().await;
     };
     sleep_until(deadline.warn_at()).await;

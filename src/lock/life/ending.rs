@@ -50,7 +50,7 @@ impl Engine {
         }
         let release = match members.len() {
             1 => {
-                let chain = hold.chain.get().await;
+                let chain = hold.terms.chain.get().await;
                 handoff::release(self.etcd(), lock, &hold.ticket, chain.as_ref()).await
             }
             _ => multi_lock::release(self.etcd(), &tickets(&members)).await,
@@ -89,7 +89,7 @@ impl Engine {
     /// a single lock); `None` if one of them has ended (lost): then the set is lost.
     fn members(&self, hold: &Arc<Hold>) -> Option<Vec<Arc<Hold>>> {
         let mut members = vec![hold.clone()];
-        for (lock, token) in hold.set.iter().filter(|(l, _)| *l != hold.lock) {
+        for (lock, token) in hold.terms.set.iter().filter(|(l, _)| *l != hold.lock) {
             let slot = (lock.clone(), hold.holder_id.clone());
             members.push(self.registry().held(&slot).filter(|m| m.fencing == *token)?);
         }
@@ -152,7 +152,7 @@ impl Engine {
             DEADLINE => reason.to_string(),
             _ => format!("{SET_LOST} ({}: {reason})", hold.lock.name),
         };
-        for (lock, token) in hold.set.iter().filter(|(l, _)| *l != hold.lock) {
+        for (lock, token) in hold.terms.set.iter().filter(|(l, _)| *l != hold.lock) {
             let slot = (lock.clone(), hold.holder_id.clone());
             if let Some(m) = self.registry().held(&slot).filter(|m| m.fencing == *token) {
                 self.end_lost_one(&m, &theirs);

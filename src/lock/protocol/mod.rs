@@ -105,7 +105,7 @@ fn holds(queue: &[Queued], i: usize, max_holders: u32) -> bool {
 
 /// What a watched key must do to wake a waiter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Change {
+pub enum WakeOn {
     /// Be deleted.
     Deletion,
     /// Be deleted or written (a waiter's grant record).
@@ -115,15 +115,15 @@ pub enum Change {
 /// The keys whose change can let a waiter at `pos` in, and which change. Every waiter also
 /// watches its own key for deletion and the lock's settings key for any change; an event on
 /// any of them makes it read its position again.
-pub fn wakes(pos: &Position, max_holders: u32) -> Vec<(Vec<u8>, Change)> {
+pub fn wakes(pos: &Position, max_holders: u32) -> Vec<(Vec<u8>, WakeOn)> {
     let each = |keys: &[Vec<u8>], on| keys.iter().map(|k| (k.clone(), on)).collect();
     match pos {
-        Position::FirstWaiter(holders) => each(holders, Change::Deletion),
+        Position::FirstWaiter(holders) => each(holders, WakeOn::Deletion),
         // Behind a key still waiting in a semaphore: its grant record moves this one up too.
-        Position::Waiter(pred) if max_holders > 1 => vec![(pred.clone(), Change::Any)],
-        Position::Waiter(pred) => vec![(pred.clone(), Change::Deletion)],
-        Position::BehindUngranted(key) => vec![(key.clone(), Change::Any)],
-        Position::BehindOtherMode(key) => vec![(key.clone(), Change::Deletion)],
+        Position::Waiter(pred) if max_holders > 1 => vec![(pred.clone(), WakeOn::Any)],
+        Position::Waiter(pred) => vec![(pred.clone(), WakeOn::Deletion)],
+        Position::BehindUngranted(key) => vec![(key.clone(), WakeOn::Any)],
+        Position::BehindOtherMode(key) => vec![(key.clone(), WakeOn::Deletion)],
         Position::Holder | Position::Gone | Position::TooLarge => vec![],
     }
 }

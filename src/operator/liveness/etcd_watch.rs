@@ -15,7 +15,7 @@ use tracing::warn;
 
 use super::noticed::Noticed;
 use super::returned::{Known, Returned};
-use super::verdict::{Binding, PodEntry};
+use super::verdict::{PodEntry, TakenBy};
 use crate::crd::DistributedLock;
 use crate::lock::{Change, LockError, LockId, QueueEntry, Store};
 use crate::retry::{self, Pauses};
@@ -85,7 +85,7 @@ pub fn parse(queued: QueueEntry, cluster: &str) -> Parsed {
         uid: entry.pod.uid,
         requested,
         container: entry.container,
-        bound: Binding::new(),
+        bound: TakenBy::new(),
     };
     Parsed::Entry(pod, e)
 }
@@ -149,7 +149,7 @@ impl PodIndex {
     }
 
     /// Remembers the incarnations bound to the entry `key` (of create revision `revision`).
-    pub fn bind(&self, pod: &PodKey, key: &str, revision: i64, bound: &Binding) {
+    pub fn bind(&self, pod: &PodKey, key: &str, revision: i64, bound: &TakenBy) {
         let mut map = self.0.lock().unwrap();
         if let Some(e) = map.get_mut(pod).and_then(|m| m.get_mut(key))
             && e.revision == revision

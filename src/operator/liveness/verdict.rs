@@ -41,7 +41,7 @@ pub struct PodEntry {
     /// The app container that asked, when the app named it.
     pub container: Option<String>,
     /// The container incarnations proven to have taken it (see [`verdict`]).
-    pub bound: Binding,
+    pub bound: TakenBy,
 }
 
 /// Why the operator ended a hold (the `reason` label of `podlock_forced_releases_total`).
@@ -101,12 +101,12 @@ pub struct Incarnation {
     pub id: String,
 }
 
-/// The incarnation that took a hold, by container name.
-pub type Binding = BTreeMap<String, Incarnation>;
+/// The incarnation that took a hold, by container name: what a hold is bound to in its pod.
+pub type TakenBy = BTreeMap<String, Incarnation>;
 
 /// Why `entry` must end given `pod`, if it must; records in `bound` the incarnations that are
 /// proven to have taken the hold.
-pub fn verdict(pod: &Pod, entry: &PodEntry, bound: &mut Binding) -> Option<Reason> {
+pub fn verdict(pod: &Pod, entry: &PodEntry, bound: &mut TakenBy) -> Option<Reason> {
     if pod.metadata.uid.as_deref() != Some(entry.uid.as_str()) {
         return Some(Reason::PodReplaced);
     }
@@ -146,7 +146,7 @@ pub fn verdict(pod: &Pod, entry: &PodEntry, bound: &mut Binding) -> Option<Reaso
 /// Whether the sidecar incarnation that was running at the request (and so wrote the entry
 /// and keeps its lease alive) is gone. A native sidecar reports among the init containers, one
 /// written by hand may be an app container.
-fn sidecar_gone(status: &PodStatus, entry: &PodEntry, bound: &mut Binding) -> bool {
+fn sidecar_gone(status: &PodStatus, entry: &PodEntry, bound: &mut TakenBy) -> bool {
     let all = status
         .init_container_statuses
         .iter()

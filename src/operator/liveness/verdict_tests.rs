@@ -40,11 +40,11 @@ fn entry(uid: &str, container: Option<&str>) -> PodEntry {
         uid: uid.into(),
         requested: t(),
         container: container.map(str::to_string),
-        bound: Binding::new(),
+        bound: TakenBy::new(),
     }
 }
 
-fn judge(pod: &Pod, e: &PodEntry, bound: &mut Binding) -> Option<Reason> {
+fn judge(pod: &Pod, e: &PodEntry, bound: &mut TakenBy) -> Option<Reason> {
     verdict(pod, e, bound)
 }
 
@@ -52,7 +52,7 @@ fn judge(pod: &Pod, e: &PodEntry, bound: &mut Binding) -> Option<Reason> {
 fn pod_verdicts() {
     let app = || vec![running("app", "a1", 0, -60_000)];
     let e = entry("u", None);
-    let mut b = Binding::new();
+    let mut b = TakenBy::new();
     assert_eq!(
         judge(&pod("v", "Running", app()), &e, &mut b),
         Some(Reason::PodReplaced)
@@ -80,7 +80,7 @@ fn pod_verdicts() {
 #[test]
 fn a_restart_in_the_second_of_the_request_ends_a_bound_hold() {
     let e = entry("u", None);
-    let mut b = Binding::new();
+    let mut b = TakenBy::new();
     // First seen while the incarnation that asked runs: bound to it.
     assert_eq!(
         judge(
@@ -126,7 +126,7 @@ fn a_restart_in_the_second_of_the_request_ends_a_bound_hold() {
 fn without_a_binding_only_a_later_second_is_proof() {
     let e = entry("u", None);
     // Started in the request's second: maybe the incarnation that asked; kept, not bound.
-    let mut b = Binding::new();
+    let mut b = TakenBy::new();
     assert_eq!(
         judge(
             &pod("u", "Running", vec![running("app", "a2", 1, 500)]),
@@ -150,7 +150,7 @@ fn without_a_binding_only_a_later_second_is_proof() {
 #[test]
 fn a_hold_naming_its_container_ignores_the_others() {
     let e = entry("u", Some("app"));
-    let mut b = Binding::new();
+    let mut b = TakenBy::new();
     let both = |proxy: Value| pod("u", "Running", vec![running("app", "a1", 0, -60_000), proxy]);
     assert_eq!(
         judge(&both(running("istio-proxy", "p1", 0, -60_000)), &e, &mut b),
@@ -166,7 +166,7 @@ fn a_hold_naming_its_container_ignores_the_others() {
         judge(
             &both(running("istio-proxy", "p2", 1, 5_000)),
             &entry("u", None),
-            &mut Binding::new()
+            &mut TakenBy::new()
         ),
         Some(Reason::ContainerRestarted)
     );
@@ -183,7 +183,7 @@ fn an_init_container_that_names_itself_is_judged_by_its_own_status() {
             Some(vec![serde_json::from_value(init).unwrap()]);
         p
     };
-    let mut b = Binding::new();
+    let mut b = TakenBy::new();
     assert_eq!(
         judge(&with_init(running("migrate", "m1", 0, -5_000)), &e, &mut b),
         None
@@ -203,7 +203,7 @@ fn an_init_container_that_names_itself_is_judged_by_its_own_status() {
         d
     };
     assert_eq!(
-        judge(&with_init(done_later), &entry("u", None), &mut Binding::new()),
+        judge(&with_init(done_later), &entry("u", None), &mut TakenBy::new()),
         None
     );
 }
@@ -211,7 +211,7 @@ fn an_init_container_that_names_itself_is_judged_by_its_own_status() {
 #[test]
 fn an_id_reported_after_the_binding_is_learnt() {
     let e = entry("u", None);
-    let mut b = Binding::new();
+    let mut b = TakenBy::new();
     assert_eq!(
         judge(
             &pod("u", "Running", vec![running("app", "", 0, -60_000)]),
@@ -247,7 +247,7 @@ fn a_sidecar_restart_ends_the_holds_it_kept() {
         p
     };
     for e in [entry("u", None), entry("u", Some("app"))] {
-        let mut b = Binding::new();
+        let mut b = TakenBy::new();
         let first = with_sidecar(running(SIDECAR_CONTAINER, "s1", 0, -60_000));
         assert_eq!(judge(&first, &e, &mut b), None);
         assert_eq!(b[SIDECAR_CONTAINER].id, "s1");
@@ -259,5 +259,5 @@ fn a_sidecar_restart_ends_the_holds_it_kept() {
     let mut late = entry("u", None);
     late.requested = t() + Duration::from_secs(5);
     let restarted = with_sidecar(running(SIDECAR_CONTAINER, "s2", 1, 0));
-    assert_eq!(judge(&restarted, &late, &mut Binding::new()), None);
+    assert_eq!(judge(&restarted, &late, &mut TakenBy::new()), None);
 }

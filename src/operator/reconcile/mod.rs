@@ -158,7 +158,7 @@ async fn mirror_status(
         .lock_waiters
         .with_label_values(&labels)
         .set(status.waiters.into());
-    // Written apart, latest state first (see `status_writer`); the `HolderChanged` Event
+    // Written apart, latest state first (see `status/writer.rs`); the `HolderChanged` Event
     // follows the write that shows the new holder.
     ctx.status.offer(id, dl, &old, status);
     route.failed.map_or(Ok(()), |e| Err(e.into()))

@@ -1,7 +1,7 @@
 //! A key's position, decided by the engine's own function (`podlock::lock::protocol`) on what
 //! an etcd read of the model's store returns, and what a grant must respect.
 
-use podlock::lock::protocol::{self, Ahead, Ask, Change, Mode, Position, Queued};
+use podlock::lock::protocol::{self, Ahead, Ask, Mode, Position, Queued, WakeOn};
 
 use crate::model::Protocol;
 use crate::spec::Bug;
@@ -118,7 +118,7 @@ pub fn decide(model: &Protocol, state: &State, at: (u8, Rev), max: u8) -> Result
     let predecessor_deletion =
         read.bug == Some(Bug::PredecessorDeletionOnly) && matches!(position, Position::Waiter(_));
     let wakes = (protocol::wakes(&position, max.into()).into_iter())
-        .map(|(key, on)| (at.0, create_of(&key), on == Change::Any && !predecessor_deletion))
+        .map(|(key, on)| (at.0, create_of(&key), on == WakeOn::Any && !predecessor_deletion))
         .collect();
     // Behind a grant its owner has not recorded: the waiter may record it (see `OnBehalf`).
     let behind = match &position {
