@@ -221,4 +221,29 @@ mod tests {
             }
         ));
     }
+
+    /// The request's own lock is `jobs`.
+    #[test]
+    fn a_set_is_distinct_locks_of_one_namespace_at_most_eight() {
+        let set = |with: &[&str]| request(1, Mode::Exclusive, with);
+        let names = |r: &AcquireRequest| {
+            check_set(r)
+                .unwrap()
+                .iter()
+                .map(|l| l.name.clone())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            names(&set(&["c", "b"])),
+            ["jobs", "c", "b"],
+            "the request's order"
+        );
+        assert!(check_set(&set(&["b", "jobs"])).is_err());
+        assert!(check_set(&set(&["b", "b"])).is_err());
+        assert!(check_set(&set(&["1", "2", "3", "4", "5", "6", "7"])).is_ok());
+        assert!(check_set(&set(&["1", "2", "3", "4", "5", "6", "7", "8"])).is_err());
+        let mut other = set(&["b"]);
+        other.with[0].namespace = "elsewhere".into();
+        assert!(check_set(&other).is_err());
+    }
 }

@@ -366,7 +366,3 @@ fn heartbeat(req: &AcquireRequest, declared: &[Declared]) -> u32 {
     req.heartbeat_timeout_seconds
         .unwrap_or_else(|| windows.min().unwrap_or(0))
 }
-
-#[cfg(test)]
-#[path = "multi_tests.rs"]
-mod tests;
