@@ -111,7 +111,7 @@ fn complete_head(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::Mode;
+    use crate::lock::protocol::entry::Mode;
 
     const X: Mode = Mode::Exclusive;
     const S: Mode = Mode::Shared;

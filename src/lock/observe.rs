@@ -158,7 +158,7 @@ async fn watch_from(engine: &Engine, lock: &LockId, read: i64) -> Result<KeyWatc
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::Mode;
+    use crate::lock::protocol::entry::Mode;
 
     fn holder(id: &str, token: i64, mode: Mode, acquired_at: &str) -> HolderInfo {
         HolderInfo {

@@ -6,10 +6,12 @@
 //! code docs/clients.md quotes is in the examples as quoted; every measured figure agrees with
 //! the benchmarks' results files (`numbers`); every relative link of the README, CHANGELOG,
 //! SECURITY and docs/*.md leads to a file and heading that exist, and the README links every doc;
-//! docs/design.md's module table names every source file, and no file that is gone (`layout`).
+//! docs/design.md's module table names every source file, and no file that is gone (`layout`);
+//! every import of the engine is one its wing table allows (`wings`).
 
 mod layout;
 mod numbers;
+mod wings;
 
 use std::collections::BTreeSet;
 use std::process::Command;

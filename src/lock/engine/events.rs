@@ -63,7 +63,7 @@ mod tests {
             lock: lock.clone(),
             holder_id: "h".into(),
             fencing_token: 1,
-            mode: crate::lock::Mode::Exclusive,
+            mode: crate::lock::protocol::entry::Mode::Exclusive,
             reason: None,
             deadline: None,
             at: String::new(),

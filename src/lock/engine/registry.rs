@@ -225,7 +225,7 @@ mod tests {
             revision: 1,
             lease: 1,
         };
-        let token = crate::lock::Token::new(0, ticket.revision).unwrap();
+        let token = crate::lock::protocol::token::Token::new(0, ticket.revision).unwrap();
         let hold = Hold::new(
             lock.clone(),
             holder.into(),

@@ -214,9 +214,9 @@ async fn heartbeat_missed(hold: &Hold) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::LockId;
     use crate::lock::engine::hold::Terms;
     use crate::lock::etcd::session::Session;
+    use crate::lock::protocol::names::LockId;
     use crate::lock::txn::queue::Ticket;
 
     fn hold(window: Duration) -> Hold {
@@ -226,7 +226,7 @@ mod tests {
             lease: 1,
         };
         let lock = LockId::new("ns", "l").unwrap();
-        let token = crate::lock::Token::new(0, ticket.revision).unwrap();
+        let token = crate::lock::protocol::token::Token::new(0, ticket.revision).unwrap();
         Hold::new(
             lock,
             "h".into(),

@@ -5,6 +5,8 @@
 //! etcd requests, lease ends and settings changes it explores. Nothing here reads etcd.
 
 pub(super) mod entry;
+pub mod epoch;
+pub mod handoff;
 pub(super) mod keys;
 pub(super) mod names;
 mod position;

@@ -52,6 +52,7 @@ use crate::lock::error::LockError;
 use crate::lock::etcd::{self, Etcd};
 use crate::lock::protocol::Ask;
 use crate::lock::protocol::entry::{Entry, Mode, Successor};
+use crate::lock::protocol::handoff::{self as rule, Guard, Party};
 use crate::lock::protocol::names::LockId;
 
 /// How many keys behind it a holder reads with the read that grants it. A busy lock then
@@ -60,9 +61,9 @@ use crate::lock::protocol::names::LockId;
 pub const CHAIN: u32 = 8;
 
 impl Successor {
-    /// A key read behind a holder, if a grant may be handed to it ([`may_be_handed`]).
+    /// A key read behind a holder, if a grant may be handed to it ([`rule::may_be_handed`]).
     fn of(kv: &KeyValue) -> Option<Self> {
-        let entry = Entry::decode(kv.value()).filter(may_be_handed)?;
+        let entry = Entry::decode(kv.value()).filter(|e| rule::may_be_handed(party(e)))?;
         Some(Successor {
             key: kv.key_str().ok()?.to_string(),
             revision: kv.create_revision(),
@@ -75,10 +76,15 @@ impl Successor {
     }
 }
 
-/// Whether a grant may be handed to a key with `entry`: an exclusive entry of a single lock (a
-/// multi-lock key holds only once admitted on every lock of its set, see `multi`).
-fn may_be_handed(entry: &Entry) -> bool {
-    entry.mode == Mode::Exclusive && entry.with.is_empty()
+/// A key with `entry` as the handoff rule sees it.
+fn party(entry: &Entry) -> Party {
+    Party {
+        ask: Ask {
+            mode: entry.mode,
+            permits: entry.permits,
+        },
+        set: !entry.with.is_empty(),
+    }
 }
 
 /// What a holder may hand its lock on with: the settings its grant was decided under and the
@@ -95,8 +101,11 @@ impl Chain {
     /// The chain of a hold granted under `declared` asking `ask` with `next` behind it, if it
     /// may hand on: an exclusive hold with a key behind it that asks for no more permits.
     pub fn of(declared: &Declared, ask: Ask, next: Vec<Successor>) -> Option<Self> {
-        let fits = next.first().is_some_and(|s| s.entry.permits <= ask.permits);
-        (possible(ask.mode) && fits).then(|| Chain {
+        let holder = Party { ask, set: false };
+        let hands = next
+            .first()
+            .is_some_and(|s| rule::may_hand(holder, party(&s.entry)));
+        hands.then(|| Chain {
             declared: declared.clone(),
             next,
         })
@@ -106,7 +115,10 @@ impl Chain {
 /// Whether a waiter in `mode` may be handed its grant (and so watches its own key for
 /// writes, and reads the keys behind it with its position): an exclusive one.
 pub fn possible(mode: Mode) -> bool {
-    mode == Mode::Exclusive
+    rule::may_be_handed(Party {
+        ask: Ask::one(mode),
+        set: false,
+    })
 }
 
 /// The read of the keys right behind `ticket`, for its chain.
@@ -203,11 +215,21 @@ fn hand_on(lock: &LockId, ticket: &Ticket, chain: &Chain) -> Txn {
         next: rest.to_vec(),
         ..first.entry.clone()
     };
-    let mut guards = vec![
-        Compare::create_revision(ticket.key.as_str(), CompareOp::Equal, ticket.revision),
-        Compare::mod_revision(first.key.as_str(), CompareOp::Equal, first.revision),
-    ];
-    guards.extend(chain.declared.unchanged(&lock.config_key()));
+    let guards: Vec<Compare> = (rule::GUARDS.iter())
+        .flat_map(|guard| match guard {
+            Guard::HolderInPlace => vec![Compare::create_revision(
+                ticket.key.as_str(),
+                CompareOp::Equal,
+                ticket.revision,
+            )],
+            Guard::SettingsUnchanged => chain.declared.unchanged(&lock.config_key()),
+            Guard::SuccessorUntouched => vec![Compare::mod_revision(
+                first.key.as_str(),
+                CompareOp::Equal,
+                first.revision,
+            )],
+        })
+        .collect();
     let put = TxnOp::put(
         first.key.as_str(),
         grant.encode(),
@@ -322,6 +344,7 @@ mod tests {
     /// never hand it a grant (a chain read stops at it, as at a shared key).
     #[test]
     fn a_multi_lock_key_is_never_handed_a_grant() {
+        let may_be_handed = |e: &Entry| rule::may_be_handed(party(e));
         assert!(may_be_handed(&entry(Mode::Exclusive)));
         assert!(!may_be_handed(&entry(Mode::Shared)));
         let set = Entry {

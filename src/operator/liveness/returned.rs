@@ -13,7 +13,7 @@
 //! queue again. A key read then whose create revision lies at or below `upto` and which it did
 //! not know alive had ended before, and etcd has no way to create it again: etcd went back. Its
 //! lock is marked ([`Returned`]), and the next reconcile publishes the lock under a new epoch,
-//! which removes its queue (`epoch::Renewal::Returned`). A re-read at a revision below `upto`
+//! which removes its queue (`protocol::epoch::Renewal::Returned`). A re-read at a revision below `upto`
 //! (a wipe, a restore without a bump) marks nothing: those have their own renewals, and keys
 //! created since would look brought back.
 //!

@@ -3,7 +3,6 @@
 
 mod annotated;
 pub mod deadline;
-mod epoch;
 pub(super) mod holder_service;
 mod publish;
 pub mod release;

@@ -9,8 +9,8 @@ use kube::api::Api;
 use kube::runtime::events::EventType;
 use tracing::{info, warn};
 
-use super::epoch::{self, Choice, Renewal};
 use crate::crd::{DistributedLock, DistributedLockStatus};
+use crate::lock::protocol::epoch::{self, Choice, Known, Renewal};
 use crate::lock::{LockError, LockId, LockState, Settings, Token, may_publish};
 use crate::operator::context::{Context, event};
 use crate::operator::reconcile_error::Error;
@@ -118,14 +118,18 @@ impl Target {
     }
 }
 
-/// [`epoch::choose`], its error named for the lock.
+/// [`epoch::choose`] for a lock whose status is `status`, its error named for the lock.
 fn choose(
     id: &LockId,
     status: Option<&DistributedLockStatus>,
     found: Option<u32>,
     at: (i64, bool),
 ) -> Result<Choice, Error> {
-    epoch::choose(status, found, at).map_err(|source| {
+    let known = Known {
+        published: status.and_then(|s| s.fencing_epoch),
+        token: status.and_then(|s| s.fencing_token).map(Token::from_raw),
+    };
+    epoch::choose(known, found, at).map_err(|source| {
         Error::Lock(LockError::Token {
             lock: id.clone(),
             source,

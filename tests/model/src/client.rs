@@ -1,7 +1,7 @@
 //! A client's steps: the engine's acquire (`acquire.rs`, `queue.rs`, `wait.rs`), its hold
 //! (`life/monitor.rs`, `life/ending.rs`) and the sidecar's background removals, one etcd request each.
 
-use crate::decide::{check_limit, decide, grant};
+use crate::decide::{decide, grant};
 use crate::late::{Late, LateCopy};
 use crate::model::{Action, Protocol, Step};
 use crate::spec::{Bug, CHAIN, Handoff, OnBehalf};
@@ -331,57 +331,6 @@ impl Protocol {
                 self.delete_all(s, c, ticket); // leaves the queue before answering
             }
         }
-    }
-
-    /// The release transaction of direct handoff (see [`Handoff`]): if `c` may hand on and
-    /// every guard holds, deletes its key and writes the grant of the first key of its chain
-    /// (or, with [`Handoff::ReaderRun`], of the run of readers it starts), passing on the rest
-    /// of the chain; returns whether it did (else the release is the plain guarded delete).
-    pub(crate) fn hand_on(&self, s: &mut State, c: u8, ticket: Rev, chain: &[Rev]) -> bool {
-        let spec = self.spec.clients[c as usize];
-        let (cache, l) = (s.clients[c as usize].cache, &s.locks[spec.lock as usize]);
-        let writer = !spec.shared && self.guard_holds(&cache, l);
-        let guarded = self.spec.bug != Some(Bug::HandoffUnguarded);
-        if self.spec.handoff == Handoff::Off
-            || chain.is_empty()
-            || (guarded && !writer)
-            || spec.also.is_some()
-        {
-            return false;
-        }
-        // A multi-lock key is never handed a grant: it holds only once admitted on every lock.
-        let single = |k: &Key| self.spec.clients[k.owner as usize].also.is_none();
-        let untouched =
-            |create: &Rev| (s.key(spec.lock, *create)).filter(|k| k.modrev == k.create && single(k));
-        let Some(first) = untouched(&chain[0]).filter(|k| self.may_hand(c, k.owner)) else {
-            return false;
-        };
-        let run: Vec<Rev> = match (first.shared, self.spec.handoff) {
-            (false, _) => vec![first.create],
-            (true, Handoff::ReaderRun) => (chain.iter())
-                .map_while(|r| untouched(r).filter(|k| k.shared).map(|k| k.create))
-                .collect(),
-            (true, _) => return false,
-        };
-        if s.key(spec.lock, ticket).is_none() {
-            return false;
-        }
-        let permits = self.permits(first.owner);
-        let (shared, rest) = match first.shared {
-            true => (true, vec![]),
-            false => (false, chain[1..].to_vec()),
-        };
-        s.delete(spec.lock, ticket);
-        if !shared {
-            // The grant is made here, under the limit in force.
-            check_limit(self, s, spec.lock, permits);
-        }
-        let rev = s.next_rev();
-        for create in run {
-            let key = s.key_mut(spec.lock, create).expect("untouched");
-            (key.record, key.modrev, key.next) = (Record::Handed, rev, rest.clone());
-        }
-        true
     }
 }
 

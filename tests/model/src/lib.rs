@@ -14,6 +14,7 @@ mod client;
 mod clusters;
 mod deadline;
 mod decide;
+mod handoff;
 mod late;
 mod liveness;
 mod model;

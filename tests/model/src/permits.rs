@@ -29,12 +29,6 @@ impl Protocol {
         self.spec.clients[c as usize].permits
     }
 
-    /// Whether the holder `c` may hand its slot on to `successor`'s key: one that asks for no
-    /// more permits than `c` holds (any, with [`Bug::HandoffIgnoresPermits`]).
-    pub fn may_hand(&self, c: u8, successor: u8) -> bool {
-        self.spec.bug == Some(Bug::HandoffIgnoresPermits) || self.permits(successor) <= self.permits(c)
-    }
-
     /// The permits the holders of `lock` whose keys are in place take.
     pub fn taken(&self, s: &State, lock: u8) -> u32 {
         live_holders(self, s, lock)

@@ -1,8 +1,10 @@
 //! etcd rebuilt under the locks: wiped and started again empty, or restored from a snapshot
 //! taken earlier, and the operator's answer. It publishes a lock's settings again under a token
-//! epoch chosen by its rule (`src/operator/reconcile/epoch.rs`), and a bump removes the lock's queue in the
-//! same transaction; it mirrors the queue's holders into the status; the sidecars' orphan sweep
+//! epoch chosen by the operator's own rule (`podlock::lock::protocol::epoch`), and a bump
+//! removes the lock's queue in the same transaction; it mirrors the queue's holders into the status; the sidecars' orphan sweep
 //! removes keys no acquire tracks (a restore brings back keys of acquires long over).
+
+use podlock::lock::protocol::epoch;
 
 use crate::model::{Action, Protocol};
 use crate::props::{FENCING, VIEWS, WINDOW};
@@ -94,17 +96,10 @@ impl Protocol {
             EpochRule::StatusToken if gone => 0,
             EpochRule::StatusToken => lock.epoch,
             // A DistributedLock created anew knows no epoch: the one etcd has, else 0 (a new lock).
-            EpochRule::WriteAhead if status.fresh && status.token == (0, 0) => match gone {
-                true => 0,
-                false => lock.epoch,
-            },
             EpochRule::WriteAhead => {
-                let known = status.epoch.max(status.token.0);
-                if gone || lock.epoch < known || went_back || status.returned {
-                    known + 1
-                } else {
-                    lock.epoch
-                }
+                let found = (!gone).then_some(u32::from(lock.epoch));
+                let choice = epoch::choose(status.known(), found, (i64::from(etcd), status.returned));
+                u8::try_from(choice.expect("few epochs").epoch).expect("a model's epoch")
             }
         }
     }

@@ -9,6 +9,9 @@
 //! ([`State::next_rev`]): the new etcd's revisions stay below the old ones, the worst case for
 //! fencing tokens.
 
+use podlock::lock::Token as Fencing;
+use podlock::lock::protocol::epoch::Known;
+
 /// An etcd revision (0: none).
 pub type Rev = u16;
 
@@ -124,6 +127,22 @@ pub struct Status {
     /// The DistributedLock was created anew: its status records nothing yet (no
     /// `fencingEpoch`, no `fencingToken`), until the operator publishes it.
     pub fresh: bool,
+}
+
+impl Status {
+    /// What `status` says was handed out, as the operator reads it: nothing for a lock created
+    /// anew, else the epoch recorded and the largest token seen (none while it is `(0, 0)`).
+    pub fn known(&self) -> Known {
+        if self.fresh {
+            return Known::default();
+        }
+        let (epoch, revision) = self.token;
+        Known {
+            published: Some(u32::from(self.epoch)),
+            token: (self.token != (0, 0))
+                .then(|| Fencing::new(u32::from(epoch), i64::from(revision)).expect("a token")),
+        }
+    }
 }
 
 /// What only the runs that rebuild etcd keep (`None` in the others, whose states stay as small

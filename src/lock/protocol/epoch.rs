@@ -1,14 +1,24 @@
-//! The token epoch a DistributedLock is published under. Fencing tokens are etcd create
-//! revisions under an epoch (`lock::Token`). An etcd wiped, rebuilt or restored from an older
-//! snapshot starts its revisions low again; the operator then publishes the lock under a new
-//! epoch, so that its tokens keep rising. It knows which epochs and tokens were handed out from
-//! the DistributedLock's status, which the etcd's loss cannot take back: `fencingEpoch`, recorded
-//! before an epoch is published, and `fencingToken`, the largest token seen.
+//! The token epoch a lock is published under. Fencing tokens are etcd create revisions under
+//! an epoch ([`Token`]). An etcd wiped, rebuilt or restored from an older snapshot starts its
+//! revisions low again; the operator then publishes the lock under a new epoch, so that its
+//! tokens keep rising. It knows which epochs and tokens were handed out from what etcd's loss
+//! cannot take back ([`Known`], the DistributedLock's status): the epoch recorded before one is
+//! published, and the largest token seen. The operator chooses by [`choose`], and so does the
+//! protocol model, which checks the rule against etcd wiped and restored under the locks.
 
 use std::fmt;
 
-use crate::crd::DistributedLockStatus;
-use crate::lock::{Token, TokenError, next_epoch};
+use super::token::{Token, TokenError, next_epoch};
+
+/// What was handed out of a lock before, as kept outside etcd (`status.fencingEpoch` and
+/// `status.fencingToken`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Known {
+    /// The highest epoch the lock was published under (recorded before it is published).
+    pub published: Option<u32>,
+    /// The largest fencing token seen.
+    pub token: Option<Token>,
+}
 
 /// Why a lock moves to a new epoch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,17 +86,16 @@ pub struct Choice {
     pub renewal: Option<Renewal>,
 }
 
-/// The epoch for a lock whose status is `status`, whose settings in etcd carry epoch `found`
-/// (`None`: etcd does not have them), etcd being at revision `revision`, `returned` if etcd
-/// brought back keys of the lock that had ended. A new epoch lies above every one published
-/// before and every token seen; etcd's own is kept while nothing says that etcd went back.
+/// The epoch for a lock of which `known` was handed out, whose settings in etcd carry epoch
+/// `found` (`None`: etcd does not have them), etcd being at revision `revision`, `returned` if
+/// etcd brought back keys of the lock that had ended. A new epoch lies above every one
+/// published before, every token seen and etcd's own; etcd's own is kept while nothing says
+/// that etcd went back.
 pub fn choose(
-    status: Option<&DistributedLockStatus>,
+    Known { published, token }: Known,
     found: Option<u32>,
     (revision, returned): (i64, bool),
 ) -> Result<Choice, TokenError> {
-    let token = status.and_then(|s| s.fencing_token).map(Token::from_raw);
-    let published = status.and_then(|s| s.fencing_epoch);
     let known = published.into_iter().chain(token.map(Token::epoch)).max();
     let renewal = match (found, known) {
         (None, None) => None,
@@ -109,22 +118,21 @@ pub fn choose(
 mod tests {
     use super::*;
 
-    fn status(epoch: Option<u32>, token: Option<(u32, i64)>) -> DistributedLockStatus {
-        DistributedLockStatus {
-            fencing_epoch: epoch,
-            fencing_token: token.map(|(e, r)| Token::new(e, r).unwrap().get()),
-            ..Default::default()
+    fn status(epoch: Option<u32>, token: Option<(u32, i64)>) -> Known {
+        Known {
+            published: epoch,
+            token: token.map(|(e, r)| Token::new(e, r).unwrap()),
         }
     }
 
-    fn choose_for(s: &DistributedLockStatus, found: Option<u32>, revision: i64) -> Choice {
-        choose(Some(s), found, (revision, false)).unwrap()
+    fn choose_for(s: &Known, found: Option<u32>, revision: i64) -> Choice {
+        choose(*s, found, (revision, false)).unwrap()
     }
 
     #[test]
     fn a_new_lock_starts_at_epoch_0_and_a_live_one_keeps_its_epoch() {
         assert_eq!(
-            choose(None, None, (5, false)).unwrap(),
+            choose(Known::default(), None, (5, false)).unwrap(),
             Choice {
                 epoch: 0,
                 renewal: None
@@ -193,16 +201,16 @@ mod tests {
 
     #[test]
     fn epochs_run_out_with_an_error_not_a_wrapped_token() {
-        let last = status(Some(crate::lock::MAX_EPOCH), None);
-        assert!(choose(Some(&last), None, (1, false)).is_err());
+        let last = status(Some(crate::lock::protocol::token::MAX_EPOCH), None);
+        assert!(choose(last, None, (1, false)).is_err());
     }
 
     #[test]
     fn keys_brought_back_move_a_lock_on_even_with_revisions_above_every_token() {
         let seen = status(Some(0), Some((0, 500)));
-        let back = choose(Some(&seen), Some(0), (1_000_600, true)).unwrap();
+        let back = choose(seen, Some(0), (1_000_600, true)).unwrap();
         assert_eq!((back.epoch, back.renewal), (1, Some(Renewal::Returned)));
-        let fresh = choose(None, Some(2), (40, true)).unwrap();
+        let fresh = choose(Known::default(), Some(2), (40, true)).unwrap();
         assert_eq!(fresh.epoch, 3, "no status: above etcd's own epoch");
         assert_eq!(choose_for(&seen, Some(0), 1_000_600).renewal, None);
     }
