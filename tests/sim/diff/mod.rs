@@ -1,0 +1,165 @@
+//! The simulated etcd against a real one: the same seeded requests to both, every answer,
+//! error and watch event compared, revisions included.
+
+mod apply;
+mod requests;
+mod watches;
+
+use crate::common::EtcdServer;
+use podlock_sim::etcd::{Config, Etcd};
+use requests::{Known, Rng, Step};
+use std::time::{Duration, Instant};
+use watches::Streams;
+
+/// Watch streams per side.
+const STREAMS: usize = 3;
+/// Steps between two watch barriers.
+const BARRIER_EVERY: usize = 25;
+/// How long a lease granted below the smallest TTL (2 s) takes to be gone from both etcds:
+/// etcd's leader looks for expired leases every 500 ms.
+const EXPIRY_WAIT: Duration = Duration::from_millis(3_000);
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .map_or(default, |v| v.parse().unwrap_or_else(|_| panic!("{name}: {v:?}")))
+}
+
+/// What a passing sequence compared.
+#[derive(Default)]
+struct Counts {
+    requests: usize,
+    events: usize,
+}
+
+/// Runs `PODLOCK_SIM_SEQUENCES` sequences (default 6) of `PODLOCK_SIM_STEPS` steps (default
+/// 200), seeds from `PODLOCK_SIM_SEED` on (default 1); the first that differs fails the test.
+pub async fn run() -> Result<(), String> {
+    let sequences = env("PODLOCK_SIM_SEQUENCES", 6);
+    let steps = env("PODLOCK_SIM_STEPS", 200) as usize;
+    let first = env("PODLOCK_SIM_SEED", 1);
+    let started = Instant::now();
+    let mut total = Counts::default();
+    for seed in first..first + sequences {
+        let c = sequence(seed, steps).await?;
+        total.requests += c.requests;
+        total.events += c.events;
+    }
+    println!(
+        "sim: the simulated etcd agreed with etcd {} on {} sequences (seeds {first}..={}): {} requests \
+         and {} watch events compared, in {:.1} s",
+        etcd_version(),
+        sequences,
+        first + sequences - 1,
+        total.requests,
+        total.events,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+fn etcd_version() -> String {
+    let out = std::process::Command::new(crate::common::bin_dir().join("etcd"))
+        .arg("--version")
+        .output();
+    let text = out
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    text.lines()
+        .next()
+        .and_then(|l| l.strip_prefix("etcd Version: "))
+        .unwrap_or("?")
+        .to_string()
+}
+
+async fn sequence(seed: u64, steps: usize) -> Result<Counts, String> {
+    let real = EtcdServer::start().await;
+    let sim = Etcd::start(Config::default());
+    let mut clients = [sim.client().await, real.client().await];
+    let mut streams = [
+        Streams::open("simulated", &mut clients[0], STREAMS).await,
+        Streams::open("etcd", &mut clients[1], STREAMS).await,
+    ];
+    let mut rng = Rng::new(seed);
+    let mut counts = Counts::default();
+    for i in 0..steps {
+        let known = sim.inspect(|s| Known {
+            revision: s.store.revision(),
+            compacted: s.store.compacted(),
+            streams: STREAMS,
+        });
+        let step = requests::step(&mut rng, &known);
+        counts.requests += 1;
+        let settles = matches!(step, Step::Compact { .. } | Step::Cancel { .. });
+        if settles || i % BARRIER_EVERY == BARRIER_EVERY - 1 {
+            // etcd catches a watch from a past revision up within 100 ms, the simulated one at
+            // once: a compaction, or a cancel, in between would end it with fewer events on
+            // one side. Both wait until every watch is caught up.
+            for s in &mut streams {
+                s.barrier().await;
+            }
+        }
+        if matches!(step, Step::Watch { .. } | Step::Cancel { .. }) {
+            for s in &mut streams {
+                s.send(&step).await;
+            }
+        } else {
+            let answers = [
+                apply::send(&mut clients[0], &step).await,
+                apply::send(&mut clients[1], &step).await,
+            ];
+            if !apply::same(&answers[0], &answers[1]) {
+                return Err(format!(
+                    "seed {seed}, step {i}: the simulated etcd and etcd differ on\n  {step:?}\n\
+                     simulated: {:?}\n     etcd: {:?}\n(replay: PODLOCK_SIM_SEED={seed} \
+                     PODLOCK_SIM_SEQUENCES=1 cargo test --test sim)",
+                    answers[0], answers[1]
+                ));
+            }
+        }
+        if matches!(step, Step::Expire { .. }) {
+            tokio::time::sleep(EXPIRY_WAIT).await;
+        }
+    }
+    for s in &mut streams {
+        s.barrier().await;
+        s.drain(Duration::from_millis(100)).await;
+    }
+    compare_watches(seed, &streams)?;
+    counts.events = streams[1].events;
+    Ok(counts)
+}
+
+fn compare_watches(seed: u64, streams: &[Streams; 2]) -> Result<(), String> {
+    for (i, (sim, real)) in streams[0].logs.iter().zip(&streams[1].logs).enumerate() {
+        let ids = sim.keys().chain(real.keys());
+        for id in ids {
+            let (a, b) = (sim.get(id), real.get(id));
+            if a != b {
+                return Err(format!(
+                    "seed {seed}: watch {id} of stream {i} differs\nsimulated: {}\n     etcd: {}\n\
+                     (replay: PODLOCK_SIM_SEED={seed} PODLOCK_SIM_SEQUENCES=1 cargo test --test sim)",
+                    first_difference(a, b, true),
+                    first_difference(a, b, false),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first entry where the two logs differ, from `a`'s side (or `b`'s).
+fn first_difference(a: Option<&watches::WatchLog>, b: Option<&watches::WatchLog>, a_side: bool) -> String {
+    let (Some(a), Some(b)) = (a, b) else {
+        return format!("{:?}", if a_side { a } else { b });
+    };
+    let log = if a_side { a } else { b };
+    if a.control != b.control {
+        return format!("control answers {:?}", log.control);
+    }
+    if a.progress != b.progress {
+        return format!("{} progress notices", log.progress);
+    }
+    let n = a.events.iter().zip(&b.events).take_while(|(x, y)| x == y).count();
+    format!("event {n} of {}: {:?}", log.events.len(), log.events.get(n))
+}

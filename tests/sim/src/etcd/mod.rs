@@ -1,0 +1,190 @@
+//! A simulated etcd: one in-process member serving the etcd v3 gRPC API podlock uses (KV,
+//! Lease, Watch) over in-memory connections, on Tokio's clock, with no thread and no unordered
+//! iteration, so that a run on a current-thread runtime with paused time is a function of its
+//! inputs. Beyond gRPC, the faults a test injects: compaction, a restore with
+//! `--bump-revision --mark-compacted`, a wipe, a leader change.
+
+mod errors;
+mod kv;
+mod leases;
+mod service;
+mod state;
+mod store;
+mod txn;
+mod watch;
+
+pub use errors::EtcdError;
+pub use state::{Config, State};
+
+use hyper_util::rt::TokioIo;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::DuplexStream;
+use tokio::sync::{mpsc, watch as signal};
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint};
+
+/// How many bytes an in-memory connection buffers each way.
+const CONNECTION_BUFFER: usize = 256 * 1024;
+
+/// What the gRPC services and the lease reaper share.
+pub(crate) struct Shared {
+    state: Mutex<State>,
+    /// Bumped after every change, so that watch streams and the lease reaper look again.
+    ticks: signal::Sender<u64>,
+    /// Bumped when the member's data is replaced (restore, wipe): its streams end, as they do
+    /// when a real member restarts.
+    generation: AtomicU64,
+}
+
+impl Shared {
+    /// Runs `f` on the state; wakes whoever waits for a change.
+    pub(crate) fn update<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let r = f(&mut self.state.lock().expect("no panic while the state is held"));
+        self.ticks.send_modify(|t| *t += 1);
+        r
+    }
+
+    /// Reads the state.
+    pub(crate) fn read<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        f(&self.state.lock().expect("no panic while the state is held"))
+    }
+
+    /// A receiver that sees every change.
+    pub(crate) fn subscribe(&self) -> signal::Receiver<u64> {
+        self.ticks.subscribe()
+    }
+
+    /// The current generation of the member's data.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::SeqCst)
+    }
+}
+
+/// A snapshot of the member's data (`etcdctl snapshot save`).
+#[derive(Clone, Debug)]
+pub struct Snapshot(State);
+
+/// The simulated etcd member; its server and lease reaper run as tasks on the current Tokio
+/// runtime until it is dropped.
+pub struct Etcd {
+    shared: Arc<Shared>,
+    incoming: mpsc::UnboundedSender<DuplexStream>,
+    tasks: Vec<JoinHandle<()>>,
+}
+
+impl Etcd {
+    /// Starts an empty member with `config`; must be called within a Tokio runtime.
+    pub fn start(config: Config) -> Self {
+        let shared = Arc::new(Shared {
+            state: Mutex::new(State::new(config)),
+            ticks: signal::channel(0).0,
+            generation: AtomicU64::new(0),
+        });
+        let (incoming, connections) = mpsc::unbounded_channel();
+        let tasks = vec![
+            tokio::spawn(service::serve(shared.clone(), connections)),
+            tokio::spawn(leases_reaper(shared.clone())),
+        ];
+        Etcd {
+            shared,
+            incoming,
+            tasks,
+        }
+    }
+
+    /// A new in-memory connection to the member: the seam where a test puts its faults.
+    pub fn connect(&self) -> DuplexStream {
+        let (client, server) = tokio::io::duplex(CONNECTION_BUFFER);
+        // The server task lives as long as `self`: a send fails only while the member drops.
+        let _ = self.incoming.send(server);
+        client
+    }
+
+    /// A gRPC channel to the member that connects (and reconnects) in memory.
+    pub fn channel(&self) -> Channel {
+        let incoming = self.incoming.clone();
+        let connector = tower::service_fn(move |_| {
+            let (client, server) = tokio::io::duplex(CONNECTION_BUFFER);
+            let sent = incoming.send(server);
+            async move {
+                sent.map_err(|_| std::io::Error::other("the simulated etcd has stopped"))?;
+                Ok::<_, std::io::Error>(TokioIo::new(client))
+            }
+        });
+        Endpoint::from_static("http://etcd.sim:2379").connect_with_connector_lazy(connector)
+    }
+
+    /// An etcd client of the member, as podlock makes one (`Client::from_channel`).
+    pub async fn client(&self) -> etcd_client::Client {
+        let channel = etcd_client::Channel::Tonic(self.channel());
+        (etcd_client::Client::from_channel(channel, None).await).expect("no auth: nothing to fail")
+    }
+
+    /// Reads the member's data (for checkers: what keys, leases, revisions there are).
+    pub fn inspect<R>(&self, f: impl FnOnce(&State) -> R) -> R {
+        self.shared.read(f)
+    }
+
+    /// Compacts at `revision`, as `etcdctl compact` does.
+    pub fn compact(&self, revision: i64) -> Result<(), EtcdError> {
+        self.shared.update(|s| s.store.compact(revision))
+    }
+
+    /// A leader change: a new raft term, and every lease's TTL starts again.
+    pub fn change_leader(&self) {
+        self.shared
+            .update(|s| s.change_leader(tokio::time::Instant::now()));
+    }
+
+    /// A snapshot of the member's data now.
+    pub fn snapshot(&self) -> Snapshot {
+        Snapshot(self.shared.read(State::clone))
+    }
+
+    /// The member restarted from `snapshot` with `etcdutl snapshot restore --bump-revision
+    /// bump [--mark-compacted]`: its streams end, its revision is the snapshot's plus `bump`,
+    /// and its leases start their TTLs again under the new leader.
+    pub fn restore(&self, snapshot: &Snapshot, bump: i64, mark_compacted: bool) {
+        self.replace(|s| {
+            *s = snapshot.0.clone();
+            s.store.bump(bump, mark_compacted);
+            s.change_leader(tokio::time::Instant::now());
+        });
+    }
+
+    /// The member reinstalled with an empty data directory: revisions start again from 1.
+    pub fn wipe(&self) {
+        self.replace(|s| *s = State::new(s.config.clone()));
+    }
+
+    fn replace(&self, f: impl FnOnce(&mut State)) {
+        self.shared.update(|s| {
+            f(s);
+            self.shared.generation.fetch_add(1, Ordering::SeqCst);
+        });
+    }
+}
+
+impl Drop for Etcd {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// Revokes each lease when it expires on Tokio's clock. etcd's leader looks every 500 ms and
+/// revokes through raft; here a lease goes at its expiry exactly.
+async fn leases_reaper(shared: Arc<Shared>) {
+    let mut changes = shared.subscribe();
+    loop {
+        let next = shared.read(|s| s.leases.next_expiry());
+        tokio::select! {
+            _ = tokio::time::sleep_until(next.unwrap_or_else(tokio::time::Instant::now)), if next.is_some() => {
+                shared.update(|s| s.expire(tokio::time::Instant::now()));
+            }
+            changed = changes.changed() => if changed.is_err() { return },
+        }
+    }
+}
