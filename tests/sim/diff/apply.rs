@@ -242,7 +242,7 @@ async fn leases(c: &mut Client) -> Outcome {
 }
 
 /// Grants a lease below the smallest TTL and puts `keys` on it: each answer, in one outcome.
-async fn expiring(c: &mut Client, id: i64, keys: &[Vec<u8>]) -> Outcome {
+async fn expiring(c: &mut Client, id: i64, keys: &[String]) -> Outcome {
     let mut all = vec![answer!(
         c.lease_grant(1, Some(LeaseGrantOptions::new().with_id(id)))
     )];

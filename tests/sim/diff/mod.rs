@@ -2,10 +2,12 @@
 //! error and watch event compared, revisions included.
 
 mod apply;
+mod replay;
 mod requests;
 mod watches;
 
 use crate::common::EtcdServer;
+use etcd_client::Client;
 use podlock_sim::etcd::{Config, Etcd};
 use requests::{Known, Rng, Step};
 use std::time::{Duration, Instant};
@@ -32,16 +34,22 @@ struct Counts {
     events: usize,
 }
 
-/// Runs `PODLOCK_SIM_SEQUENCES` sequences (default 6) of `PODLOCK_SIM_STEPS` steps (default
-/// 200), seeds from `PODLOCK_SIM_SEED` on (default 1); the first that differs fails the test.
-pub async fn run() -> Result<(), String> {
+/// Checks replay on paused time with seed `PODLOCK_SIM_SEED` (default 1), then runs
+/// `PODLOCK_SIM_SEQUENCES` sequences (default 6) of `PODLOCK_SIM_STEPS` steps (default 200)
+/// against a real etcd, seeds from `PODLOCK_SIM_SEED` on; the first that differs fails the test.
+pub fn run() -> Result<(), String> {
     let sequences = env("PODLOCK_SIM_SEQUENCES", 6);
     let steps = env("PODLOCK_SIM_STEPS", 200) as usize;
     let first = env("PODLOCK_SIM_SEED", 1);
+    println!("{}", replay::check(first, steps)?);
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
     let started = Instant::now();
     let mut total = Counts::default();
     for seed in first..first + sequences {
-        let c = sequence(seed, steps).await?;
+        let c = runtime
+            .as_ref()
+            .expect("a Tokio runtime")
+            .block_on(sequence(seed, steps))?;
         total.requests += c.requests;
         total.events += c.events;
     }
@@ -72,16 +80,31 @@ fn etcd_version() -> String {
         .to_string()
 }
 
-async fn sequence(seed: u64, steps: usize) -> Result<Counts, String> {
-    let real = EtcdServer::start().await;
-    let sim = Etcd::start(Config::default());
-    let mut clients = [sim.client().await, real.client().await];
-    let mut streams = [
-        Streams::open("simulated", &mut clients[0], STREAMS).await,
-        Streams::open("etcd", &mut clients[1], STREAMS).await,
-    ];
+/// One etcd under test: a client, its watch streams, every answer it gave.
+pub struct Side {
+    name: &'static str,
+    client: Client,
+    streams: Streams,
+    /// Every answer, in order (the paused-time replay compares two runs' transcripts).
+    pub answers: Vec<apply::Outcome>,
+}
+
+impl Side {
+    pub async fn new(name: &'static str, mut client: Client) -> Self {
+        let streams = Streams::open(name, &mut client, STREAMS).await;
+        Side {
+            name,
+            client,
+            streams,
+            answers: Vec::new(),
+        }
+    }
+}
+
+/// Sends the `steps` steps of `seed` to every side, the simulated etcd `sim` first; the first
+/// answer on which two sides differ is an error. Ends with every watch caught up and read.
+pub async fn drive(seed: u64, steps: usize, sim: &Etcd, sides: &mut [Side]) -> Result<usize, String> {
     let mut rng = Rng::new(seed);
-    let mut counts = Counts::default();
     for i in 0..steps {
         let known = sim.inspect(|s| Known {
             revision: s.store.revision(),
@@ -89,48 +112,61 @@ async fn sequence(seed: u64, steps: usize) -> Result<Counts, String> {
             streams: STREAMS,
         });
         let step = requests::step(&mut rng, &known);
-        counts.requests += 1;
         let settles = matches!(step, Step::Compact { .. } | Step::Cancel { .. });
         if settles || i % BARRIER_EVERY == BARRIER_EVERY - 1 {
             // etcd catches a watch from a past revision up within 100 ms, the simulated one at
             // once: a compaction, or a cancel, in between would end it with fewer events on
             // one side. Both wait until every watch is caught up.
-            for s in &mut streams {
-                s.barrier().await;
+            for side in sides.iter_mut() {
+                side.streams.barrier().await;
             }
         }
-        if matches!(step, Step::Watch { .. } | Step::Cancel { .. }) {
-            for s in &mut streams {
-                s.send(&step).await;
+        for side in sides.iter_mut() {
+            if matches!(step, Step::Watch { .. } | Step::Cancel { .. }) {
+                side.streams.send(&step).await;
+            } else {
+                side.answers.push(apply::send(&mut side.client, &step).await);
             }
-        } else {
-            let answers = [
-                apply::send(&mut clients[0], &step).await,
-                apply::send(&mut clients[1], &step).await,
-            ];
-            if !apply::same(&answers[0], &answers[1]) {
-                return Err(format!(
-                    "seed {seed}, step {i}: the simulated etcd and etcd differ on\n  {step:?}\n\
-                     simulated: {:?}\n     etcd: {:?}\n(replay: PODLOCK_SIM_SEED={seed} \
-                     PODLOCK_SIM_SEQUENCES=1 cargo test --test sim)",
-                    answers[0], answers[1]
-                ));
-            }
+        }
+        if let [a, b] = sides
+            && let (Some(x), Some(y)) = (a.answers.last(), b.answers.last())
+            && a.answers.len() == b.answers.len()
+            && !apply::same(x, y)
+        {
+            return Err(format!(
+                "seed {seed}, step {i}: {} and {} differ on\n  {step:?}\n{:>9}: {x:?}\n{:>9}: {y:?}\n\
+                 (replay: PODLOCK_SIM_SEED={seed} PODLOCK_SIM_SEQUENCES=1 cargo test --test sim)",
+                a.name, b.name, a.name, b.name
+            ));
         }
         if matches!(step, Step::Expire { .. }) {
             tokio::time::sleep(EXPIRY_WAIT).await;
         }
     }
-    for s in &mut streams {
-        s.barrier().await;
-        s.drain(Duration::from_millis(100)).await;
+    for side in sides.iter_mut() {
+        side.streams.barrier().await;
+        side.streams.drain(Duration::from_millis(100)).await;
     }
-    compare_watches(seed, &streams)?;
-    counts.events = streams[1].events;
-    Ok(counts)
+    Ok(steps)
 }
 
-fn compare_watches(seed: u64, streams: &[Streams; 2]) -> Result<(), String> {
+async fn sequence(seed: u64, steps: usize) -> Result<Counts, String> {
+    let real = EtcdServer::start().await;
+    let sim = Etcd::start(Config::default());
+    let mut sides = [
+        Side::new("simulated", sim.client().await).await,
+        Side::new("etcd", real.client().await).await,
+    ];
+    let requests = drive(seed, steps, &sim, &mut sides).await?;
+    compare_watches(seed, [&sides[0].streams, &sides[1].streams])?;
+    Ok(Counts {
+        requests,
+        events: sides[1].streams.events,
+    })
+}
+
+/// Compares what each watch of two sides was told.
+pub fn compare_watches(seed: u64, streams: [&Streams; 2]) -> Result<(), String> {
     for (i, (sim, real)) in streams[0].logs.iter().zip(&streams[1].logs).enumerate() {
         let ids = sim.keys().chain(real.keys());
         for id in ids {

@@ -42,16 +42,16 @@ pub const LEASES: [i64; 5] = [7001, 7002, 7003, 7004, 7005];
 /// A key range: `end` as sent (empty: the key alone; `\0`: from the key on).
 #[derive(Clone, Debug)]
 pub struct Range {
-    pub key: Vec<u8>,
-    pub end: Vec<u8>,
+    pub key: String,
+    pub end: String,
 }
 
 /// One request (or a pause for lease expiry) sent to both etcds.
 #[derive(Clone, Debug)]
 pub enum Step {
     Put {
-        key: Vec<u8>,
-        value: Vec<u8>,
+        key: String,
+        value: String,
         lease: i64,
         prev_kv: bool,
         ignore_value: bool,
@@ -105,7 +105,7 @@ pub enum Step {
     /// it has expired on both.
     Expire {
         id: i64,
-        keys: Vec<Vec<u8>>,
+        keys: Vec<String>,
     },
 }
 
@@ -116,7 +116,7 @@ pub struct Cmp {
     pub result: i32,
     pub range: Range,
     pub number: i64,
-    pub value: Vec<u8>,
+    pub value: String,
 }
 
 #[derive(Clone, Debug)]
@@ -134,20 +134,20 @@ pub struct Known {
     pub streams: usize,
 }
 
-pub fn key(rng: &mut Rng) -> Vec<u8> {
-    format!("{PREFIX}k{}", rng.below(KEYS)).into_bytes()
+pub fn key(rng: &mut Rng) -> String {
+    format!("{PREFIX}k{}", rng.below(KEYS))
 }
 
 fn range(rng: &mut Rng) -> Range {
     let k = key(rng);
     let end = match rng.below(6) {
-        0 | 1 => Vec::new(),
-        2 => b"/d0".to_vec(), // the whole prefix
-        3 => vec![0],
-        4 => key(rng),                         // before, at or after the key: empty ranges too
-        _ => [k.as_slice(), b"\x00"].concat(), // [k, k\0): the key alone, as a range
+        0 | 1 => String::new(),
+        2 => "/d0".to_string(), // the whole prefix
+        3 => "\0".to_string(),
+        4 => key(rng),         // before, at or after the key: empty ranges too
+        _ => format!("{k}\0"), // [k, k\0): the key alone, as a range
     };
-    let key = if rng.one_in(40) { Vec::new() } else { k };
+    let key = if rng.one_in(40) { String::new() } else { k };
     Range { key, end }
 }
 
@@ -166,8 +166,8 @@ fn lease(rng: &mut Rng) -> i64 {
 fn put(rng: &mut Rng) -> Step {
     let ignore_value = rng.one_in(8);
     let value = match (ignore_value, rng.one_in(6)) {
-        (true, false) | (false, true) => Vec::new(),
-        _ => format!("v{}", rng.below(5)).into_bytes(),
+        (true, false) | (false, true) => String::new(),
+        _ => format!("v{}", rng.below(5)),
     };
     let ignore_lease = rng.one_in(8);
     Step::Put {
@@ -214,7 +214,7 @@ fn compare(rng: &mut Rng, k: &Known) -> Cmp {
         } else {
             Range {
                 key: key(rng),
-                end: Vec::new(),
+                end: String::new(),
             }
         },
         number: match target {
@@ -222,7 +222,7 @@ fn compare(rng: &mut Rng, k: &Known) -> Cmp {
             4 => lease(rng),
             _ => revision(rng, k).max(0),
         },
-        value: format!("v{}", rng.below(5)).into_bytes(),
+        value: format!("v{}", rng.below(5)),
     }
 }
 

@@ -13,6 +13,7 @@ use etcd_client::proto::{
     PbTxnRequestOp, PbTxnResponse,
 };
 use std::cmp::Ordering;
+use std::collections::BTreeSet;
 
 /// etcd's `checkTxnRequest`: sizes and keys, nested transactions within what is left of
 /// `max_ops`.
@@ -49,7 +50,7 @@ impl Interval {
 /// etcd's `checkIntervals` on one branch: no key put twice, no key both put and deleted, where
 /// the two branches of a nested transaction may put the same key (only one runs). Returns the
 /// branch's puts and deletes.
-fn check_intervals(ops: &[PbTxnRequestOp]) -> Result<(Vec<Vec<u8>>, Vec<Interval>), EtcdError> {
+fn check_intervals(ops: &[PbTxnRequestOp]) -> Result<(BTreeSet<Vec<u8>>, Vec<Interval>), EtcdError> {
     let mut dels: Vec<Interval> = (ops.iter())
         .filter_map(|op| match &op.request {
             Some(PbTxnOpRequest::RequestDeleteRange(d)) if d.range_end.is_empty() => {
@@ -59,9 +60,9 @@ fn check_intervals(ops: &[PbTxnRequestOp]) -> Result<(Vec<Vec<u8>>, Vec<Interval
             _ => None,
         })
         .collect();
-    let mut puts: Vec<Vec<u8>> = Vec::new();
-    let clash = |puts: &[Vec<u8>], dels: &[Interval], k: &[u8]| {
-        puts.iter().any(|p| p == k) || dels.iter().any(|d| d.holds(k))
+    let mut puts: BTreeSet<Vec<u8>> = BTreeSet::new();
+    let clash = |puts: &BTreeSet<Vec<u8>>, dels: &[Interval], k: &[u8]| {
+        puts.contains(k) || dels.iter().any(|d| d.holds(k))
     };
     for op in ops {
         let Some(PbTxnOpRequest::RequestTxn(t)) = &op.request else {
@@ -73,14 +74,14 @@ fn check_intervals(ops: &[PbTxnRequestOp]) -> Result<(Vec<Vec<u8>>, Vec<Interval
             if clash(&puts, &dels, k) {
                 return Err(EtcdError::DuplicateKey);
             }
-            puts.push(k.clone());
+            puts.insert(k.clone());
         }
         for k in &else_puts {
             let twice = puts.contains(k) && !then_puts.contains(k);
             if twice || dels.iter().any(|d| d.holds(k)) {
                 return Err(EtcdError::DuplicateKey);
             }
-            puts.push(k.clone());
+            puts.insert(k.clone());
         }
         dels.extend(then_dels.into_iter().chain(else_dels));
     }
@@ -91,7 +92,7 @@ fn check_intervals(ops: &[PbTxnRequestOp]) -> Result<(Vec<Vec<u8>>, Vec<Interval
         if clash(&puts, &dels, &p.key) {
             return Err(EtcdError::DuplicateKey);
         }
-        puts.push(p.key.clone());
+        puts.insert(p.key.clone());
     }
     Ok((puts, dels))
 }
