@@ -2,6 +2,7 @@
 //! error and watch event compared, revisions included.
 
 mod apply;
+mod faults;
 mod replay;
 mod requests;
 mod watches;
@@ -34,7 +35,8 @@ struct Counts {
     events: usize,
 }
 
-/// Checks replay on paused time with seed `PODLOCK_SIM_SEED` (default 1), then runs
+/// Checks replay on paused time with seed `PODLOCK_SIM_SEED` (default 1) and the simulated
+/// faults, then runs
 /// `PODLOCK_SIM_SEQUENCES` sequences (default 6) of `PODLOCK_SIM_STEPS` steps (default 200)
 /// against a real etcd, seeds from `PODLOCK_SIM_SEED` on; the first that differs fails the test.
 pub fn run() -> Result<(), String> {
@@ -42,6 +44,7 @@ pub fn run() -> Result<(), String> {
     let steps = env("PODLOCK_SIM_STEPS", 200) as usize;
     let first = env("PODLOCK_SIM_SEED", 1);
     println!("{}", replay::check(first, steps)?);
+    println!("{}", faults::check()?);
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build();
     let started = Instant::now();
     let mut total = Counts::default();
