@@ -38,10 +38,15 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    /// Runs `f` on the state; wakes whoever waits for a change.
+    /// Runs `f` on the state; wakes whoever waits for a change if it changed what they wait
+    /// on (a read wakes no one).
     pub(crate) fn update<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
-        let r = f(&mut self.state.lock().expect("no panic while the state is held"));
-        self.ticks.send_modify(|t| *t += 1);
+        let mut state = self.state.lock().expect("no panic while the state is held");
+        let before = state.epoch();
+        let r = f(&mut state);
+        if state.epoch() != before {
+            self.ticks.send_modify(|t| *t += 1);
+        }
         r
     }
 
@@ -159,10 +164,9 @@ impl Etcd {
     }
 
     fn replace(&self, f: impl FnOnce(&mut State)) {
-        self.shared.update(|s| {
-            f(s);
-            self.shared.generation.fetch_add(1, Ordering::SeqCst);
-        });
+        self.shared.update(f);
+        self.shared.generation.fetch_add(1, Ordering::SeqCst);
+        self.shared.ticks.send_modify(|t| *t += 1);
     }
 }
 

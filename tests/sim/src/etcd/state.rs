@@ -83,6 +83,18 @@ impl State {
         h
     }
 
+    /// What watch streams and the lease reaper wait on: revisions, the next lease expiry, the
+    /// term; a change that leaves it alone wakes neither.
+    pub fn epoch(&self) -> (i64, i64, Option<Instant>, u64) {
+        let s = &self.store;
+        (
+            s.revision(),
+            s.compacted(),
+            self.leases.next_expiry(),
+            self.raft_term,
+        )
+    }
+
     /// Commits `write`, moving each changed key between leases as etcd's mvcc write does.
     pub fn commit(&mut self, write: Write) {
         let current = self.store.revision();
