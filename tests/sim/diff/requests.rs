@@ -204,6 +204,20 @@ fn delete(rng: &mut Rng) -> Step {
     }
 }
 
+/// A transaction's delete never runs from a key on (range end `\0`): etcd 3.5.17's
+/// `checkIntervals` then misses a later put of a deleted key, and such a put with
+/// `ignore_lease` or `ignore_value` panics every member that applies it (a crash loop: the
+/// entry is replayed at each start).
+fn txn_delete(rng: &mut Rng) -> Step {
+    let mut step = delete(rng);
+    if let Step::Delete { range, .. } = &mut step
+        && range.end == "\0"
+    {
+        range.end = "/d0".to_string();
+    }
+    step
+}
+
 fn compare(rng: &mut Rng, k: &Known) -> Cmp {
     let target = rng.below(5) as i32;
     Cmp {
@@ -233,7 +247,7 @@ pub fn txn(rng: &mut Rng, k: &Known, depth: u32) -> Txn {
             .map(|_| match rng.below(if depth > 0 { 5 } else { 4 }) {
                 0 => put(rng),
                 1 => get(rng, k),
-                2 => delete(rng),
+                2 => txn_delete(rng),
                 3 => put(rng),
                 _ => Step::Txn(txn(rng, k, depth - 1)),
             })
