@@ -3,7 +3,7 @@
 //! paused time against what etcd does (tests/integration/etcd_rebuild.rs and clusters_wiped.rs
 //! show the real ones to podlock).
 
-use etcd_client::{Client, GetOptions, PutOptions, WatchOptions};
+use etcd_client::{Client, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp, WatchOptions};
 use podlock_sim::etcd::{Config, Etcd};
 use std::time::Duration;
 
@@ -18,8 +18,10 @@ pub fn check() -> Result<String, String> {
         restore().await?;
         leader_change().await?;
         wipe().await?;
+        would_panic().await?;
         Ok(
-            "sim: restore with --bump-revision --mark-compacted, leader change and wipe behave as etcd's"
+            "sim: restore with --bump-revision --mark-compacted, leader change and wipe behave as \
+            etcd's; the transaction that panics etcd is refused"
                 .into(),
         )
     })
@@ -111,4 +113,19 @@ async fn wipe() -> Result<(), String> {
         c.leases().await.expect("leases").leases().len(),
         0,
     )
+}
+
+/// etcd 3.5.17 panics on this transaction (docs/design.md, "The simulated etcd"): refused, and
+/// nothing of it written.
+async fn would_panic() -> Result<(), String> {
+    let sim = Etcd::start(Config::default());
+    let mut c = sim.client().await;
+    c.put("/d/k6", "v", None).await.expect("a put");
+    let txn = Txn::new().and_then([
+        TxnOp::delete("/d/k2", Some(DeleteOptions::new().with_from_key())),
+        TxnOp::put("/d/k6", "v3", Some(PutOptions::new().with_ignore_lease())),
+    ]);
+    let refused = c.txn(txn).await.err().map(|e| e.to_string());
+    expect("refused", refused.is_some_and(|e| e.contains("panics")), true)?;
+    expect("revision after", revision(&mut c).await, 2)
 }

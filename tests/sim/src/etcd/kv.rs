@@ -151,9 +151,13 @@ fn sort(r: &PbRangeRequest, kvs: &mut [PbKeyValue]) {
     }
 }
 
-/// A put on `write` (checked already).
-pub fn put(state: &State, write: &mut Write, r: &PbPutRequest) -> PbPutResponse {
+/// A put on `write` (checked already). A put that keeps the value or lease of a key its own
+/// transaction deleted passed every check but cannot be applied: etcd panics there.
+pub fn put(state: &State, write: &mut Write, r: &PbPutRequest) -> Result<PbPutResponse, EtcdError> {
     let prev = write.range(&state.store, &KeyRange::new(&r.key, &[])).pop();
+    if (r.ignore_value || r.ignore_lease) && prev.is_none() {
+        return Err(EtcdError::WouldPanic);
+    }
     let value = match (&prev, r.ignore_value) {
         (Some(p), true) => p.value.clone(),
         _ => r.value.clone(),
@@ -163,10 +167,10 @@ pub fn put(state: &State, write: &mut Write, r: &PbPutRequest) -> PbPutResponse 
         _ => r.lease,
     };
     let prev = write.put(&state.store, &r.key, value, lease);
-    PbPutResponse {
+    Ok(PbPutResponse {
         header: header(write.read_revision()),
         prev_kv: prev.filter(|_| r.prev_kv),
-    }
+    })
 }
 
 /// A delete on `write`.

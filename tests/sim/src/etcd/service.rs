@@ -69,7 +69,7 @@ impl PbKvService for Api {
         let put = |s: &mut State| {
             kv::check_put(s, &r)?;
             let mut write = s.store.begin();
-            let a = kv::put(s, &mut write, &r);
+            let a = kv::put(s, &mut write, &r)?;
             s.commit(write);
             Ok(a)
         };

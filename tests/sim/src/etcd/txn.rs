@@ -203,36 +203,43 @@ pub fn run(state: &mut State, r: &PbTxnRequest) -> Result<PbTxnResponse, EtcdErr
     let path = Path::of(state, r);
     check(state, r, &path)?;
     let mut write = state.store.begin();
-    let mut answer = apply(state, &mut write, r, &path);
+    let mut answer = apply(state, &mut write, r, &path)?;
     answer.header = kv::header(write.read_revision());
     state.commit(write);
     Ok(answer)
 }
 
-fn apply(state: &State, write: &mut Write, r: &PbTxnRequest, path: &Path) -> PbTxnResponse {
+fn apply(
+    state: &State,
+    write: &mut Write,
+    r: &PbTxnRequest,
+    path: &Path,
+) -> Result<PbTxnResponse, EtcdError> {
     let mut nested = path.nested.iter();
-    let responses = (branch(r, path.taken).iter())
-        .map(|op| {
-            let response = op.request.as_ref().map(|op| match op {
-                PbTxnOpRequest::RequestRange(q) => PbTxnOpResponse::ResponseRange(
-                    kv::range(state, Some(write), q).expect("a range checked before the transaction"),
-                ),
-                PbTxnOpRequest::RequestPut(p) => PbTxnOpResponse::ResponsePut(kv::put(state, write, p)),
-                PbTxnOpRequest::RequestDeleteRange(d) => {
-                    PbTxnOpResponse::ResponseDeleteRange(kv::delete(state, write, d))
-                }
-                PbTxnOpRequest::RequestTxn(t) => {
-                    let p = nested.next().expect("a path per txn");
-                    PbTxnOpResponse::ResponseTxn(apply(state, write, t, p))
-                }
-            });
-            PbResponseOp { response }
+    let mut one = |op: &PbTxnOpRequest| -> Result<PbTxnOpResponse, EtcdError> {
+        Ok(match op {
+            PbTxnOpRequest::RequestRange(q) => PbTxnOpResponse::ResponseRange(
+                kv::range(state, Some(write), q).expect("a range checked before the transaction"),
+            ),
+            PbTxnOpRequest::RequestPut(p) => PbTxnOpResponse::ResponsePut(kv::put(state, write, p)?),
+            PbTxnOpRequest::RequestDeleteRange(d) => {
+                PbTxnOpResponse::ResponseDeleteRange(kv::delete(state, write, d))
+            }
+            PbTxnOpRequest::RequestTxn(t) => {
+                let p = nested.next().expect("a path per txn");
+                PbTxnOpResponse::ResponseTxn(apply(state, write, t, p)?)
+            }
         })
-        .collect();
+    };
+    let mut responses = Vec::new();
+    for op in branch(r, path.taken) {
+        let response = op.request.as_ref().map(&mut one).transpose()?;
+        responses.push(PbResponseOp { response });
+    }
     // A nested transaction's header stays empty: etcd sets only the outermost one's revision.
-    PbTxnResponse {
+    Ok(PbTxnResponse {
         header: Some(Default::default()),
         succeeded: path.taken,
         responses,
-    }
+    })
 }
