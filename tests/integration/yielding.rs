@@ -282,3 +282,75 @@ async fn podlock_lock_passes_a_request_to_yield_on_to_its_command_as_sigterm() {
     assert!(asked.elapsed() < Duration::from_secs(5));
     assert_eq!(s.get("/v1/locks/batch").await.1["held"], false);
 }
+
+/// Finding F6 of the simulation issue (#54): the operator mirrored the status, holder Service
+/// included, before it ended holds past their deadline, and a Service it could not write (here
+/// refused by an admission policy) failed the reconcile first: a holder asked to yield was
+/// never ended, and the next waiter never granted.
+#[tokio::test]
+async fn a_holder_service_that_cannot_be_written_does_not_stop_a_yield_deadline() {
+    let plane = with_crd();
+    let ns = plane.namespace("yield-no-service");
+    refuse_services(plane, &ns).await;
+    let op = Operator::start(plane, &ns).await;
+    let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
+    let spec = "{yieldGraceSeconds: 2, holderService: {ports: [{port: 80}]}}";
+    declare_until_free(plane, &api, &ns, "job", spec).await;
+    let (a, b) = (
+        sidecar(plane, &ns, "pod-a").await,
+        sidecar(plane, &ns, "pod-b").await,
+    );
+    let mut events = Events::open(&a, "job").await;
+    let token = a.must_acquire("job", json!({})).await;
+    let waiter = tokio::spawn(async move { b.must_acquire("job", json!({"waitSeconds": 60})).await });
+    status_until(&api, "job", "B waiting", |s| s.waiters == 1).await;
+    let failed = |s: &podlock::crd::DistributedLockStatus| {
+        (s.conditions.iter()).any(|c| c.type_ == "HolderService" && c.reason == "ServiceFailed")
+    };
+    status_until(&api, "job", "the holder Service failing", failed).await;
+    ask(plane, &ns, "job", "*", None);
+    assert_eq!(events.next(Duration::from_secs(2)).await["type"], "acquired");
+    assert_eq!(events.next(Duration::from_secs(2)).await["type"], "yield");
+    let lost = events.next(Duration::from_secs(6)).await;
+    assert_eq!(
+        (lost["type"].as_str(), lost["reason"].as_str()),
+        (Some("lost"), Some("yield")),
+        "{lost}\n{}",
+        op.log()
+    );
+    let next = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the waiter granted")
+        .unwrap();
+    assert!(next > token);
+}
+
+/// Has the API server refuse every Service written in `ns` (a ValidatingAdmissionPolicy), and
+/// waits until it does.
+async fn refuse_services(plane: &ControlPlane, ns: &str) {
+    let policy = format!(
+        "apiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicy\n\
+         metadata: {{name: no-services-{ns}}}\nspec:\n  failurePolicy: Fail\n  matchConstraints:\n\
+         \x20   resourceRules: [{{apiGroups: [\"\"], apiVersions: [v1], operations: [CREATE, UPDATE], \
+         resources: [services]}}]\n  validations: [{{expression: \"false\", message: no Services here}}]\n\
+         ---\napiVersion: admissionregistration.k8s.io/v1\nkind: ValidatingAdmissionPolicyBinding\n\
+         metadata: {{name: no-services-{ns}}}\nspec:\n  policyName: no-services-{ns}\n\
+         \x20 validationActions: [Deny]\n  matchResources:\n\
+         \x20   namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {ns}}}}}\n"
+    );
+    let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &policy);
+    assert!(ok, "{err}");
+    let probe = [
+        "create",
+        "service",
+        "clusterip",
+        "probe",
+        "--tcp=80",
+        "-n",
+        ns,
+        "--dry-run=server",
+    ];
+    wait_until(Duration::from_secs(20), || async { !plane.kubectl(&probe).0 })
+        .await
+        .expect("the API server refuses Services in the namespace");
+}

@@ -116,8 +116,15 @@ async fn apply(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Context) 
         }
     };
     let timed = std::mem::take(&mut state.timed);
-    mirror_status(dl, ctx, &id, state).await?;
+    // Holds past their deadline end whatever became of the mirror: a holder Service that
+    // cannot be written must not keep a hold its deadline or a yield request ended (F6).
+    let mirrored = mirror_status(dl, ctx, &id, state).await;
     let next = deadline::enforce(ctx, dl, &id, timed).await?;
+    if let Err(e) = mirrored {
+        // Come back for the next deadline on time, failing or not.
+        next.inspect(|&n| ctx.backoff.due_in(&id, n));
+        return Err(e);
+    }
     Ok(Action::requeue(next.map_or(RESYNC, |n| n.min(RESYNC))))
 }
 
