@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Regenerates the generated files; tests/integration/chart.rs fails when they drift:
+# Regenerates the generated files; tests/integration/chart/served.rs fails when they drift:
 #   crds/distributedlock.yaml, charts/podlock/crds/   from `podlock crd`
 #   manifests/podlock.yaml, manifests/rbac.yaml       from `helm template` of the chart
 # manifests/podlock.yaml is rendered for the oldest Kubernetes the chart admits (its
@@ -17,7 +17,7 @@ FLOOR_VERSION=$(sed -n 's/^kubeVersion: *"*>= *\([0-9][0-9.]*\).*/\1/p' charts/p
 [ -n "$FLOOR_VERSION" ] || { echo "gen-manifests: no kubeVersion in charts/podlock/Chart.yaml" >&2; exit 1; }
 cargo run --quiet -- crd >crds/distributedlock.yaml
 cp crds/distributedlock.yaml charts/podlock/crds/distributedlock.yaml
-KUBE_VERSION=1.34.0 # what tests/integration/chart.rs renders for
+KUBE_VERSION=1.34.0 # what tests/integration/chart/mod.rs renders for
 render() {
   "$BIN/helm" template podlock charts/podlock --namespace podlock --skip-tests --no-hooks "$@"
 }

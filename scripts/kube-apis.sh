@@ -3,7 +3,7 @@
 # chart's kubeVersion floor (1.29) to the newest k8s.io/api release, the GA API group/versions
 # and kinds it serves by default, as k8s.io/api of that version registers them (a Go program,
 # scripts/kube-apis/list.go.tmpl, run against each version from the Go module proxy).
-# tests/integration/chart.rs renders the chart for each listed version and fails on a kind the
+# tests/integration/chart/served.rs renders the chart for each listed version and fails on a kind the
 # version does not serve. Run it when a new Kubernetes minor version is out.
 set -euo pipefail
 cd "$(dirname "$0")/.."

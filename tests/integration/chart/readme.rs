@@ -3,11 +3,11 @@
 //! between two markers. The test fails when the table differs from what `values.yaml` gives,
 //! or when a value has no comment; `PODLOCK_REGENERATE=1` makes it write the table instead:
 //!
-//!     PODLOCK_REGENERATE=1 cargo test --test integration chart_readme
+//!     PODLOCK_REGENERATE=1 cargo test --test integration chart::readme
 
-use crate::chart::CHART;
+use super::CHART;
 
-const BEGIN: &str = "<!-- values table: generated from values.yaml by tests/integration/chart_readme.rs -->";
+const BEGIN: &str = "<!-- values table: generated from values.yaml by tests/integration/chart/readme.rs -->";
 const END: &str = "<!-- end of the values table -->";
 
 /// One row: a value's dotted key, its description, type and default.
@@ -190,7 +190,7 @@ fn the_readme_lists_every_value_as_values_yaml_documents_it() {
             .collect();
         panic!(
             "{path}'s values table differs from values.yaml; regenerate it:\n    \
-             PODLOCK_REGENERATE=1 cargo test --test integration chart_readme\n{}",
+             PODLOCK_REGENERATE=1 cargo test --test integration chart::readme\n{}",
             differ.join("\n")
         );
     }

@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use crate::chart::{CHART, render};
+use super::{CHART, render};
 use crate::common::bin_dir;
 
 /// A finding: the check's id and the resource as `kind.namespace.name`.

@@ -7,41 +7,15 @@ use k8s_openapi::api::core::v1::Secret;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 
-use crate::chart::{CHART, helm, render};
+use super::{CHART, documents, find, helm, operator_env, render};
 use crate::common::kube::{ControlPlane, with_crd};
 use podlock::operator::inject::{INSTANCE_LABEL, SIDECAR_LABEL};
-
-/// The rendered documents, as JSON.
-fn documents(rendered: &str) -> Vec<Value> {
-    use serde::Deserialize;
-    serde_yaml::Deserializer::from_str(rendered)
-        .map(|d| Value::deserialize(d).unwrap())
-        .filter(Value::is_object)
-        .collect()
-}
-
-/// The document of `kind` named `name`.
-fn find<'a>(docs: &'a [Value], kind: &str, name: &str) -> &'a Value {
-    docs.iter()
-        .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
-        .unwrap_or_else(|| panic!("no {kind} {name} rendered"))
-}
 
 /// The data of Secret `name`, decoded.
 fn secret_data(docs: &[Value], name: &str) -> std::collections::BTreeMap<String, String> {
     let secret: Secret = serde_json::from_value(find(docs, "Secret", name).clone()).unwrap();
     let data = secret.data.unwrap_or_default().into_iter();
     data.map(|(k, v)| (k, String::from_utf8(v.0).unwrap())).collect()
-}
-
-/// The value of the operator's environment variable `name`.
-fn operator_env(docs: &[Value], name: &str) -> Value {
-    let container =
-        &find(docs, "Deployment", "podlock-operator")["spec"]["template"]["spec"]["containers"][0];
-    let env = container["env"].as_array().unwrap();
-    let var = env.iter().find(|e| e["name"] == name);
-    var.cloned()
-        .unwrap_or_else(|| panic!("operator has no {name}: {env:?}"))
 }
 
 #[test]
@@ -66,20 +40,19 @@ fn the_bundled_etcd_serves_tls_and_the_operator_turns_auth_on() {
         !args.iter().any(|a| a.contains("http://")),
         "plain HTTP: {args:?}"
     );
-    let endpoints = operator_env(&docs, "PODLOCK_ETCD_ENDPOINTS")["value"].clone();
+    let endpoints = operator_env(&docs, "PODLOCK_ETCD_ENDPOINTS").unwrap();
     assert!(
-        endpoints
-            .as_str()
-            .unwrap()
-            .split(',')
-            .all(|e| e.starts_with("https://")),
+        endpoints.split(',').all(|e| e.starts_with("https://")),
         "{endpoints}"
     );
-    assert_eq!(operator_env(&docs, "PODLOCK_ETCD_ENABLE_AUTH")["value"], "true");
+    assert_eq!(
+        operator_env(&docs, "PODLOCK_ETCD_ENABLE_AUTH").as_deref(),
+        Some("true")
+    );
     // The root credentials reach the operator as files of the mounted Secret, never as
     // environment variables.
-    let credentials = operator_env(&docs, "PODLOCK_ETCD_CREDENTIALS_DIR")["value"].clone();
-    assert_eq!(credentials, "/etc/podlock/etcd-auth");
+    let credentials = operator_env(&docs, "PODLOCK_ETCD_CREDENTIALS_DIR");
+    assert_eq!(credentials.as_deref(), Some("/etc/podlock/etcd-auth"));
     let pod = &find(&docs, "Deployment", "podlock-operator")["spec"]["template"]["spec"];
     let volume = pod["volumes"]
         .as_array()
@@ -97,8 +70,8 @@ fn the_bundled_etcd_serves_tls_and_the_operator_turns_auth_on() {
         "a Secret in the operator's environment: {env:?}"
     );
     assert_eq!(
-        operator_env(&docs, "PODLOCK_ETCD_CA_FILE")["value"],
-        "/etc/podlock/etcd/ca.crt"
+        operator_env(&docs, "PODLOCK_ETCD_CA_FILE").as_deref(),
+        Some("/etc/podlock/etcd/ca.crt")
     );
 
     let root = secret_data(&docs, "podlock-etcd-root");

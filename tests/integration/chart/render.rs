@@ -1,0 +1,185 @@
+//! What the chart renders: lint, the optional parts, the settings Helm users set, and two
+//! releases side by side.
+
+use serde::Deserialize;
+
+use super::{CHART, helm, render, render_release};
+
+/// The names a rendering claims: (kind, namespace, name) of every object, and of the objects the
+/// operator makes from its environment (its webhook configuration, leader Lease and certificate
+/// Secret).
+fn claimed_names(rendered: &str) -> std::collections::BTreeSet<(String, String, String)> {
+    let mut names = std::collections::BTreeSet::new();
+    for doc in serde_yaml::Deserializer::from_str(rendered) {
+        let v = serde_yaml::Value::deserialize(doc).unwrap();
+        let text = |v: &serde_yaml::Value| v.as_str().unwrap_or_default().to_string();
+        let meta = &v["metadata"];
+        names.insert((text(&v["kind"]), text(&meta["namespace"]), text(&meta["name"])));
+        let env = &v["spec"]["template"]["spec"]["containers"][0]["env"];
+        for var in env.as_sequence().into_iter().flatten() {
+            let kind = match var["name"].as_str() {
+                Some("PODLOCK_WEBHOOK_CONFIGURATION") => "MutatingWebhookConfiguration",
+                Some("PODLOCK_LEADER_ELECTION_ID") => "Lease",
+                Some("PODLOCK_WEBHOOK_TLS_SECRET") => "Secret",
+                _ => continue,
+            };
+            let ns = if kind == "MutatingWebhookConfiguration" {
+                ""
+            } else {
+                &text(&meta["namespace"])
+            };
+            names.insert((kind.into(), ns.into(), text(&var["value"])));
+        }
+    }
+    names
+}
+
+#[test]
+fn two_releases_share_no_name() {
+    // Each team its own release, limited to its namespace; the second in the first's namespace
+    // too, the hardest case.
+    let etcd = ["--set", "etcd.bundled.enabled=true"];
+    let first = render_release(
+        "podlock",
+        "locks",
+        &[&etcd[..], &["--set", "operator.watchNamespace=team-a"]].concat(),
+    );
+    let second = render_release(
+        "team-b",
+        "locks",
+        &[&etcd[..], &["--set", "operator.watchNamespace=team-b"]].concat(),
+    );
+    let (first, second) = (claimed_names(&first), claimed_names(&second));
+    assert!(
+        first
+            .iter()
+            .any(|(kind, _, name)| kind == "Lease" && name == "podlock-operator")
+    );
+    let shared: Vec<_> = first.intersection(&second).collect();
+    assert!(shared.is_empty(), "two releases claim the same names: {shared:?}");
+}
+
+#[test]
+fn the_chart_lints_clean() {
+    let (ok, out, err) = helm(&["lint", "--strict", CHART]);
+    assert!(ok, "{out}{err}");
+}
+
+#[test]
+fn optional_parts_render() {
+    let out = render(&[
+        "--set",
+        "metrics.serviceMonitor.enabled=true",
+        "--set",
+        "webhook.certManager.enabled=true",
+    ]);
+    assert!(out.contains("kind: ServiceMonitor") && out.contains("kind: Certificate"));
+    // The operator's per-lock series keep their `namespace` (the lock's), to join the sidecars'.
+    assert!(out.contains("honorLabels: true"), "{out}");
+    assert!(out.contains("/etc/podlock/webhook/ca.crt"));
+    let out = render(&["--set", "etcd.bundled.enabled=true"]);
+    assert!(out.contains("kind: StatefulSet"));
+    assert!(out.contains("https://podlock-etcd-0.podlock-etcd.podlock.svc:2379,https://podlock-etcd-1"));
+}
+
+#[test]
+fn the_dashboard_and_the_alerts_render_only_when_enabled() {
+    let default = render(&[]);
+    assert!(!default.contains("grafana_dashboard") && !default.contains("kind: PrometheusRule"));
+    let out = render(&[
+        "--set",
+        "dashboards.enabled=true",
+        "--set",
+        "dashboards.label=my_dashboards",
+        "--set",
+        "dashboards.labelValue=yes",
+        "--set",
+        "dashboards.namespace=monitoring",
+        "--set",
+        "prometheusRule.enabled=true",
+        "--set",
+        "prometheusRule.labels.release=kps",
+    ]);
+    let docs: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&out)
+        .map(|d| serde::Deserialize::deserialize(d).unwrap())
+        .collect();
+    let of_kind = |kind: &str| {
+        docs.iter().find(|d| {
+            d["kind"] == kind
+                && d["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("podlock-dash") || kind == "PrometheusRule")
+        })
+    };
+    let cm = of_kind("ConfigMap").expect("the dashboard ConfigMap");
+    assert_eq!(cm["metadata"]["labels"]["my_dashboards"], "yes");
+    assert_eq!(cm["metadata"]["namespace"], "monitoring");
+    let json = cm["data"]["podlock.json"].as_str().unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(json).expect("the dashboard is valid JSON");
+    assert_eq!(
+        json,
+        include_str!("../../../charts/podlock/dashboards/podlock.json").trim_end()
+    );
+    assert!(dashboard["panels"].as_array().is_some_and(|p| p.len() >= 8));
+    let rule = of_kind("PrometheusRule").expect("the PrometheusRule");
+    assert_eq!(rule["apiVersion"], "monitoring.coreos.com/v1");
+    assert_eq!(rule["metadata"]["labels"]["release"], "kps");
+    // The default label is the one kube-prometheus-stack's Grafana sidecar looks for.
+    let out = render(&["--set", "dashboards.enabled=true"]);
+    assert!(out.contains("grafana_dashboard: \"1\""), "{out}");
+}
+
+#[test]
+fn a_cluster_without_native_sidecars_is_refused() {
+    let (ok, _, err) = helm(&["template", "podlock", CHART, "--kube-version", "1.28.9"]);
+    assert!(!ok && err.contains("kubeVersion"), "{err}");
+}
+
+#[test]
+fn helm_users_settings_render() {
+    let digest = format!("sha256:{}", "a".repeat(64));
+    let out = render(&[
+        "--set",
+        &format!("image.digest={digest}"),
+        "--set",
+        "imagePullSecrets[0].name=regcred",
+        "--set",
+        "priorityClassName=system-cluster-critical",
+        "--set",
+        "metrics.podMonitor.enabled=true",
+        "--set",
+        "operator.replicas=1",
+    ]);
+    assert!(out.contains(&format!("image: ghcr.io/podlock/podlock@{digest}")));
+    assert!(
+        out.contains("imagePullSecrets:\n        - name: regcred"),
+        "{out}"
+    );
+    assert!(out.contains("priorityClassName: system-cluster-critical"));
+    assert!(out.contains("kind: PodMonitor") && out.contains("port: podlock-metrics"));
+    assert!(
+        !out.contains("kind: PodDisruptionBudget"),
+        "a PDB over one replica blocks every drain"
+    );
+    for label in ["helm.sh/chart: podlock-", "app.kubernetes.io/managed-by: Helm"] {
+        assert!(out.contains(label), "{label} missing");
+    }
+    // Two releases' selectors never select each other's pods.
+    let selector =
+        "matchLabels:\n      app.kubernetes.io/name: podlock\n      app.kubernetes.io/instance: podlock";
+    assert!(out.contains(selector), "{out}");
+}
+
+#[test]
+fn the_bundled_etcd_compacts_keeps_under_its_quota_and_spreads() {
+    let out = render(&["--set", "etcd.bundled.enabled=true"]);
+    for arg in [
+        "--auto-compaction-mode=periodic",
+        "--auto-compaction-retention=1h",
+        "--quota-backend-bytes=805306368",
+    ] {
+        assert!(out.contains(arg), "{arg} missing");
+    }
+    assert!(out.contains("name: podlock-etcd\n  namespace: podlock") && out.contains("maxUnavailable: 1"));
+    assert!(out.contains("podAntiAffinity"));
+}
