@@ -1,12 +1,15 @@
 //! `podlock_etcd_reachable`: whether this replica reaches etcd now. Every replica, leading or
 //! not, probes etcd on a timer, so that an outage shows (and alerts) even while no lock changes
 //! and no reconciliation runs. The probe is a linearizable read: it needs etcd's quorum, so a
-//! cluster that lost its quorum counts as unreachable too.
+//! cluster that lost its quorum counts as unreachable too. The first answer makes the replica
+//! Ready ([`Readiness::etcd_answered`]).
 
 use prometheus::IntGauge;
+use std::sync::Arc;
 use std::time::Duration;
 use tracing::{info, warn};
 
+use super::readiness::Readiness;
 use crate::lock::Store;
 
 /// How often etcd is probed.
@@ -15,8 +18,8 @@ const EVERY: Duration = Duration::from_secs(5);
 const WITHIN: Duration = Duration::from_secs(2);
 
 /// Probes etcd every [`EVERY`] and sets `reachable` to 1 when it answered within [`WITHIN`],
-/// else 0; logs each change.
-pub async fn watch(store: Store, reachable: IntGauge) {
+/// else 0, telling `ready` of each answer; logs each change.
+pub async fn watch(store: Store, (reachable, ready): (IntGauge, Arc<Readiness>)) {
     let mut ticks = tokio::time::interval(EVERY);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -30,5 +33,8 @@ pub async fn watch(store: Store, reachable: IntGauge) {
             _ => {}
         }
         reachable.set(answers.into());
+        if answers {
+            ready.etcd_answered();
+        }
     }
 }

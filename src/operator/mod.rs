@@ -105,8 +105,9 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     metrics.start_at_zero(&reconcile_error::Error::LABELS, &forced_reasons());
     let owner = owner::cluster_role(&client, args.owner_cluster_role.as_deref()).await?;
     let ctx = context(&client, &store, &metrics, &args, owner.clone())?;
-    tokio::spawn(etcd_health::watch(store.clone(), metrics.etcd_reachable.clone()));
     let ready = Arc::new(readiness::Readiness::default());
+    let probed = (metrics.etcd_reachable.clone(), ready.clone());
+    tokio::spawn(etcd_health::watch(store.clone(), probed));
     let health = health_server(&args, store, metrics.clone(), ready.clone()).await?;
     let own_ns = (args.operator_namespace.clone()).unwrap_or_else(|| client.default_namespace().into());
     rustls::crypto::ring::default_provider().install_default().ok();
@@ -278,6 +279,11 @@ fn sidecar_template(args: &OperatorArgs, ctx: &Context) -> inject::SidecarTempla
         cluster: ctx.cluster.clone(),
         resources: args.webhook.sidecar_resources.clone(),
         log_level: args.webhook.sidecar_log_level.clone(),
+        pod: inject::flags::PodSettings {
+            port: args.webhook.sidecar_port,
+            image_pull_secrets: args.webhook.sidecar_image_pull_secrets.clone(),
+            security_context: args.webhook.sidecar_security_context.clone(),
+        },
     }
 }
 

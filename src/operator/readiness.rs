@@ -3,8 +3,11 @@
 //! not Ready while it drains. On SIGTERM a replica goes unready at once but keeps serving the
 //! webhook for a drain window, so that admission requests already routed to it (endpoints
 //! move a moment after readiness changes) are still answered: a rollout of the operator then
-//! loses no injection. etcd's health does not gate readiness: the webhook needs no etcd, and
-//! an etcd election must not take every replica out of the webhook's Service.
+//! loses no injection. A replica is not Ready before etcd answered it once: an install whose
+//! etcd is missing or unreachable then fails its `helm install --wait` instead of reporting
+//! success. After that, etcd's health no longer gates readiness: the webhook needs no etcd,
+//! and an etcd outage or election must not take every replica out of the webhook's Service
+//! (pods created meanwhile would miss their sidecar).
 
 use axum::extract::State;
 use axum::http::StatusCode;
@@ -20,6 +23,8 @@ use crate::lock::Store;
 pub struct Readiness {
     webhook_listening: AtomicBool,
     draining: AtomicBool,
+    /// etcd answered a probe since the replica started (latched: later outages do not clear it).
+    etcd_answered: AtomicBool,
 }
 
 impl Readiness {
@@ -33,20 +38,30 @@ impl Readiness {
         self.draining.store(true, Ordering::SeqCst);
     }
 
+    /// etcd answered a probe ([`etcd_health`](super::etcd_health)).
+    pub fn etcd_answered(&self) {
+        self.etcd_answered.store(true, Ordering::SeqCst);
+    }
+
     /// Why the replica is not ready, if it is not.
     fn not_ready(&self) -> Option<&'static str> {
         if self.draining.load(Ordering::SeqCst) {
             Some("draining: shutting down")
         } else if !self.webhook_listening.load(Ordering::SeqCst) {
             Some("the webhook does not listen yet")
+        } else if !self.etcd_answered.load(Ordering::SeqCst) {
+            Some(
+                "etcd has not answered since this replica started (is --etcd-endpoints right, and etcd up and reachable?)",
+            )
         } else {
             None
         }
     }
 }
 
-/// `GET /readyz`: 200 once the webhook listens and until shutdown; says whether etcd answered
-/// its last probe ([`etcd_health`](super::etcd_health)). It never waits for etcd: the kubelet
+/// `GET /readyz`: 200 once the webhook listens and etcd answered a probe
+/// ([`etcd_health`](super::etcd_health)), until shutdown; says whether etcd answered its last
+/// probe. It never waits for etcd: the kubelet
 /// gives a readiness probe 1 s, and one that waited that long for a down etcd took every
 /// replica out of the webhook's and the metrics' Services (as `helm test` found).
 pub async fn readyz(State((readiness, etcd)): State<(Arc<Readiness>, IntGauge)>) -> (StatusCode, String) {

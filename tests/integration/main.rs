@@ -34,6 +34,7 @@ mod modes;
 mod multi;
 mod openapi;
 mod operator;
+mod operator_ready;
 mod permits;
 mod pod_liveness;
 mod queue;

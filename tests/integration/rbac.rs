@@ -88,25 +88,11 @@ async fn the_operator_needs_no_more_than_manifests_rbac() {
 async fn an_operator_limited_to_a_namespace_needs_only_a_role_there() {
     let plane = with_crd();
     let ns = plane.namespace("rbac-ns");
-    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/podlock");
     let watch = format!("operator.watchNamespace={ns}");
-    let out = std::process::Command::new(crate::common::bin_dir().join("helm"))
-        .args([
-            "template",
-            "podlock",
-            chart,
-            "--kube-version",
-            "1.34.0",
-            "--namespace",
-            "podlock",
-        ])
-        .args(["--set", &watch, "--show-only", "templates/rbac.yaml"])
-        .output()
-        .unwrap();
+    let out = crate::chart::render(&["--set", &watch, "--show-only", "templates/rbac.yaml"]);
     // Its ClusterRole differs from the default one: under a name of its own, so that the
     // other test's operator keeps the cluster-wide rules it runs with.
-    let rbac = String::from_utf8(out.stdout)
-        .unwrap()
+    let rbac = out
         .replace(
             "kind: ClusterRole\nmetadata:\n  name: podlock-operator\n",
             &format!("kind: ClusterRole\nmetadata:\n  name: podlock-operator-{ns}\n"),

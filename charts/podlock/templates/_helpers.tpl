@@ -40,6 +40,31 @@ app.kubernetes.io/component: etcd
 {{- end -}}
 {{- end }}
 
+{{/* A pod template's metadata: the chart's labels, the component's, and the user's podLabels
+     and podAnnotations. Called with (dict "root" $ "component" COMPONENT). */}}
+{{- define "podlock.podMetadata" -}}
+labels:
+  {{- include "podlock.labels" .root | nindent 2 }}
+  app.kubernetes.io/component: {{ .component }}
+  {{- with .root.Values.podLabels }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .root.Values.podAnnotations }}
+annotations: {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/* The pod securityContext of podlock's pods (podSecurityContext); with `fsGroup`, the volume's
+     group is the user's, so that a pod writing a volume (etcd) owns it. Called with (dict
+     "root" $ "fsGroup" BOOL). */}}
+{{- define "podlock.podSecurityContext" -}}
+{{- $context := deepCopy .root.Values.podSecurityContext }}
+{{- if and .fsGroup $context.runAsUser }}
+{{- $_ := set $context "fsGroup" $context.runAsUser }}
+{{- end -}}
+securityContext: {{- toYaml $context | nindent 2 }}
+{{- end }}
+
 {{/* Pod-level settings every podlock pod shares: pull secrets and priority. Called with
      (dict "root" $ "priorityClassName" COMPONENT'S): a component's own priority class wins
      over the top-level one. */}}
@@ -52,12 +77,22 @@ priorityClassName: {{ . }}
 {{- end }}
 {{- end }}
 
-{{/* Scheduling of a component's pods: its nodeSelector and tolerations, and its affinity, or
-     else a preferred spread over nodes of the pods `selector` selects. Called with (dict
-     "values" COMPONENT'S-VALUES "selector" SELECTOR-LABELS). */}}
+{{/* Scheduling of a component's pods: its nodeSelector, tolerations and
+     topologySpreadConstraints, and its affinity, or
+     else a spread over nodes of the pods `selector` selects, preferred, or required when
+     `required` is true (pods on the node's network, whose ports would clash). Called with (dict
+     "values" COMPONENT'S-VALUES "selector" SELECTOR-LABELS ["required" BOOL]). */}}
 {{- define "podlock.scheduling" -}}
 {{- if .values.affinity }}
 affinity: {{- toYaml .values.affinity | nindent 2 }}
+{{- else if .required }}
+affinity:
+  podAntiAffinity:
+    requiredDuringSchedulingIgnoredDuringExecution:
+      - topologyKey: kubernetes.io/hostname
+        labelSelector:
+          matchLabels:
+            {{- .selector | nindent 12 }}
 {{- else }}
 affinity:
   podAntiAffinity:
@@ -68,6 +103,9 @@ affinity:
           labelSelector:
             matchLabels:
               {{- .selector | nindent 14 }}
+{{- end }}
+{{- with .values.topologySpreadConstraints }}
+topologySpreadConstraints: {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- with .values.nodeSelector }}
 nodeSelector: {{- toYaml . | nindent 2 }}
@@ -84,8 +122,11 @@ tolerations: {{- toYaml . | nindent 2 }}
 {{- $eps = append $eps (printf "https://%s-etcd-%d.%s-etcd.%s.svc:2379" (include "podlock.fullname" $) $i (include "podlock.fullname" $) $.Release.Namespace) -}}
 {{- end -}}
 {{ join "," $eps }}
-{{- else -}}
+{{- else if .Values.etcd.endpoints -}}
 {{ join "," .Values.etcd.endpoints }}
+{{- else -}}
+{{- /* Without an etcd every lock fails: refuse the install rather than report it a success. */}}
+{{- fail "podlock needs an etcd: set etcd.endpoints (e.g. --set 'etcd.endpoints[0]=https://etcd.example:2379') or etcd.bundled.enabled=true" }}
 {{- end -}}
 {{- end }}
 

@@ -1,7 +1,7 @@
 //! The webhook's flags of `podlock operator`, and the checks of their values.
 
 use clap::Args;
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{ResourceRequirements, SecurityContext};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -44,14 +44,23 @@ pub struct WebhookArgs {
     /// cert-manager, or the self-made one's Secret), in seconds.
     #[arg(long, env = "PODLOCK_TLS_RELOAD_SECONDS", default_value_t = 60, value_parser = clap::value_parser!(u64).range(1..=3600))]
     pub tls_reload_seconds: u64,
-    /// How long the API server waits for the webhook's answer, in seconds, before it creates
-    /// the object unchanged (`failurePolicy: Ignore`).
+    /// How long the API server waits for the webhook's answer, in seconds, before it applies
+    /// --webhook-failure-policy.
     #[arg(long, env = "PODLOCK_WEBHOOK_TIMEOUT_SECONDS", default_value_t = 5, value_parser = clap::value_parser!(i32).range(1..=30))]
     pub webhook_timeout_seconds: i32,
     /// A label selector (JSON: matchLabels, matchExpressions) that namespaces must match, too,
     /// to be injected, e.g. {"matchExpressions":[{"key":"team","operator":"In","values":["a"]}]}.
-    #[arg(long, env = "PODLOCK_WEBHOOK_NAMESPACE_SELECTOR", value_parser = namespace_selector)]
+    #[arg(long, env = "PODLOCK_WEBHOOK_NAMESPACE_SELECTOR", value_parser = label_selector)]
     pub webhook_namespace_selector: Option<LabelSelector>,
+    /// A label selector (JSON, as --webhook-namespace-selector) that pods and workloads must
+    /// match, too, by their own labels (a workload's, not its template's), to be injected.
+    #[arg(long, env = "PODLOCK_WEBHOOK_OBJECT_SELECTOR", value_parser = label_selector)]
+    pub webhook_object_selector: Option<LabelSelector>,
+    /// What the API server does with a pod that asked for the sidecar when the webhook cannot
+    /// be reached or does not answer in time: Ignore creates it without the sidecar, Fail
+    /// refuses it (its controller retries). Only objects that ask for podlock are concerned.
+    #[arg(long, env = "PODLOCK_WEBHOOK_FAILURE_POLICY", default_value = "Ignore", value_parser = ["Ignore", "Fail"])]
+    pub webhook_failure_policy: String,
     /// Image of the injected sidecar.
     #[arg(long, env = "PODLOCK_SIDECAR_IMAGE", default_value = concat!("ghcr.io/podlock/podlock:", env!("CARGO_PKG_VERSION")))]
     pub sidecar_image: String,
@@ -66,15 +75,28 @@ pub struct WebhookArgs {
     /// info,podlock=debug (default: the sidecar's own, info).
     #[arg(long, env = "PODLOCK_SIDECAR_LOG_LEVEL", value_parser = inject::flags::log_level)]
     pub sidecar_log_level: Option<String>,
+    /// The injected sidecar's API port where a pod's `podlock.io/port` sets none (its metrics
+    /// port is the next one); e.g. 4050 where apps use 4040 (the Spark UI).
+    #[arg(long, env = "PODLOCK_SIDECAR_PORT", default_value_t = inject::flags::DEFAULT_PORT, value_parser = clap::value_parser!(u16).range(1024..))]
+    pub sidecar_port: u16,
+    /// Pull secrets (comma-separated names) added to every injected pod, for the sidecar's
+    /// image; each must exist in the pod's namespace.
+    #[arg(long, env = "PODLOCK_SIDECAR_IMAGE_PULL_SECRETS", value_delimiter = ',', value_parser = inject::flags::secret_name)]
+    pub sidecar_image_pull_secrets: Vec<String>,
+    /// The injected sidecar's whole securityContext, JSON (default: the restricted profile,
+    /// runAsUser 65532), e.g. without runAsUser and runAsGroup for OpenShift.
+    #[arg(long, env = "PODLOCK_SIDECAR_SECURITY_CONTEXT", value_parser = inject::flags::security_context)]
+    pub sidecar_security_context: Option<SecurityContext>,
     /// The installation's name (the chart passes its release name): injected pods are labelled
     /// `podlock.io/instance=<this>`, which the bundled etcd's NetworkPolicy admits.
     #[arg(long, env = "PODLOCK_INSTANCE", default_value = "podlock", value_parser = label_value)]
     pub instance: String,
 }
 
-/// `--webhook-namespace-selector`: a label selector as JSON, with only matchLabels and
-/// matchExpressions (operators In, NotIn with values, Exists, DoesNotExist without).
-pub(super) fn namespace_selector(text: &str) -> Result<LabelSelector, String> {
+/// `--webhook-namespace-selector`, `--webhook-object-selector`: a label selector as JSON, with
+/// only matchLabels and matchExpressions (operators In, NotIn with values, Exists, DoesNotExist
+/// without).
+pub(super) fn label_selector(text: &str) -> Result<LabelSelector, String> {
     let value: serde_json::Value = serde_json::from_str(text)
         .map_err(|e| format!("{text:?} is not JSON ({e}); e.g. {{\"matchLabels\": {{\"team\": \"a\"}}}}"))?;
     let keys = value

@@ -57,7 +57,8 @@ pub async fn keep_configuration(
 /// and for the pods of namespaces labelled `podlock.io/inject=enabled` but those annotated
 /// `"false"` (at their own path, [`NAMESPACE_PATH`]); never for the operator's own. An
 /// operator limited to one namespace injects only there; otherwise every namespace but
-/// `kube-system`; and only in namespaces that `--webhook-namespace-selector` selects.
+/// `kube-system`; and only in namespaces that `--webhook-namespace-selector` selects, objects
+/// that `--webhook-object-selector` selects.
 pub(super) fn configuration(
     args: &WebhookArgs,
     namespace: &str,
@@ -111,7 +112,7 @@ fn webhook(
         name: name.into(),
         admission_review_versions: vec!["v1".into()],
         side_effects: "None".into(),
-        failure_policy: Some("Ignore".into()),
+        failure_policy: Some(args.webhook_failure_policy.clone()),
         timeout_seconds: Some(args.webhook_timeout_seconds),
         client_config: client,
         rules: Some(rules),
@@ -120,7 +121,10 @@ fn webhook(
             expression: condition.into(),
         }]),
         namespace_selector: Some(namespaces),
-        object_selector: Some(not_in(inject::OPERATOR_LABEL.0, inject::OPERATOR_LABEL.1)),
+        object_selector: Some(both(
+            not_in(inject::OPERATOR_LABEL.0, inject::OPERATOR_LABEL.1),
+            args.webhook_object_selector.clone(),
+        )),
         // Called again after later webhooks (a mesh's injector) changed the pod.
         reinvocation_policy: Some("IfNeeded".into()),
         ..Default::default()

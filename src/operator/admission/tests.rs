@@ -171,3 +171,43 @@ fn the_instance_must_be_a_label_value() {
         assert!(err.contains("label value"), "{bad:?}: {err}");
     }
 }
+
+#[test]
+fn the_failure_policy_and_object_selector_flags_reach_every_webhook() {
+    let hooks = webhooks(&[], None);
+    assert!(
+        hooks
+            .values()
+            .all(|h| h.failure_policy.as_deref() == Some("Ignore"))
+    );
+    let selector = r#"{"matchExpressions": [{"key": "podlock", "operator": "NotIn", "values": ["off"]}]}"#;
+    let args = [
+        "--webhook-failure-policy",
+        "Fail",
+        "--webhook-object-selector",
+        selector,
+    ];
+    let hooks = webhooks(&args, None);
+    assert_eq!(hooks.len(), 3);
+    for (name, hook) in &hooks {
+        assert_eq!(hook.failure_policy.as_deref(), Some("Fail"), "{name}");
+        let found = requirements(hook.object_selector.as_ref().unwrap());
+        // The operator's own pods stay out, whatever the selector.
+        for wanted in [
+            "podlock NotIn off",
+            "app.kubernetes.io/component NotIn podlock-operator",
+        ] {
+            assert!(found.contains(wanted), "{name}: {wanted} not in {found:?}");
+        }
+    }
+    for (args, says) in [
+        (
+            &["--webhook-failure-policy", "Sometimes"][..],
+            "possible values: Ignore, Fail",
+        ),
+        (&["--webhook-object-selector", "app=x"], "is not JSON"),
+    ] {
+        let err = flags(args).err().unwrap_or_else(|| panic!("{args:?} accepted"));
+        assert!(err.contains(says) && err.contains(args[0]), "{args:?}: {err}");
+    }
+}

@@ -86,6 +86,22 @@ pub(super) fn give_containers_their_env(pod_spec: &mut serde_json::Map<String, V
     }
 }
 
+/// Adds the pull secrets `names` (`--sidecar-image-pull-secrets`) to the pod's, but those it
+/// has already.
+pub(super) fn add_pull_secrets(pod_spec: &mut serde_json::Map<String, Value>, names: &[String]) {
+    if names.is_empty() {
+        return;
+    }
+    let secrets = pod_spec.entry("imagePullSecrets").or_insert(Value::Array(vec![]));
+    if let Some(secrets) = secrets.as_array_mut() {
+        for name in names {
+            if !secrets.iter().any(|s| s["name"] == name.as_str()) {
+                secrets.push(serde_json::json!({"name": name}));
+            }
+        }
+    }
+}
+
 /// The variable `name` set to `value`.
 fn env_var(name: &str, value: String) -> EnvVar {
     EnvVar {
@@ -135,7 +151,7 @@ pub(super) fn sidecar(tpl: &SidecarTemplate, options: &Options) -> Container {
             limits: quantities("200m", "64Mi"),
             ..Default::default()
         })),
-        security_context: Some(restricted()),
+        security_context: Some(tpl.pod.security_context.clone().unwrap_or_else(restricted)),
         volume_mounts: etcd_volume(tpl).map(|_| {
             vec![VolumeMount {
                 name: ETCD_VOLUME.into(),

@@ -1,9 +1,9 @@
 //! The operator's flags for the injected sidecar's settings (`--sidecar-resources`,
-//! `--sidecar-log-level`), read and checked at start: a value the API server would refuse in a
-//! pod, or the sidecar would not understand, stops the operator naming the flag, instead of
-//! breaking every injected pod later.
+//! `--sidecar-log-level`, `--sidecar-security-context`, `--sidecar-image-pull-secrets`), read
+//! and checked at start: a value the API server would refuse in a pod, or the sidecar would not
+//! understand, stops the operator naming the flag, instead of breaking every injected pod later.
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
+use k8s_openapi::api::core::v1::{ResourceRequirements, SecurityContext};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -136,9 +136,105 @@ pub fn log_level(text: &str) -> Result<String, String> {
     Ok(text.to_string())
 }
 
+/// What a platform sets in every injected pod (`--sidecar-port`, `--sidecar-image-pull-secrets`,
+/// `--sidecar-security-context`).
+#[derive(Debug, Clone)]
+pub struct PodSettings {
+    /// The sidecar's API port where a pod's `podlock.io/port` sets none.
+    pub port: u16,
+    /// Pull secrets added to every injected pod, for the sidecar's image.
+    pub image_pull_secrets: Vec<String>,
+    /// The sidecar container's securityContext (`None`: the restricted profile, UID 65532).
+    pub security_context: Option<SecurityContext>,
+}
+
+impl Default for PodSettings {
+    fn default() -> Self {
+        PodSettings {
+            port: DEFAULT_PORT,
+            image_pull_secrets: vec![],
+            security_context: None,
+        }
+    }
+}
+
+/// The sidecar's API port by default.
+pub const DEFAULT_PORT: u16 = 4040;
+
+/// The securityContext fields a sidecar may be given (those of a container that the Pod
+/// Security Standards name, and the identity fields OpenShift assigns).
+const SECURITY_FIELDS: [&str; 10] = [
+    "runAsUser",
+    "runAsGroup",
+    "runAsNonRoot",
+    "readOnlyRootFilesystem",
+    "allowPrivilegeEscalation",
+    "privileged",
+    "capabilities",
+    "seccompProfile",
+    "seLinuxOptions",
+    "appArmorProfile",
+];
+
+/// `--sidecar-security-context`: the sidecar container's whole securityContext, JSON (what the
+/// chart's `sidecar.securityContext` renders to), e.g. without `runAsUser` for OpenShift, which
+/// assigns one.
+pub fn security_context(text: &str) -> Result<SecurityContext, String> {
+    let value: Value = serde_json::from_str(text)
+        .map_err(|e| format!("{text:?} is not JSON ({e}); e.g. {{\"runAsNonRoot\": true}}"))?;
+    let Value::Object(fields) = &value else {
+        return Err(format!("{text:?} is not a JSON object"));
+    };
+    if let Some(field) = fields.keys().find(|k| !SECURITY_FIELDS.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown field {field:?}: one of {}",
+            SECURITY_FIELDS.join(", ")
+        ));
+    }
+    serde_json::from_value(value).map_err(|e| format!("not a securityContext: {e}"))
+}
+
+/// One name of `--sidecar-image-pull-secrets`: a Secret's name (a DNS subdomain).
+pub fn secret_name(name: &str) -> Result<String, String> {
+    let label = |l: &str| {
+        !l.is_empty()
+            && l.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+            && !l.starts_with('-')
+            && !l.ends_with('-')
+    };
+    let ok = name.len() <= 253 && name.split('.').all(label);
+    ok.then(|| name.to_string())
+        .ok_or_else(|| format!("{name:?} is not a Secret name (lower-case letters, digits, '-' and '.')"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_security_context_and_secret_names_are_checked() {
+        let openshift = security_context(r#"{"runAsNonRoot": true, "capabilities": {"drop": ["ALL"]}}"#);
+        let openshift = openshift.unwrap();
+        assert_eq!(openshift.run_as_user, None);
+        assert_eq!(openshift.run_as_non_root, Some(true));
+        for (bad, says) in [
+            ("runAsUser=1", "is not JSON"),
+            ("[]", "not a JSON object"),
+            (r#"{"runAsUsr": 1}"#, "unknown field \"runAsUsr\""),
+            (r#"{"runAsUser": "root"}"#, "not a securityContext"),
+        ] {
+            let err = security_context(bad).unwrap_err();
+            assert!(err.contains(says), "{bad}: {err}");
+        }
+        assert_eq!(secret_name("regcred").as_deref(), Ok("regcred"));
+        for bad in ["", "Regcred", "reg cred", "-x", "a..b"] {
+            assert!(
+                secret_name(bad).unwrap_err().contains("not a Secret name"),
+                "{bad:?}"
+            );
+        }
+    }
 
     #[test]
     fn resources_are_read_from_json_and_bad_ones_are_named() {

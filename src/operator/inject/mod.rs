@@ -53,7 +53,7 @@ pub const NAMESPACE_LABEL: &str = "podlock.io/inject";
 pub const NAMESPACE_ENABLED: &str = "enabled";
 /// The annotation that marks a pod template's [`INJECT`] as copied there from its workload.
 pub const STAMP: &str = "podlock.io/inject-stamp";
-/// The annotation that sets the sidecar's API port (default 4040).
+/// The annotation that sets the sidecar's API port (default `--sidecar-port`, 4040).
 pub const PORT: &str = "podlock.io/port";
 /// The annotation that sets a default heartbeat window for the pod's holds.
 pub const HEARTBEAT: &str = "podlock.io/heartbeat-timeout";
@@ -89,6 +89,8 @@ pub struct SidecarTemplate {
     pub resources: Option<ResourceRequirements>,
     /// The sidecar's log filter (`PODLOCK_LOG`; `None`: the sidecar's default, `info`).
     pub log_level: Option<String>,
+    /// Its default port, pull secrets and securityContext.
+    pub pod: flags::PodSettings,
 }
 
 /// Why an object cannot be admitted: an annotation the sidecar cannot be set up from.
@@ -158,13 +160,14 @@ fn inject(tpl: &SidecarTemplate, namespace_injects: bool, pod: &Value) -> Result
             warning: Some(warning.into()),
         });
     }
-    let options = options(pod)?;
+    let options = options(pod, tpl.pod.port)?;
     let mut mutated = pod.clone();
     let labels = ensure_object(&mut mutated, "/metadata/labels");
     labels.insert(SIDECAR_LABEL.into(), "true".into());
     labels.insert(INSTANCE_LABEL.into(), tpl.instance.clone().into());
     let pod_spec = ensure_object(&mut mutated, "/spec");
     give_containers_their_env(pod_spec, options.port);
+    container::add_pull_secrets(pod_spec, &tpl.pod.image_pull_secrets);
     if let Some(volume) = container::etcd_volume(tpl) {
         let volumes = pod_spec.entry("volumes").or_insert(Value::Array(vec![]));
         if let Some(volumes) = volumes.as_array_mut() {
@@ -208,11 +211,11 @@ fn annotation<'a>(object: &'a Value, meta: &str, name: &str) -> Option<&'a str> 
         .and_then(Value::as_str)
 }
 
-/// The port and heartbeat annotations of a pod.
-fn options(pod: &Value) -> Result<Options, Error> {
+/// The port and heartbeat annotations of a pod (`port`: the port where it sets none).
+fn options(pod: &Value, port: u16) -> Result<Options, Error> {
     let port = match annotation(pod, "/metadata", PORT) {
         Some(p) => p.parse().map_err(|_| Error::InvalidPort(p.into()))?,
-        None => 4040,
+        None => port,
     };
     let heartbeat = match annotation(pod, "/metadata", HEARTBEAT) {
         Some(h) => Some(h.parse().map_err(|_| Error::InvalidHeartbeat(h.into()))?),

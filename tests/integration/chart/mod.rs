@@ -4,6 +4,7 @@
 //! are here.
 
 mod etcd;
+mod knobs;
 mod notes;
 mod readme;
 mod render;
@@ -32,15 +33,21 @@ pub(crate) fn helm(args: &[&str]) -> (bool, String, String) {
 /// The cluster version charts are rendered for (the chart needs 1.29+ for native sidecars).
 pub(crate) const KUBE_VERSION: &str = "1.34.0";
 
+/// An external etcd, for the renderings that are not about etcd: without one, or the bundled
+/// etcd, the chart refuses to render. `scripts/gen-manifests.sh` renders `manifests/` with it.
+pub(crate) const EXTERNAL_ETCD: [&str; 2] = ["--set", "etcd.endpoints[0]=http://etcd.podlock.svc:2379"];
+
 /// `helm template` of the chart as release `podlock` in namespace `podlock`, with `extra` arguments.
 pub(crate) fn render(extra: &[&str]) -> String {
     render_release("podlock", "podlock", extra)
 }
 
-/// Renders the chart as release `release` in `namespace`.
+/// Renders the chart as release `release` in `namespace`, with [`EXTERNAL_ETCD`] unless `extra`
+/// says otherwise.
 pub(crate) fn render_release(release: &str, namespace: &str, extra: &[&str]) -> String {
     let mut args = vec!["template", release, CHART, "--namespace", namespace];
     args.extend(["--kube-version", KUBE_VERSION]);
+    args.extend(EXTERNAL_ETCD);
     args.extend_from_slice(extra);
     let (ok, out, err) = helm(&args);
     assert!(ok, "helm template {release} {extra:?}: {err}");

@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use super::{CHART, floor_version, helm};
+use super::{CHART, EXTERNAL_ETCD, floor_version, helm};
 
 /// The chart's install notes, rendered. `helm template` leaves NOTES.txt out (and `helm install
 /// --dry-run` takes no `--kube-version`): a copy of the chart renders it as a manifest, through
@@ -44,6 +44,7 @@ impl Notes {
             "--show-only",
             "templates/zz-notes.yaml",
         ]);
+        args.extend(EXTERNAL_ETCD);
         args.extend_from_slice(extra);
         let (ok, out, err) = helm(&args);
         assert!(ok, "{err}");

@@ -3,7 +3,7 @@
 
 use serde::Deserialize;
 
-use super::{CHART, helm, render, render_release};
+use super::{CHART, EXTERNAL_ETCD, KUBE_VERSION, documents, find, helm, render, render_release};
 
 /// The names a rendering claims: (kind, namespace, name) of every object, and of the objects the
 /// operator makes from its environment (its webhook configuration, leader Lease and certificate
@@ -61,8 +61,37 @@ fn two_releases_share_no_name() {
 
 #[test]
 fn the_chart_lints_clean() {
-    let (ok, out, err) = helm(&["lint", "--strict", CHART]);
+    let mut args = vec!["lint", "--strict", CHART];
+    args.extend(EXTERNAL_ETCD);
+    let (ok, out, err) = helm(&args);
     assert!(ok, "{out}{err}");
+}
+
+/// Issue #55, item 4: an install with neither `etcd.endpoints` nor the bundled etcd fails at
+/// render, naming both values, instead of an operator that waits for an etcd that is not there.
+#[test]
+fn an_install_without_an_etcd_fails_naming_the_values_to_set() {
+    for extra in [&[][..], &["--set", "etcd.endpoints=null"]] {
+        let mut args = vec!["template", "podlock", CHART, "--kube-version", KUBE_VERSION];
+        args.extend_from_slice(extra);
+        let (ok, _, err) = helm(&args);
+        assert!(!ok, "rendered without an etcd ({extra:?})");
+        for value in ["etcd.endpoints", "etcd.bundled.enabled=true"] {
+            assert!(
+                err.contains(value),
+                "{extra:?}: the error does not name {value}: {err}"
+            );
+        }
+    }
+    // Either etcd renders.
+    assert!(render(&[]).contains("value: \"http://etcd.podlock.svc:2379\""));
+    let bundled = render(&[
+        "--set",
+        "etcd.endpoints=null",
+        "--set",
+        "etcd.bundled.enabled=true",
+    ]);
+    assert!(bundled.contains("https://podlock-etcd-0.podlock-etcd.podlock.svc:2379"));
 }
 
 #[test]
@@ -182,4 +211,27 @@ fn the_bundled_etcd_compacts_keeps_under_its_quota_and_spreads() {
     }
     assert!(out.contains("name: podlock-etcd\n  namespace: podlock") && out.contains("maxUnavailable: 1"));
     assert!(out.contains("podAntiAffinity"));
+}
+
+/// `operator.hostNetwork` (issue #55, item 3: a control plane that cannot reach pod addresses)
+/// puts the operator on its nodes' network, one replica per node: their ports would clash.
+#[test]
+fn the_operator_can_run_on_its_nodes_network() {
+    let spec = |extra: &[&str]| {
+        let docs = documents(&render(extra));
+        find(&docs, "Deployment", "podlock-operator")["spec"]["template"]["spec"].clone()
+    };
+    let default = spec(&[]);
+    assert!(default["hostNetwork"].is_null() && default["dnsPolicy"].is_null());
+    let anti = &default["affinity"]["podAntiAffinity"];
+    assert!(anti["requiredDuringSchedulingIgnoredDuringExecution"].is_null());
+    let host = spec(&["--set", "operator.hostNetwork=true"]);
+    assert_eq!(host["hostNetwork"], true);
+    assert_eq!(host["dnsPolicy"], "ClusterFirstWithHostNet");
+    let anti = &host["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    assert_eq!(anti[0]["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(
+        anti[0]["labelSelector"]["matchLabels"]["app.kubernetes.io/component"],
+        "podlock-operator"
+    );
 }

@@ -1,6 +1,6 @@
 //! The values schema: a wrong value is refused, naming its field.
 
-use super::{CHART, KUBE_VERSION, helm};
+use super::{CHART, EXTERNAL_ETCD, KUBE_VERSION, helm};
 
 #[test]
 fn bad_values_fail_naming_the_field() {
@@ -87,16 +87,47 @@ fn bad_values_fail_naming_the_field() {
             "webhook.namespaceSelector.matchExpressions[0].operator=Has",
             "/webhook/namespaceSelector/matchExpressions/0",
         ),
+        ("webhook.failurePolicy=ignore", "/webhook/failurePolicy"),
+        ("operator.hostNetwork=yes", "/operator/hostNetwork"),
+        // The knobs of issue #55, item 6.
+        ("podLabels.app\\.kubernetes\\.io/name=x", "/podLabels"),
+        ("podAnnotations.a[0]=b", "/podAnnotations/a"),
+        ("podSecurityContext.runAsUser=-1", "/podSecurityContext/runAsUser"),
+        ("podSecurityContext.runAsUsr=1", "/podSecurityContext"),
+        (
+            "containerSecurityContext.capabilities.drop=ALL",
+            "/containerSecurityContext/capabilities/drop",
+        ),
+        ("operator.extraArgs[0]=shutdown", "/operator/extraArgs/0"),
+        (
+            "operator.topologySpreadConstraints[0].maxSkew=1",
+            "/operator/topologySpreadConstraints/0",
+        ),
+        (
+            "etcd.bundled.topologySpreadConstraints[0].whenUnsatisfiable=Never",
+            "/etcd/bundled/topologySpreadConstraints/0",
+        ),
+        ("sidecar.image=a b", "/sidecar/image"),
+        ("sidecar.port=80", "/sidecar/port"),
+        (
+            "sidecar.imagePullSecrets[0].name=Reg",
+            "/sidecar/imagePullSecrets/0/name",
+        ),
+        (
+            "sidecar.securityContext.runAsUser=root",
+            "/sidecar/securityContext/runAsUser",
+        ),
+        ("test.nodeSelector=linux", "/test/nodeSelector"),
+        ("test.affinty.x=1", "/test"),
+        ("global=x", "/global"),
+        (
+            "webhook.objectSelector.matchLabel.app=x",
+            "/webhook/objectSelector",
+        ),
     ] {
-        let args = [
-            "template",
-            "podlock",
-            CHART,
-            "--kube-version",
-            KUBE_VERSION,
-            "--set",
-            set,
-        ];
+        let mut args = vec!["template", "podlock", CHART, "--kube-version", KUBE_VERSION];
+        args.extend(EXTERNAL_ETCD);
+        args.extend(["--set", set]);
         let (ok, _, err) = helm(&args);
         assert!(!ok, "--set {set} was accepted");
         assert!(

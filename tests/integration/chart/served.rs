@@ -4,7 +4,7 @@
 use serde::Deserialize;
 use std::collections::BTreeSet;
 
-use super::{CHART, floor_version, helm, render};
+use super::{CHART, EXTERNAL_ETCD, floor_version, helm, render};
 use crate::common::kube::with_crd;
 
 /// `manifests/` as `scripts/gen-manifests.sh` renders it: for the oldest Kubernetes the chart
@@ -13,6 +13,7 @@ fn render_manifest(extra: &[&str]) -> String {
     let floor = floor_version();
     let mut args = vec!["template", "podlock", CHART, "--namespace", "podlock"];
     args.extend(["--kube-version", floor.as_str(), "--skip-tests", "--no-hooks"]);
+    args.extend(EXTERNAL_ETCD);
     args.extend_from_slice(extra);
     let (ok, out, err) = helm(&args);
     assert!(ok, "helm template {args:?}: {err}");
@@ -194,6 +195,7 @@ fn every_admitted_minor_renders_only_apis_it_serves() {
             for listed in [None, Some(discovery.as_str())] {
                 let mut args = vec!["template", "podlock", CHART, "--namespace", "podlock"];
                 args.extend(["--kube-version", version.as_str()]);
+                args.extend(EXTERNAL_ETCD);
                 args.extend(listed.map(|l| ["--api-versions", l]).into_iter().flatten());
                 args.extend_from_slice(values);
                 let (ok, out, err) = helm(&args);

@@ -36,10 +36,15 @@ etcd:
 sidecar:
   resources: {requests: {cpu: 5m, memory: 24Mi}, limits: {memory: 48Mi}}
   logLevel: debug
+  port: 4050
+  imagePullSecrets: [{name: regcred}]
+  securityContext: {runAsUser: null}
 webhook:
   timeoutSeconds: 9
   namespaceSelector:
     matchExpressions: [{key: team, operator: In, values: [a, b]}]
+  failurePolicy: Fail
+  objectSelector: {matchLabels: {podlock.io/allowed: "true"}}
 metrics:
   serviceMonitor: {enabled: true, labels: {release: kps}}
   podMonitor: {enabled: true, labels: {release: kps, team: locks}}
@@ -140,6 +145,13 @@ fn common_cluster_settings_land_in_their_objects() {
         selector,
         json!({"matchExpressions": [{"key": "team", "operator": "In", "values": ["a", "b"]}]})
     );
+    assert_eq!(
+        operator_env(&docs, "PODLOCK_WEBHOOK_FAILURE_POLICY").as_deref(),
+        Some("Fail")
+    );
+    let objects: serde_json::Value =
+        serde_json::from_str(&operator_env(&docs, "PODLOCK_WEBHOOK_OBJECT_SELECTOR").unwrap()).unwrap();
+    assert_eq!(objects, json!({"matchLabels": {"podlock.io/allowed": "true"}}));
 
     // Defaults: the spread over nodes, etcd without a CPU limit on the cluster's default
     // StorageClass, the top-level priority class, no namespace selector.
@@ -162,10 +174,31 @@ fn common_cluster_settings_land_in_their_objects() {
     assert_eq!(operator["priorityClassName"], "everyone");
     assert!(operator["affinity"]["podAntiAffinity"].is_object());
     assert!(operator_env(&docs, "PODLOCK_WEBHOOK_NAMESPACE_SELECTOR").is_none());
+    assert!(operator_env(&docs, "PODLOCK_WEBHOOK_OBJECT_SELECTOR").is_none());
+    assert_eq!(
+        operator_env(&docs, "PODLOCK_WEBHOOK_FAILURE_POLICY").as_deref(),
+        Some("Ignore")
+    );
     assert_eq!(
         operator_env(&docs, "PODLOCK_WEBHOOK_TIMEOUT_SECONDS").as_deref(),
         Some("5")
     );
+}
+
+/// `podlock ARGS` (the rendered `operator` and its extra flags) with the environment `vars`,
+/// and no cluster to reach; its error output. It must fail: at the flags, or finding no cluster.
+pub(super) fn run_operator(args: &[&str], vars: &[(&str, String)]) -> String {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(crate::common::podlock_bin())
+        .args(args)
+        .args(["--etcd-endpoints", "http://127.0.0.1:1"])
+        .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
+        .env("KUBECONFIG", dir.path().join("no-kubeconfig"))
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// What the chart passes for the sidecar and the webhook, the operator takes: `podlock
@@ -182,6 +215,11 @@ fn the_operator_accepts_what_the_chart_passes_it() {
         "PODLOCK_SIDECAR_LOG_LEVEL",
         "PODLOCK_WEBHOOK_TIMEOUT_SECONDS",
         "PODLOCK_WEBHOOK_NAMESPACE_SELECTOR",
+        "PODLOCK_WEBHOOK_FAILURE_POLICY",
+        "PODLOCK_WEBHOOK_OBJECT_SELECTOR",
+        "PODLOCK_SIDECAR_PORT",
+        "PODLOCK_SIDECAR_IMAGE_PULL_SECRETS",
+        "PODLOCK_SIDECAR_SECURITY_CONTEXT",
     ];
     let vars: Vec<(&str, String)> = passed
         .iter()
@@ -192,18 +230,7 @@ fn the_operator_accepts_what_the_chart_passes_it() {
             )
         })
         .collect();
-    let run = |vars: &[(&str, String)]| {
-        let missing = dir.path().join("no-kubeconfig");
-        let out = Command::new(crate::common::podlock_bin())
-            .args(["operator", "--etcd-endpoints", "http://127.0.0.1:1"])
-            .envs(vars.iter().map(|(k, v)| (*k, v.as_str())))
-            .env("KUBECONFIG", &missing)
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .output()
-            .unwrap();
-        assert!(!out.status.success());
-        String::from_utf8_lossy(&out.stderr).into_owned()
-    };
+    let run = |vars: &[(&str, String)]| run_operator(&["operator"], vars);
     let err = run(&vars);
     assert!(err.contains("cannot reach the Kubernetes API"), "{vars:?}: {err}");
     eprintln!("the operator took {vars:?}");
@@ -223,6 +250,27 @@ fn the_operator_accepts_what_the_chart_passes_it() {
             "PODLOCK_WEBHOOK_NAMESPACE_SELECTOR",
             "team=a",
             "--webhook-namespace-selector",
+        ),
+        (
+            "PODLOCK_WEBHOOK_FAILURE_POLICY",
+            "Sometimes",
+            "--webhook-failure-policy",
+        ),
+        (
+            "PODLOCK_WEBHOOK_OBJECT_SELECTOR",
+            r#"{"matchLabel": {}}"#,
+            "--webhook-object-selector",
+        ),
+        ("PODLOCK_SIDECAR_PORT", "80", "--sidecar-port"),
+        (
+            "PODLOCK_SIDECAR_IMAGE_PULL_SECRETS",
+            "Regcred",
+            "--sidecar-image-pull-secrets",
+        ),
+        (
+            "PODLOCK_SIDECAR_SECURITY_CONTEXT",
+            r#"{"runAsUsr": 1}"#,
+            "--sidecar-security-context",
         ),
     ] {
         let mut vars = vars.clone();
