@@ -18,7 +18,7 @@ pub struct SidecarMetrics {
     pub acquire_wait: HistogramVec,
     /// `podlock_held_locks`: holds of this sidecar now.
     pub held_locks: IntGauge,
-    /// `podlock_locks_lost_total{lock}`.
+    /// `podlock_locks_lost_total{lock, reason}` (reasons: [`crate::sidecar::lost_reason`]).
     pub locks_lost: IntCounterVec,
     /// `podlock_keepalive_failures_total`.
     pub keepalive_failures: IntCounter,
@@ -67,9 +67,9 @@ impl SidecarMetrics {
                 IntCounterVec::new(
                     Opts::new(
                         "podlock_locks_lost_total",
-                        "Holds that ended by anything but release",
+                        "Holds that ended by anything but release, by reason",
                     ),
-                    &["lock"],
+                    &["lock", "reason"],
                 )
                 .unwrap(),
             ),

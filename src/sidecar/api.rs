@@ -75,7 +75,9 @@ pub async fn acquire_counted(
     st.metrics.acquire_total.with_label_values(&[name, outcome]).inc();
     // Every lock this sidecar was asked for reports its lost holds from the first scrape on,
     // 0 until one is lost, so that alerts on it see a series rather than nothing.
-    st.metrics.locks_lost.with_label_values(&[name]);
+    for reason in super::lost_reason::alerting() {
+        st.metrics.locks_lost.with_label_values(&[name, reason]);
+    }
     st.metrics.handoffs.with_label_values(&[name]);
     result
 }

@@ -6,6 +6,7 @@ mod connection;
 mod error;
 mod events;
 mod fence;
+pub mod lost_reason;
 mod observe;
 mod reconnect;
 mod request;

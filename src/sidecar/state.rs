@@ -4,6 +4,7 @@
 use tracing::warn;
 
 use super::args::SidecarArgs;
+use super::lost_reason;
 use super::reconnect;
 use crate::lock::{Engine, EventKind, PodRef};
 use crate::metrics::SidecarMetrics;
@@ -53,7 +54,11 @@ fn spawn_hold_metrics(engine: &Engine, metrics: &SidecarMetrics) {
                 EventKind::Acquired => metrics.hold_began(&ev.lock.name, ev.fencing_token),
                 EventKind::Released => metrics.hold_ended(&ev.lock.name, ev.fencing_token),
                 EventKind::Lost => {
-                    metrics.locks_lost.with_label_values(&[&ev.lock.name]).inc();
+                    let reason = lost_reason::label(ev.reason.as_deref().unwrap_or_default());
+                    metrics
+                        .locks_lost
+                        .with_label_values(&[&ev.lock.name, reason])
+                        .inc();
                     metrics.hold_ended(&ev.lock.name, ev.fencing_token);
                 }
                 EventKind::Deadline | EventKind::Yield => {} // a warning: the hold goes on

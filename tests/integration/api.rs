@@ -310,7 +310,7 @@ async fn metrics_and_health_endpoints() {
         "podlock_acquire_total{lock=\"met\",result=\"lock_held\"} 1",
         "podlock_acquire_wait_seconds_count{lock=\"met\"} 1",
         "podlock_held_locks 1",
-        "podlock_locks_lost_total{lock=\"met\"} 0",
+        "podlock_locks_lost_total{lock=\"met\",reason=\"lease_expired\"} 0",
         "podlock_keepalive_failures_total 0",
         "podlock_etcd_requests_total",
     ] {

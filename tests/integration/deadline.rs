@@ -86,6 +86,9 @@ async fn a_hold_ends_at_its_deadline_as_lost_deadline_and_the_next_waiter_is_gra
     assert!(handed < Duration::from_secs(1), "{handed:?}");
     let (code, body) = a.post("job", "release", json!({})).await;
     assert_eq!((code, body["error"].as_str()), (410, Some("lock_lost")), "{body}");
+    // Counted under its reason, which the lost-holds alert leaves out.
+    let lost = "podlock_locks_lost_total{lock=\"job\",reason=\"deadline\"}";
+    assert_eq!(a.metric(lost).await, 1.0);
 }
 
 #[tokio::test]

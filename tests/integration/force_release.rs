@@ -191,6 +191,8 @@ async fn an_editor_ends_a_named_hold_with_kubectl_annotate_and_the_next_waiter_i
     let metrics = _op.metrics().await;
     let line = "podlock_forced_releases_total{reason=\"admin_release\"} 1";
     assert!(metrics.contains(line), "{line} missing");
+    let lost = "podlock_locks_lost_total{lock=\"db\",reason=\"admin_release\"}";
+    assert_eq!(a.metric(lost).await, 1.0);
     eprintln!(
         "force release: the holder was told lost {told:?} and the waiter granted {:?} after kubectl annotate returned",
         granted.duration_since(annotated)

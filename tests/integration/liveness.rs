@@ -109,6 +109,8 @@ async fn a_missed_heartbeat_ends_the_hold_and_then_heartbeat_is_410() {
         "{body}"
     );
     assert_eq!(a.metric("podlock_locks_lost_total").await, 1.0);
+    let lost = "podlock_locks_lost_total{lock=\"hb\",reason=\"heartbeat\"}";
+    assert_eq!(a.metric(lost).await, 1.0);
 }
 
 #[tokio::test]

@@ -190,6 +190,8 @@ async fn a_holder_that_does_not_yield_is_ended_at_the_deadline_and_the_next_wait
     );
     let line = "podlock_forced_releases_total{reason=\"yield\"} 1";
     assert!(op.metrics().await.contains(line), "{line} missing");
+    let lost = "podlock_locks_lost_total{lock=\"job\",reason=\"yield\"}";
+    assert_eq!(a.metric(lost).await, 1.0);
     // The end left a note for the sidecar; the lock's deletion takes it along.
     let notes = format!("/podlock/v1/config/{ns}/.released/job/");
     assert_eq!(plane.etcd.count(&notes).await, 1, "the operator's note");
