@@ -7,7 +7,7 @@
 //! outlives the hold's process). It exports `PODLOCK_FENCING_TOKEN`; sends CMD SIGTERM when the
 //! hold is lost (a `lost` event, or the stream ending); releases when CMD exits and passes on
 //! CMD's exit status, unless the release finds the hold already lost. A hold with a maximum
-//! hold time (`--max-hold`, or the lock's) sends CMD SIGTERM at its `deadline` warning, and
+//! hold time (`--max-hold-seconds`, or the lock's) sends CMD SIGTERM at its `deadline` warning, and
 //! SIGKILL at the deadline itself (the hold is gone: CMD must not run on unprotected). A
 //! request to yield (`podlock.io/yield` on the lock) is passed on the same way: SIGTERM at the
 //! `yield` event, SIGKILL if the operator ends the hold at the request's deadline.
@@ -56,12 +56,25 @@ pub struct LockArgs {
     pub holder_id: Option<String>,
     /// The longest the hold may last, in seconds (at most the lock's maxHoldSeconds; default:
     /// the lock's). CMD gets SIGTERM at the deadline's warning and SIGKILL at the deadline.
-    #[arg(long, env = "PODLOCK_MAX_HOLD", value_name = "SECONDS")]
-    pub max_hold: Option<u32>,
+    // Named as `declare --max-hold-seconds` and the API's field; the old name, unlisted, is
+    // still taken so that scripts written for it go on working.
+    #[arg(
+        long,
+        alias = "max-hold",
+        env = "PODLOCK_MAX_HOLD_SECONDS",
+        value_name = "SECONDS"
+    )]
+    pub max_hold_seconds: Option<u32>,
     /// How long before the deadline CMD gets SIGTERM, in seconds (default: a tenth of the hold,
     /// at least 1).
-    #[arg(long, env = "PODLOCK_DEADLINE_WARNING", value_name = "SECONDS")]
-    pub deadline_warning: Option<u32>,
+    // The old name, without `-seconds`, unlisted, is still taken.
+    #[arg(
+        long,
+        alias = "deadline-warning",
+        env = "PODLOCK_DEADLINE_WARNING_SECONDS",
+        value_name = "SECONDS"
+    )]
+    pub deadline_warning_seconds: Option<u32>,
     /// How many of the lock's slots to hold (a weighted semaphore; default 1, at most its
     /// maxHolders). The lock is granted once that many are free and every request ahead of this
     /// one is granted: FIFO, a larger request is not passed.
@@ -168,13 +181,13 @@ impl Sidecar {
         if !args.with.is_empty() {
             options["with"] = json!(args.with);
         }
-        if let Some(seconds) = args.max_hold {
+        if let Some(seconds) = args.max_hold_seconds {
             options["maxHoldSeconds"] = json!(seconds);
         }
         if let Some(n) = args.permits {
             options["permits"] = json!(n);
         }
-        if let Some(seconds) = args.deadline_warning {
+        if let Some(seconds) = args.deadline_warning_seconds {
             options["deadlineWarningSeconds"] = json!(seconds);
         }
         let resp = self
@@ -342,6 +355,37 @@ fn default_holder() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::{CommandFactory, Parser};
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        lock: LockArgs,
+    }
+
+    #[test]
+    fn the_seconds_flags_have_one_name_and_take_their_old_one_unlisted() {
+        let parse = |args: &[&str]| {
+            let argv = ["podlock", "job"].iter().chain(args).chain(&["--", "true"]);
+            Flags::try_parse_from(argv).unwrap().lock
+        };
+        for args in [
+            ["--max-hold-seconds", "60", "--deadline-warning-seconds", "5"],
+            ["--max-hold", "60", "--deadline-warning", "5"],
+        ] {
+            let lock = parse(&args);
+            assert_eq!(
+                (lock.max_hold_seconds, lock.deadline_warning_seconds),
+                (Some(60), Some(5))
+            );
+        }
+        let help = Flags::command().render_long_help().to_string();
+        assert!(
+            help.contains("--max-hold-seconds") && !help.contains("--max-hold "),
+            "{help}"
+        );
+        assert!(!help.contains("--deadline-warning "), "{help}");
+    }
 
     #[test]
     fn the_hold_ends_with_lost_or_someone_elses_release() {

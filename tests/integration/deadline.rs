@@ -195,9 +195,9 @@ async fn podlock_lock_sends_sigterm_at_the_warning_and_sigkill_at_the_deadline()
         .args([
             "lock",
             "batch",
-            "--max-hold",
+            "--max-hold-seconds",
             "3",
-            "--deadline-warning",
+            "--deadline-warning-seconds",
             "2",
             "--",
             "sh",
@@ -227,7 +227,7 @@ async fn podlock_lock_sends_sigterm_at_the_warning_and_sigkill_at_the_deadline()
     };
     let warned = Duration::from_nanos((at("sigterm-at") - at("started")) as u64);
     eprintln!(
-        "podlock lock --max-hold 3 --deadline-warning 2: SIGTERM {warned:?} in, ended {took:?} after start"
+        "podlock lock --max-hold-seconds 3 --deadline-warning-seconds 2: SIGTERM {warned:?} in, ended {took:?} after start"
     );
     assert!(
         warned > Duration::from_millis(700) && warned < Duration::from_millis(1600),

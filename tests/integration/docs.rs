@@ -11,6 +11,7 @@
 
 mod layout;
 mod numbers;
+mod support;
 mod wings;
 
 use std::collections::BTreeSet;

@@ -93,15 +93,22 @@ pub async fn handle(dl: &DistributedLock, api: &Api<DistributedLock>, ctx: &Cont
     Ok(())
 }
 
-/// The grace a request gives: its `podlock.io/yield-grace`, else the lock's default; the
+/// The grace a request gives: its `podlock.io/yield-grace` (whole seconds, `30`, as every
+/// other seconds field takes them, or a duration, `30s`, `2m`), else the lock's default; the
 /// problem with the annotation otherwise.
 fn grace(given: Option<&String>, default_seconds: u32) -> Result<Duration, String> {
     let Some(given) = given else {
         return Ok(Duration::from_secs(default_seconds.into()));
     };
     let bad = |why: String| format!("{GRACE}={given:?} {why}");
-    let grace = humantime::parse_duration(given)
-        .map_err(|e| bad(format!("is not a duration ({e}); write e.g. 30s or 2m")))?;
+    let grace = match given.parse::<u64>() {
+        Ok(seconds) => Duration::from_secs(seconds),
+        Err(_) => humantime::parse_duration(given).map_err(|e| {
+            bad(format!(
+                "is not seconds or a duration ({e}); write e.g. 30, 30s or 2m"
+            ))
+        })?,
+    };
     let (min, max) = (YIELD_GRACE.min.into(), YIELD_GRACE.max.into());
     if grace < Duration::from_secs(min) || grace > Duration::from_secs(max) {
         return Err(bad(format!("must lie between {min}s and {max}s")));
@@ -117,6 +124,10 @@ mod tests {
     fn a_grace_is_a_duration_within_bounds_else_the_locks_default() {
         assert_eq!(grace(None, 30), Ok(Duration::from_secs(30)));
         assert_eq!(grace(Some(&"2m".into()), 30), Ok(Duration::from_secs(120)));
+        assert_eq!(grace(Some(&"45".into()), 30), Ok(Duration::from_secs(45)));
+        assert!(grace(Some(&"0".into()), 30).is_err());
+        let many = grace(Some(&"86401".into()), 30).unwrap_err();
+        assert!(many.contains("between 1s and 86400s"), "{many}");
         let bad = grace(Some(&"soon".into()), 30).unwrap_err();
         assert!(bad.contains(GRACE) && bad.contains("30s"), "{bad}");
         let long = grace(Some(&"2d".into()), 30).unwrap_err();
