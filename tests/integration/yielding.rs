@@ -217,7 +217,7 @@ async fn a_bad_request_gets_a_warning_naming_the_problem_and_is_removed() {
             "pod-a",
             Some("soon"),
             "YieldInvalid",
-            "podlock.io/yield-grace=\"soon\" is not a duration",
+            "podlock.io/yield-grace=\"soon\" is not seconds or a duration",
         ),
         ("nobody", None, "YieldNotHeld", "the holders are pod-a (pod pod-a"),
     ] {
