@@ -115,6 +115,16 @@ tolerations: {{- toYaml . | nindent 2 }}
 {{- end }}
 {{- end }}
 
+{{/* The bundled etcd's Secrets: the ones named in etcd.bundled.tlsSecret and
+     etcd.bundled.authSecret (made outside the chart: the same at every render, as GitOps
+     tools need), else the ones the chart makes (etcd-security.yaml). */}}
+{{- define "podlock.etcdTlsSecret" -}}
+{{ .Values.etcd.bundled.tlsSecret | default (printf "%s-etcd-tls" (include "podlock.fullname" .)) }}
+{{- end }}
+{{- define "podlock.etcdRootSecret" -}}
+{{ .Values.etcd.bundled.authSecret | default (printf "%s-etcd-root" (include "podlock.fullname" .)) }}
+{{- end }}
+
 {{- define "podlock.etcdEndpoints" -}}
 {{- if .Values.etcd.bundled.enabled -}}
 {{- $eps := list -}}

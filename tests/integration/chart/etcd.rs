@@ -302,3 +302,40 @@ async fn the_network_policy_admits_only_the_operator_this_releases_injected_pods
     );
     assert_eq!(by_port.len(), 2, "{by_port:?}");
 }
+
+/// Issue #55, item 5: GitOps tools render without `lookup`. With the bundled etcd's Secrets
+/// named (made once, outside the release), two renders are the same, the chart makes no Secret
+/// of its own, and the operator and the members mount the named ones; without, each render
+/// makes a new root password.
+#[test]
+fn existing_secrets_make_the_bundled_etcd_render_the_same_every_time() {
+    let named = [
+        "--set",
+        "etcd.bundled.enabled=true",
+        "--set",
+        "etcd.bundled.tlsSecret=etcd-tls-kept",
+        "--set",
+        "etcd.bundled.authSecret=etcd-root-kept",
+    ];
+    let first = render(&named);
+    assert_eq!(first, render(&named), "two renders differ");
+    let docs = documents(&first);
+    let secrets: Vec<_> = docs.iter().filter(|d| d["kind"] == "Secret").collect();
+    assert!(secrets.is_empty(), "the chart made {secrets:?}");
+    let operator = &find(&docs, "Deployment", "podlock-operator")["spec"]["template"]["spec"];
+    let volume = |pod: &Value, name: &str| {
+        let volumes = pod["volumes"].as_array().unwrap();
+        let found = volumes.iter().find(|v| v["name"] == name);
+        found.unwrap()["secret"]["secretName"].clone()
+    };
+    assert_eq!(volume(operator, "etcd-auth"), "etcd-root-kept");
+    assert_eq!(volume(operator, "etcd-tls"), "etcd-tls-kept");
+    let members = &find(&docs, "StatefulSet", "podlock-etcd")["spec"]["template"]["spec"];
+    assert_eq!(volume(members, "tls"), "etcd-tls-kept");
+    let bundled = ["--set", "etcd.bundled.enabled=true"];
+    assert_ne!(
+        render(&bundled),
+        render(&bundled),
+        "generated Secrets change at each render"
+    );
+}
