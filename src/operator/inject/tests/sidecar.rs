@@ -1,5 +1,5 @@
 //! Unit tests of the injected sidecar container: its etcd credentials and CA, cluster name,
-//! namespace-wide injection, resources and log level.
+//! namespace-wide injection, resources and log level, port, pull secrets and securityContext.
 
 use super::*;
 
@@ -164,5 +164,46 @@ fn the_sidecars_resources_and_log_level_are_the_operators_to_set() {
             .as_array()
             .unwrap()
             .contains(&json!({"name": "PODLOCK_LOG", "value": "debug"}))
+    );
+}
+
+#[test]
+fn the_port_pull_secrets_and_security_context_flags_reach_injected_pods() {
+    let openshift = k8s_openapi::api::core::v1::SecurityContext {
+        run_as_non_root: Some(true),
+        ..Default::default()
+    };
+    let set = SidecarTemplate {
+        pod: flags::PodSettings {
+            port: 4050,
+            image_pull_secrets: vec!["regcred".into(), "mirror".into()],
+            security_context: Some(openshift),
+        },
+        ..tpl()
+    };
+    let mut own = pod(json!({INJECT: "true"}));
+    own["spec"]["imagePullSecrets"] = json!([{"name": "mirror"}]);
+    let p = mutate(&set, "Pod", true, "app", false, &own)
+        .unwrap()
+        .patch
+        .unwrap();
+    let mut out = own.clone();
+    json_patch::patch(&mut out, &p).unwrap();
+    assert_eq!(
+        out["spec"]["imagePullSecrets"],
+        json!([{"name": "mirror"}, {"name": "regcred"}])
+    );
+    let sc = &out["spec"]["initContainers"][0];
+    assert_eq!(sc["securityContext"], json!({"runAsNonRoot": true}));
+    let env = sc["env"].as_array().unwrap();
+    assert!(env.contains(&json!({"name": "PODLOCK_LISTEN", "value": "127.0.0.1:4050"})));
+    let app = out["spec"]["containers"][0]["env"].as_array().unwrap();
+    assert!(app.contains(&json!({"name": "PODLOCK_ADDR", "value": "http://127.0.0.1:4050"})));
+    // Without the flags: no pull secret added, the restricted profile.
+    let annotated = injected_pod(&tpl());
+    assert!(annotated["spec"]["imagePullSecrets"].is_null());
+    assert_eq!(
+        annotated["spec"]["initContainers"][0]["securityContext"]["runAsUser"],
+        65532
     );
 }
