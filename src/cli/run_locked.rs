@@ -13,7 +13,6 @@
 //! `yield` event, SIGKILL if the operator ends the hold at the request's deadline.
 
 use clap::Args;
-use eventsource_stream::Eventsource;
 use futures::StreamExt;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
@@ -24,6 +23,9 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 
 use crate::lock::{DEADLINE, YIELD};
+use sidecar::{HoldEvents, Released, Sidecar};
+
+mod sidecar;
 
 /// Exit status when the hold was lost while CMD ran.
 pub const EXIT_LOST: i32 = 75;
@@ -98,19 +100,42 @@ impl LockArgs {
             .collect::<Vec<_>>()
             .join(",")
     }
+
+    /// What `POST .../hold` asks, for `holder`.
+    fn options(&self, holder: &str) -> Value {
+        let mut options = json!({ "waitSeconds": self.wait, "holderId": holder });
+        if let Some(c) = &self.container {
+            options["container"] = json!(c);
+        }
+        if !self.with.is_empty() {
+            options["with"] = json!(self.with);
+        }
+        if let Some(seconds) = self.max_hold_seconds {
+            options["maxHoldSeconds"] = json!(seconds);
+        }
+        if let Some(n) = self.permits {
+            options["permits"] = json!(n);
+        }
+        if let Some(seconds) = self.deadline_warning_seconds {
+            options["deadlineWarningSeconds"] = json!(seconds);
+        }
+        options
+    }
 }
 
 /// Runs `podlock lock`: subscribe, acquire, run CMD under the hold, release; returns the
 /// process exit status.
 pub async fn run(args: LockArgs) -> anyhow::Result<i32> {
-    let sidecar = Sidecar::new(&args);
-    let Some((grant, events)) = sidecar.hold(&args).await? else {
+    let holder = own_holder_id(&args).unwrap_or_else(default_holder);
+    let sidecar = Sidecar::new(&args.addr, &args.name, holder);
+    let options = args.options(sidecar.holder());
+    let Some((grant, events)) = sidecar.hold(&options, &args.names()).await? else {
         return Ok(EXIT_NOT_ACQUIRED);
     };
     let token = grant["fencingToken"].as_i64().unwrap_or_default();
     let (notices, notices_rx) = mpsc::channel::<Notice>(1);
     tokio::spawn(watch_hold(events, notices));
-    let child = command(&args, &sidecar.holder, token)
+    let child = command(&args, sidecar.holder(), token)
         .spawn()
         .map_err(|e| anyhow::anyhow!("cannot run {:?}: {e}", args.command[0]))?;
     let Some(exit) = supervise(child, notices_rx, &args.name, token).await? else {
@@ -139,106 +164,6 @@ fn command(args: &LockArgs, holder: &str, token: i64) -> Command {
         });
     }
     cmd
-}
-
-/// The events of a hold bound to its connection, after its grant.
-type HoldEvents =
-    std::pin::Pin<Box<dyn futures::Stream<Item = Result<eventsource_stream::Event, String>> + Send>>;
-
-/// The sidecar's API for one lock and holder.
-#[derive(Clone)]
-struct Sidecar {
-    http: reqwest::Client,
-    base: String,
-    holder: String,
-}
-
-/// How a release ended.
-enum Released {
-    Yes,
-    /// The sidecar says the hold had ended before (410): CMD may have run unprotected.
-    Lost,
-    /// No answer: the lease will end the hold.
-    Unknown,
-}
-
-impl Sidecar {
-    fn new(args: &LockArgs) -> Self {
-        Sidecar {
-            http: reqwest::Client::new(),
-            base: format!("{}/v1/locks/{}", args.addr.trim_end_matches('/'), args.name),
-            holder: own_holder_id(args).unwrap_or_else(default_holder),
-        }
-    }
-
-    /// Takes the lock bound to this connection: the grant and the rest of the stream, or
-    /// `None` (said on stderr) if the lock could not be acquired.
-    async fn hold(&self, args: &LockArgs) -> anyhow::Result<Option<(Value, HoldEvents)>> {
-        let mut options = json!({ "waitSeconds": args.wait, "holderId": self.holder });
-        if let Some(c) = &args.container {
-            options["container"] = json!(c);
-        }
-        if !args.with.is_empty() {
-            options["with"] = json!(args.with);
-        }
-        if let Some(seconds) = args.max_hold_seconds {
-            options["maxHoldSeconds"] = json!(seconds);
-        }
-        if let Some(n) = args.permits {
-            options["permits"] = json!(n);
-        }
-        if let Some(seconds) = args.deadline_warning_seconds {
-            options["deadlineWarningSeconds"] = json!(seconds);
-        }
-        let resp = self
-            .http
-            .post(format!("{}/hold", self.base))
-            .json(&options)
-            .send()
-            .await?;
-        if !resp.status().is_success() {
-            let error: Value = resp.json().await?;
-            let why = error["message"].as_str().unwrap_or("?");
-            eprintln!("podlock: could not acquire {}: {why}", args.names());
-            return Ok(None);
-        }
-        let mut events: HoldEvents = Box::pin(
-            resp.bytes_stream()
-                .eventsource()
-                .map(|e| e.map_err(|e| e.to_string())),
-        );
-        match events.next().await {
-            Some(Ok(first)) if first.event == "acquired" => {
-                Ok(Some((serde_json::from_str(&first.data)?, events)))
-            }
-            other => anyhow::bail!("the sidecar's hold stream began without a grant: {other:?}"),
-        }
-    }
-
-    async fn release(&self, name: &str) -> Released {
-        let body = json!({ "holderId": self.holder });
-        match self
-            .http
-            .post(format!("{}/release", self.base))
-            .json(&body)
-            .send()
-            .await
-        {
-            Ok(r) if r.status() == reqwest::StatusCode::GONE => {
-                let why = r.json::<Value>().await.unwrap_or_default();
-                eprintln!(
-                    "podlock: lock {name} had been lost before its release: {}",
-                    why["message"]
-                );
-                Released::Lost
-            }
-            Ok(_) => Released::Yes,
-            Err(e) => {
-                eprintln!("podlock: release of {name} failed ({e}); the lease will end it");
-                Released::Unknown
-            }
-        }
-    }
 }
 
 /// What the hold's stream tells CMD's supervisor.

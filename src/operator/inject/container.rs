@@ -8,7 +8,8 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
-use super::{CONTAINER_ENV, SIDECAR_CONTAINER, SidecarTemplate};
+use super::names::{CONTAINER_ENV, SIDECAR_CONTAINER};
+use super::template::SidecarTemplate;
 
 /// What a pod's annotations ask of its sidecar.
 pub(super) struct Options {

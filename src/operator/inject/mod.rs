@@ -31,67 +31,26 @@
 
 mod container;
 pub mod flags;
+mod mutation;
+mod names;
 mod stamp;
+mod template;
 #[cfg(test)]
 mod tests;
 
-use k8s_openapi::api::core::v1::ResourceRequirements;
-use serde_json::{Map, Value};
+use serde_json::Value;
 // The tests (`use super::*`) build their objects with it.
 #[cfg(test)]
 use serde_json::json;
 
 use container::{Options, give_containers_their_env, position, sidecar};
-
-/// The annotation that asks for injection.
-pub const INJECT: &str = "podlock.io/inject";
-/// The namespace label (with [`NAMESPACE_ENABLED`]) that asks for the sidecar in every pod of
-/// the namespace, as Istio's `istio-injection=enabled` does; a pod opts out with [`INJECT`]
-/// `"false"`.
-pub const NAMESPACE_LABEL: &str = "podlock.io/inject";
-/// The value of [`NAMESPACE_LABEL`] that turns namespace-wide injection on.
-pub const NAMESPACE_ENABLED: &str = "enabled";
-/// The annotation that marks a pod template's [`INJECT`] as copied there from its workload.
-pub const STAMP: &str = "podlock.io/inject-stamp";
-/// The annotation that sets the sidecar's API port (default `--sidecar-port`, 4040).
-pub const PORT: &str = "podlock.io/port";
-/// The annotation that sets a default heartbeat window for the pod's holds.
-pub const HEARTBEAT: &str = "podlock.io/heartbeat-timeout";
-/// The variable that tells each app container its own name, to pass as `container`.
-pub const CONTAINER_ENV: &str = "PODLOCK_CONTAINER";
-/// The label that marks the operator's own pods, which are never injected.
-pub const OPERATOR_LABEL: (&str, &str) = ("app.kubernetes.io/component", "podlock-operator");
-/// The label that marks pods with a podlock sidecar (the operator's pod watch selects on it).
-pub const SIDECAR_LABEL: &str = "podlock.io/sidecar";
-/// The label that names the podlock installation (the chart's release) whose sidecar a pod has.
-pub const INSTANCE_LABEL: &str = "podlock.io/instance";
-/// The sidecar container's name.
-pub const SIDECAR_CONTAINER: &str = "podlock";
-/// The kinds whose pod template a workload annotation is copied into.
-pub const WORKLOADS: [&str; 4] = ["Deployment", "StatefulSet", "DaemonSet", "Job"];
-
-/// What the injected sidecar looks like.
-#[derive(Debug, Clone)]
-pub struct SidecarTemplate {
-    /// The podlock image.
-    pub image: String,
-    /// The installation's name, the injected pods' [`INSTANCE_LABEL`].
-    pub instance: String,
-    /// etcd endpoints for the sidecar, comma-separated.
-    pub etcd_endpoints: String,
-    /// A Secret with the namespace's etcd credentials (`username`, `password`), if any.
-    pub credentials_secret: Option<String>,
-    /// Whether that Secret also has etcd's CA (`ca.crt`, with etcd TLS) for the sidecar.
-    pub etcd_ca: bool,
-    /// The cluster's name for the sidecar's holds (`PODLOCK_CLUSTER`; empty: none).
-    pub cluster: String,
-    /// The sidecar's requests and limits (`None`: 10m/16Mi, limits 200m/64Mi).
-    pub resources: Option<ResourceRequirements>,
-    /// The sidecar's log filter (`PODLOCK_LOG`; `None`: the sidecar's default, `info`).
-    pub log_level: Option<String>,
-    /// Its default port, pull secrets and securityContext.
-    pub pod: flags::PodSettings,
-}
+pub use mutation::Mutation;
+use mutation::{annotation, ensure_object, escape};
+pub use names::{
+    CONTAINER_ENV, HEARTBEAT, INJECT, INSTANCE_LABEL, NAMESPACE_ENABLED, NAMESPACE_LABEL, OPERATOR_LABEL,
+    PORT, SIDECAR_CONTAINER, SIDECAR_LABEL, STAMP, WORKLOADS,
+};
+pub use template::SidecarTemplate;
 
 /// Why an object cannot be admitted: an annotation the sidecar cannot be set up from.
 #[derive(Debug, thiserror::Error)]
@@ -102,15 +61,6 @@ pub enum Error {
     /// [`HEARTBEAT`] is not a whole number of seconds.
     #[error("{HEARTBEAT} must be whole seconds, got {0:?}", HEARTBEAT = HEARTBEAT)]
     InvalidHeartbeat(String),
-}
-
-/// The webhook's answer for one object: a patch, a warning for the user, both or neither.
-#[derive(Debug, Default)]
-pub struct Mutation {
-    /// The change to make, if any.
-    pub patch: Option<json_patch::Patch>,
-    /// Why an object that asked for the sidecar did not get it.
-    pub warning: Option<String>,
 }
 
 /// What the webhook does with `object` (of `kind`, in `namespace`), being created when
@@ -204,13 +154,6 @@ fn has_sidecar(pod: &Value) -> bool {
     })
 }
 
-/// The annotation `name` in the metadata at `meta`.
-fn annotation<'a>(object: &'a Value, meta: &str, name: &str) -> Option<&'a str> {
-    object
-        .pointer(&format!("{meta}/annotations/{}", escape(name)))
-        .and_then(Value::as_str)
-}
-
 /// The port and heartbeat annotations of a pod (`port`: the port where it sets none).
 fn options(pod: &Value, port: u16) -> Result<Options, Error> {
     let port = match annotation(pod, "/metadata", PORT) {
@@ -222,22 +165,4 @@ fn options(pod: &Value, port: u16) -> Result<Options, Error> {
         None => None,
     };
     Ok(Options { port, heartbeat })
-}
-
-/// The object at `path`, created (with its parents) when missing.
-fn ensure_object<'a>(root: &'a mut Value, path: &str) -> &'a mut Map<String, Value> {
-    let mut node = root;
-    for part in path.split('/').skip(1) {
-        node = node
-            .as_object_mut()
-            .expect("objects along the path")
-            .entry(part)
-            .or_insert(Value::Object(Map::new()));
-    }
-    node.as_object_mut().expect("an object")
-}
-
-/// Escapes a key for a JSON pointer.
-fn escape(key: &str) -> String {
-    key.replace('~', "~0").replace('/', "~1")
 }

@@ -3,7 +3,8 @@
 
 use serde_json::Value;
 
-use super::{HEARTBEAT, INJECT, Mutation, PORT, STAMP, annotation, ensure_object};
+use super::mutation::{Mutation, annotation, ensure_object};
+use super::names::{HEARTBEAT, INJECT, PORT, STAMP};
 
 /// The annotations that travel from a workload's metadata to its pod template.
 const COPIED: [&str; 3] = [INJECT, PORT, HEARTBEAT];
