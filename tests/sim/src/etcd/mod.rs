@@ -185,6 +185,7 @@ async fn leases_reaper(shared: Arc<Shared>) {
     loop {
         let next = shared.read(|s| s.leases.next_expiry());
         tokio::select! {
+            biased;
             _ = tokio::time::sleep_until(next.unwrap_or_else(tokio::time::Instant::now)), if next.is_some() => {
                 shared.update(|s| s.expire(tokio::time::Instant::now()));
             }

@@ -4,7 +4,7 @@
 use super::errors::EtcdError;
 use super::leases::Leases;
 use super::store::{KeyRange, Store, Write};
-use etcd_client::proto::PbResponseHeader;
+use etcd_client::proto::{PbKeyValue, PbResponseHeader};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -126,6 +126,13 @@ impl State {
         for id in self.leases.expired(now) {
             self.revoke(id).expect("an expired lease exists");
         }
+    }
+
+    /// The live keys under `prefix` now, in key order: what a checker looks at.
+    pub fn keys_under(&self, prefix: &[u8]) -> Vec<PbKeyValue> {
+        let mut kvs = self.store.range_at(&KeyRange::new(prefix, b"\0"), 0);
+        kvs.retain(|kv| kv.key.starts_with(prefix));
+        kvs
     }
 
     /// A leader change: a new term, and every lease's TTL starts again (no lease checkpoints).

@@ -68,7 +68,10 @@ async fn run(
     let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
     let mut watchers = Watchers::default();
     loop {
+        // Biased, as every `select!` of the simulated etcd: an unbiased one draws its first
+        // branch from a random source no seed reaches.
         let mut out = tokio::select! {
+            biased;
             req = requests.message() => match req {
                 Ok(Some(req)) => shared.read(|s| watchers.handle(s, req)),
                 _ => return,
