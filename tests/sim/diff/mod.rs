@@ -8,6 +8,7 @@ mod requests;
 mod watches;
 
 use crate::common::EtcdServer;
+use crate::env;
 use etcd_client::Client;
 use podlock_sim::etcd::{Config, Etcd};
 use requests::{Known, Rng, Step};
@@ -21,12 +22,6 @@ const BARRIER_EVERY: usize = 25;
 /// How long a lease granted below the smallest TTL (2 s) takes to be gone from both etcds:
 /// etcd's leader looks for expired leases every 500 ms.
 const EXPIRY_WAIT: Duration = Duration::from_millis(3_000);
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .map_or(default, |v| v.parse().unwrap_or_else(|_| panic!("{name}: {v:?}")))
-}
 
 /// What a passing sequence compared.
 #[derive(Default)]

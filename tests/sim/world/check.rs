@@ -1,0 +1,121 @@
+//! The online checkers, on what each client was told. A hold counts from its grant's answer to
+//! its release's answer or its `lost` event; since a `lost` may come after another client was
+//! granted (the contract's exclusion is per lease validity), the limit is the protocol model's
+//! (`tests/model/src/props.rs`, LIMIT and MODES): at no grant more holds whose keys are in place
+//! than `maxHolders` allows, and never shared beside exclusive.
+
+use podlock::lock::{Grant, Mode, Token};
+use podlock_sim::etcd::Etcd;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+/// Where the queue keys of the world's namespace live (`src/lock/protocol/keys.rs`).
+pub const QUEUE_PREFIX: &str = "/podlock/v1/queue/";
+
+/// How long past its wait an acquire may take to be answered: the engine's request budget
+/// (`etcd/mod.rs`, 5 s) twice, and a pod's longest pause.
+pub const ANSWER_BOUND: Duration = Duration::from_secs(20);
+
+/// A hold some client was told it has.
+struct Held {
+    lock: String,
+    holder: String,
+    token: i64,
+    lease: i64,
+    mode: Mode,
+    permits: u32,
+    /// Its release was answered, or its `lost` event came.
+    ended: bool,
+}
+
+/// What the checkers know and how much they checked.
+#[derive(Default)]
+pub struct Checker {
+    holds: Vec<Held>,
+    /// Per lock, the highest token of a hold known to be over (ended, or its key gone), and
+    /// its holder.
+    top: BTreeMap<String, (i64, String)>,
+    /// Checks made.
+    pub checks: u64,
+}
+
+impl Checker {
+    /// A grant answered to `holder` on a lock whose `maxHolders` never exceeded `max`: checks
+    /// the limit, the modes and the token's rise; returns the first broken rule.
+    pub fn granted(&mut self, etcd: &Etcd, holder: &str, g: &Grant, max: u32) -> Result<(), String> {
+        let lock = g.lock.name.clone();
+        let new = Held {
+            lock: lock.clone(),
+            holder: holder.to_string(),
+            token: g.fencing_token,
+            lease: g.lease_id,
+            mode: g.mode,
+            permits: g.permits,
+            ended: false,
+        };
+        let placed = in_place(etcd, &lock);
+        for h in (self.holds.iter()).filter(|h| h.lock == lock && (h.ended || !placed(h))) {
+            let top = self.top.entry(lock.clone()).or_default();
+            if h.token > top.0 {
+                *top = (h.token, h.holder.clone());
+            }
+        }
+        self.holds.retain(|h| !h.ended);
+        self.checks += 1;
+        if let Some((token, by)) = self.top.get(&lock).filter(|(t, _)| *t >= new.token) {
+            return Err(format!(
+                "fencing: {holder} granted {lock} with token {} after {by}'s hold of token {token} was over",
+                new.token
+            ));
+        }
+        self.holds.push(new);
+        let live: Vec<&Held> = (self.holds.iter())
+            .filter(|h| h.lock == lock && placed(h))
+            .collect();
+        self.checks += 1;
+        let exclusive: u32 = live
+            .iter()
+            .filter(|h| h.mode == Mode::Exclusive)
+            .map(|h| h.permits)
+            .sum();
+        let shared = live.iter().any(|h| h.mode == Mode::Shared);
+        if exclusive > max || (shared && exclusive > 0) {
+            let names: Vec<String> = (live.iter())
+                .map(|h| format!("{} {:?}×{} token {}", h.holder, h.mode, h.permits, h.token))
+                .collect();
+            return Err(format!(
+                "limit: {lock} (maxHolders ≤ {max}) held by {}",
+                names.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    /// The hold of `token` ended: released, or told lost.
+    pub fn ended(&mut self, lock: &str, token: i64) {
+        for h in (self.holds.iter_mut()).filter(|h| h.lock == lock && h.token == token) {
+            h.ended = true;
+        }
+    }
+
+    /// An acquire answered after `took`, having asked to wait `wait`.
+    pub fn answered(&mut self, took: Duration, wait: Duration) -> Result<(), String> {
+        self.checks += 1;
+        if took > wait + ANSWER_BOUND {
+            return Err(format!("an acquire waiting {wait:?} was answered after {took:?}"));
+        }
+        Ok(())
+    }
+}
+
+/// Whether a hold's key is in etcd now: a key of its lock with its lease and its token's
+/// create revision.
+fn in_place(etcd: &Etcd, lock: &str) -> impl Fn(&Held) -> bool {
+    let prefix = format!("{QUEUE_PREFIX}{}/{lock}/", super::NAMESPACE);
+    let keys: Vec<(i64, i64)> = etcd.inspect(|s| {
+        (s.keys_under(prefix.as_bytes()).iter())
+            .map(|kv| (kv.create_revision, kv.lease))
+            .collect()
+    });
+    move |h| keys.contains(&(Token::from_raw(h.token).revision(), h.lease))
+}

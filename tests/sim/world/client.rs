@@ -1,0 +1,108 @@
+//! A client of one sidecar: it thinks, acquires (waiting or trying once), holds with
+//! heartbeats, and releases, every choice and time from its own generator.
+
+use super::{LOCKS, World};
+use podlock::lock::{AcquireRequest, Engine, Grant, LockId, Mode};
+use podlock_sim::rng::Rng;
+use std::time::Duration;
+use tokio::time::{Instant, sleep};
+
+/// How often a holder heartbeats a lock with a heartbeat window.
+const HEARTBEAT_EVERY: Duration = Duration::from_millis(1_000);
+
+/// One client of one sidecar.
+pub struct Client {
+    /// Its holder id, fixed by the world (the sidecar would draw one from the OS).
+    pub id: String,
+    /// Its sidecar's engine.
+    pub engine: Engine,
+    /// Its choices.
+    pub rng: Rng,
+    /// What every client and the checkers share.
+    pub world: World,
+}
+
+impl Client {
+    /// Acquires and releases until `until`, then returns with nothing held.
+    pub async fn run(mut self, until: Instant) {
+        while Instant::now() < until {
+            sleep(self.ms(0, 1_500)).await;
+            let lock = self.rng.below(LOCKS.len() as u64) as usize;
+            let req = self.request(lock);
+            let (wait, asked) = (req.wait, Instant::now());
+            self.world.log(format!(
+                "{} acquire {} wait {wait:?} {:?}×{}",
+                self.id, LOCKS[lock].name, req.mode, req.permits
+            ));
+            let answer = self.engine.acquire(req).await;
+            self.world.answered(&self.id, asked.elapsed(), wait);
+            match answer {
+                Ok(g) => {
+                    self.world.granted(&self.id, lock, &g);
+                    self.hold(&g).await;
+                }
+                Err(e) => self.world.log(format!("{} refused: {e}", self.id)),
+            }
+        }
+    }
+
+    fn request(&mut self, lock: usize) -> AcquireRequest {
+        let shared = LOCKS[lock].shared && self.rng.one_in(2);
+        AcquireRequest {
+            lock: LockId::new(super::NAMESPACE, LOCKS[lock].name).expect("a valid name"),
+            holder_id: self.id.clone(),
+            wait: if self.rng.one_in(3) {
+                Duration::ZERO
+            } else {
+                self.ms(0, 4_000)
+            },
+            ttl_seconds: None,
+            heartbeat_timeout_seconds: None,
+            max_hold_seconds: None,
+            deadline_warning_seconds: None,
+            container: None,
+            mode: if shared { Mode::Shared } else { Mode::Exclusive },
+            // Two permits only on the semaphore: on the reader-writer lock it is refused at once.
+            permits: if lock > 0 {
+                self.rng.between(1, 2) as u32
+            } else {
+                1
+            },
+            connection_bound: false,
+            with: Vec::new(),
+        }
+    }
+
+    /// Holds `g` for a while, heartbeating if its lock wants it (now and then forgetting to),
+    /// then releases it.
+    async fn hold(&mut self, g: &Grant) {
+        let end = Instant::now() + self.ms(0, 3_000);
+        let forgets = self.rng.one_in(8);
+        while g.heartbeat_timeout_seconds > 0 && Instant::now() + HEARTBEAT_EVERY < end {
+            sleep(HEARTBEAT_EVERY).await;
+            if forgets {
+                continue;
+            }
+            if let Err(e) = self.engine.heartbeat(&g.lock, &self.id).await {
+                self.world
+                    .log(format!("{} heartbeat {}: {e}", self.id, g.fencing_token));
+                return;
+            }
+        }
+        sleep(end.saturating_duration_since(Instant::now())).await;
+        match self
+            .engine
+            .release_token(&g.lock, &self.id, g.fencing_token)
+            .await
+        {
+            Ok(()) => self.world.released(&self.id, &g.lock.name, g.fencing_token),
+            Err(e) => self
+                .world
+                .log(format!("{} release {}: {e}", self.id, g.fencing_token)),
+        }
+    }
+
+    fn ms(&mut self, lo: u64, hi: u64) -> Duration {
+        Duration::from_millis(self.rng.between(lo, hi))
+    }
+}

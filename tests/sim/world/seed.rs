@@ -1,0 +1,157 @@
+//! One seed's world: the simulated etcd, an operator's `Store` that declares the locks and
+//! changes a semaphore's `maxHolders` underneath, sidecar engines each on connections of its
+//! own, their clients, and the faults; then, once every client is done and all is quiet,
+//! what must be left: no queue key, and after the sidecars stop, no lease.
+
+use super::client::Client;
+use super::net::Net;
+use super::{LOCKS, LockSpec, NAMESPACE, World, faults};
+use podlock::lock::{Engine, EventKind, LockError, LockId, PodRef, Settings, Store};
+use podlock_sim::etcd::Etcd;
+use podlock_sim::rng::Rng;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::time::{Instant, sleep, timeout};
+
+/// The lease TTL of every lock.
+const TTL: u32 = 3;
+/// How long clients keep acquiring.
+const ACTIVE: Duration = Duration::from_secs(30);
+/// How long a client may take to finish its last hold once `ACTIVE` is over.
+const WIND_DOWN: Duration = Duration::from_secs(60);
+/// How long after the last client the world waits before looking for what is left: longer
+/// than a lease's TTL, a removal's retries and the orphan sweep's two rounds.
+const QUIET: Duration = Duration::from_secs(20);
+
+/// A sidecar: its engine and its network.
+pub struct Pod {
+    /// The engine, as `podlock sidecar` starts it.
+    pub engine: Engine,
+    /// Its connections to etcd.
+    pub net: Net,
+}
+
+/// Runs `seed` to its end on the current (paused, single-threaded) runtime.
+pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
+    let mut rng = Rng::new(seed);
+    let store = Store::new(etcd.client().await);
+    for l in &LOCKS {
+        if let Err(e) = declare(&store, l, l.max_holders).await {
+            return world.fail(format!("declare {}: {e}", l.name));
+        }
+    }
+    let mut pods = Vec::new();
+    for p in 0..rng.between(2, 4) {
+        pods.push(start_pod(p, &etcd, world).await);
+    }
+    let until = Instant::now() + ACTIVE;
+    let mut clients = Vec::new();
+    for (p, pod) in pods.iter().enumerate() {
+        for c in 0..rng.between(1, 3) {
+            let client = Client {
+                id: format!("p{p}c{c}"),
+                engine: pod.engine.clone(),
+                rng: rng.fork(),
+                world: world.clone(),
+            };
+            clients.push(tokio::spawn(client.run(until)));
+        }
+    }
+    let nets: Vec<Net> = pods.iter().map(|p| p.net.clone()).collect();
+    let faults = tokio::spawn(faults::run(rng.fork(), world.clone(), etcd.clone(), nets, until));
+    let operator = tokio::spawn(operator(rng.fork(), world.clone(), store, until));
+    for c in clients {
+        if timeout(ACTIVE + WIND_DOWN, c).await.is_err() {
+            world.fail("a client was still acquiring or holding long after the end".into());
+        }
+    }
+    let _ = (faults.await, operator.await);
+    sleep(QUIET).await;
+    left_over(world, &etcd, &pods).await;
+}
+
+async fn start_pod(p: u64, etcd: &Arc<Etcd>, world: &World) -> Pod {
+    let net = Net::default();
+    let channel = etcd_client::Channel::Tonic(net.channel(etcd));
+    let client = (etcd_client::Client::from_channel(channel, None).await).expect("no auth: nothing to fail");
+    let pod = PodRef {
+        namespace: NAMESPACE.into(),
+        name: format!("pod-{p}"),
+        uid: String::new(),
+        cluster: String::new(),
+    };
+    let engine = Engine::new(client, Vec::new(), pod, false);
+    let (mut events, world) = (engine.subscribe(None), world.clone());
+    tokio::spawn(async move {
+        while let Some(e) = events.recv().await {
+            if e.kind == EventKind::Lost {
+                let why = e.reason.unwrap_or_default();
+                world.log(format!(
+                    "{} lost {} token {}: {why}",
+                    e.holder_id, e.lock.name, e.fencing_token
+                ));
+                world.released(&e.holder_id, &e.lock.name, e.fencing_token);
+            }
+        }
+    });
+    Pod { engine, net }
+}
+
+/// Writes `l`'s settings with `max_holders` as `podlock declare` does, keeping the epoch etcd
+/// has; a declare that meets a change of the settings is not tried again.
+async fn declare(store: &Store, l: &LockSpec, max_holders: u32) -> Result<(), LockError> {
+    let lock = LockId::new(NAMESPACE, l.name).expect("a valid name");
+    let state = store.lock_state(&lock, max_holders).await?;
+    let s = Settings {
+        ttl_seconds: TTL,
+        max_holders,
+        heartbeat_timeout_seconds: l.heartbeat,
+        max_hold_seconds: 0,
+        epoch: state.epoch().unwrap_or(0),
+    };
+    store
+        .publish(&lock, &s, "", state.settings_revision, false)
+        .await
+        .map(drop)
+}
+
+/// The operator's part: now and then a new `maxHolders` for each semaphore.
+async fn operator(mut rng: Rng, world: World, store: Store, until: Instant) {
+    loop {
+        sleep(Duration::from_millis(rng.between(2_000, 10_000))).await;
+        if Instant::now() >= until {
+            return;
+        }
+        // Lock 0 is the reader-writer lock, whose `maxHolders` stays 1.
+        let i = 1 + rng.below(LOCKS.len() as u64 - 1) as usize;
+        let l = &LOCKS[i];
+        let max = rng.between(1, 3) as u32;
+        world.with(|s| s.max_holders[i] = s.max_holders[i].max(max));
+        let r = declare(&store, l, max).await;
+        world.log(format!("operator: {} maxHolders {max}: {r:?}", l.name));
+    }
+}
+
+/// What must be gone once all is quiet: every queue key (a release's receipt lives on its
+/// lease); then, once the sidecars stopped, every lease.
+async fn left_over(world: &World, etcd: &Etcd, pods: &[Pod]) {
+    let prefix = format!("{}{NAMESPACE}/", super::check::QUEUE_PREFIX);
+    let keys: Vec<String> = etcd.inspect(|s| {
+        (s.keys_under(prefix.as_bytes()).iter())
+            .map(|kv| String::from_utf8_lossy(&kv.key).into_owned())
+            .filter(|k| !k.contains("/.released/"))
+            .collect()
+    });
+    if !keys.is_empty() {
+        world.fail(format!("queue keys left once all was quiet: {keys:?}"));
+    }
+    for p in pods {
+        p.engine.shutdown().await;
+    }
+    sleep(Duration::from_secs(TTL.into())).await;
+    let leases: Vec<i64> = etcd.inspect(|s| s.leases.ids().collect());
+    if !leases.is_empty() {
+        world.fail(format!("leases left after every sidecar stopped: {leases:x?}"));
+    }
+    world.with(|s| s.check.checks += 2);
+}
