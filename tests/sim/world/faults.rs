@@ -1,6 +1,8 @@
 //! The faults, one at a time, at seeded moments: a pod frozen long enough for its lease to
 //! expire (its keepalives stop with everything else), a pod's connections broken (its watch
-//! and keepalive streams end), a compaction at the current revision, a leader change.
+//! and keepalive streams end), a compaction at the current revision, a pod's connections
+//! broken and a compaction at once (its watches come back from revisions compacted away), a
+//! leader change.
 
 use super::World;
 use super::net::Net;
@@ -11,7 +13,7 @@ use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
 /// The kinds of fault, in the order they were added to the world.
-pub const KINDS: [&str; 4] = ["pause", "break", "compact", "leader"];
+pub const KINDS: [&str; 5] = ["pause", "break", "compact", "break+compact", "leader"];
 
 /// Injects faults until `until`; leaves every pod running.
 pub async fn run(mut rng: Rng, world: World, etcd: Arc<Etcd>, nets: Vec<Net>, until: Instant) {
@@ -34,10 +36,19 @@ pub async fn run(mut rng: Rng, world: World, etcd: Arc<Etcd>, nets: Vec<Net>, un
                 world.fault("break", format!("pod-{pod}'s connections reset"));
                 nets[pod].break_all();
             }
-            "compact" => {
+            kind @ ("compact" | "break+compact") => {
+                let broken = kind == "break+compact";
+                if broken {
+                    nets[pod].break_all();
+                }
                 let revision = etcd.inspect(|s| s.store.revision());
                 let r = etcd.compact(revision);
-                world.fault("compact", format!("at {revision}: {r:?}"));
+                let which = if broken {
+                    format!(" after pod-{pod}'s connections reset")
+                } else {
+                    String::new()
+                };
+                world.fault(kind, format!("at {revision}{which}: {r:?}"));
             }
             _ => {
                 world.fault("leader", "a new leader; every lease's TTL starts again".into());
