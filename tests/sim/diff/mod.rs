@@ -119,11 +119,20 @@ pub async fn drive(seed: u64, steps: usize, sim: &Etcd, sides: &mut [Side]) -> R
                 side.streams.barrier().await;
             }
         }
+        let on_a_stream = matches!(step, Step::Watch { .. } | Step::Cancel { .. });
         for side in sides.iter_mut() {
-            if matches!(step, Step::Watch { .. } | Step::Cancel { .. }) {
+            if on_a_stream {
                 side.streams.send(&step).await;
             } else {
                 side.answers.push(apply::send(&mut side.client, &step).await);
+            }
+        }
+        if on_a_stream {
+            // etcd stamps a created or cancelled answer with its revision when it sends it, so
+            // a write sent meanwhile on another connection can land first: the next step waits
+            // for the answer (a progress answer comes after it on the stream).
+            for side in sides.iter_mut() {
+                side.streams.barrier().await;
             }
         }
         if let [a, b] = sides
