@@ -9,11 +9,7 @@ use std::time::Duration;
 
 /// Runs every fault check; says what was checked.
 pub fn check() -> Result<String, String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a Tokio runtime");
+    let runtime = podlock_sim::paused_runtime();
     runtime.block_on(async {
         restore().await?;
         leader_change().await?;

@@ -34,11 +34,7 @@ pub fn check(seed: u64, steps: usize) -> Result<String, String> {
 }
 
 fn run(seed: u64, steps: usize) -> Result<(String, std::time::Duration), String> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .expect("a Tokio runtime");
+    let runtime = podlock_sim::paused_runtime();
     runtime.block_on(async {
         let start = tokio::time::Instant::now();
         let sim = Etcd::start(Config::default());

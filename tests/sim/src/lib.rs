@@ -4,3 +4,13 @@
 
 pub mod etcd;
 pub mod rng;
+
+/// A current-thread Tokio runtime on paused time, the simulation's: its clock moves only when
+/// every task waits, so a run takes no wall-clock time beyond its work and repeats itself.
+pub fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("a Tokio runtime")
+}
