@@ -1,18 +1,13 @@
 //! The simulated etcd of `tests/sim` (podlock-sim) replayed on paused time and proven against a
 //! real etcd (`tests/sim/diff/mod.rs`), and podlock's engine run against it in a seeded world
-//! (`tests/sim/world/mod.rs`); docs/design.md, "The simulated etcd" and "The seeded world".
+//! (`tests/sim/src/world/mod.rs`); docs/design.md, "The simulated etcd" and "The seeded world".
 //! `PODLOCK_SIM_PART=diff` or `world` runs one part alone.
 
 #[path = "../common/mod.rs"]
 mod common;
 mod diff;
-mod world;
 
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .map_or(default, |v| v.parse().unwrap_or_else(|_| panic!("{name}: {v:?}")))
-}
+use podlock_sim::{env, world};
 
 fn main() -> std::process::ExitCode {
     let part = std::env::var("PODLOCK_SIM_PART").unwrap_or_default();

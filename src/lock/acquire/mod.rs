@@ -8,10 +8,11 @@ pub(super) mod pending;
 pub(super) mod wait;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::time::Instant;
 use tracing::{debug, warn};
 
+use crate::lock::clock;
 use crate::lock::engine::Engine;
 use crate::lock::engine::hold::{Hold, Terms};
 use crate::lock::engine::max_hold::MaxHold;
@@ -289,7 +290,7 @@ impl Engine {
         // Stamped before the grant is recorded in etcd (which may admit the next waiter of a
         // semaphore), and answered as the same instant etcd shows: grants' `acquiredAt` then
         // follow the order the lock made them in, whichever answer arrives first.
-        let acquired_at = SystemTime::now();
+        let acquired_at = clock::now();
         entry.acquired_at = Some(rfc3339(acquired_at));
         if mark == MarkWhen::Now && !queue::mark_acquired(self.etcd(), &ticket, &entry).await? {
             return Err(self.vanished(&req.lock, &session).await);
@@ -336,7 +337,7 @@ impl Engine {
         Entry {
             holder_id: req.holder_id.clone(),
             pod: self.pod().clone(),
-            requested_at: rfc3339(SystemTime::now()),
+            requested_at: rfc3339(clock::now()),
             acquired_at: None,
             ttl_seconds: ttl,
             heartbeat_timeout_seconds: req

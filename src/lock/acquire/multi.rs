@@ -22,6 +22,7 @@ use tracing::debug;
 use super::ask::{check_mode, check_rejoin, check_set};
 use super::pending::Pending;
 use super::wait::{self, Turn};
+use crate::lock::clock;
 use crate::lock::engine::Engine;
 use crate::lock::engine::hold::{Hold, Terms};
 use crate::lock::engine::max_hold::MaxHold;
@@ -87,7 +88,7 @@ impl Engine {
                 Err(Stop::Gone) => return Err(self.vanished(&req.lock, &placed.session).await),
                 Err(Stop::TimedOut(i)) => return Err(self.give_up(&locks[i], req.wait, &mut pending).await),
             };
-            let acquired_at = SystemTime::now();
+            let acquired_at = clock::now();
             let entries = self.set_entries(&req, &locks, &declared, &placed, Some(acquired_at));
             let members = members(&locks, &declared, &placed.tickets);
             if multi_lock::record(self.etcd(), &members, &placed.tickets, &entries).await? {

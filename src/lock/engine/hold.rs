@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::max_hold::Deadline;
+use crate::lock::clock;
 use crate::lock::etcd::session::Session;
 use crate::lock::messages::{Grant, LockToken};
 use crate::lock::protocol::entry::Mode;
@@ -69,7 +70,7 @@ impl Terms {
     /// An exclusive hold of one lock, begun now, bound to no connection, with no handoff.
     pub fn exclusive_now() -> Self {
         Terms {
-            acquired_at: SystemTime::now(),
+            acquired_at: clock::now(),
             mode: Mode::Exclusive,
             permits: 1,
             connection_bound: false,
@@ -121,10 +122,10 @@ impl Hold {
                 .session
                 .expires_at()
                 .saturating_duration_since(Instant::now());
-            SystemTime::now() + left
+            clock::now() + left
         } else {
             self.deadline.send_replace(Instant::now() + self.heartbeat);
-            SystemTime::now() + self.heartbeat
+            clock::now() + self.heartbeat
         };
         // No heartbeat keeps a hold past its maximum hold time.
         self.terms.max_hold.map_or(expires, |d| expires.min(d.wall))

@@ -6,6 +6,7 @@
 use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
+use crate::lock::clock;
 use crate::lock::error::LockError;
 use crate::lock::messages::AcquireRequest;
 use crate::lock::protocol::names::LockId;
@@ -99,7 +100,7 @@ impl Deadline {
     /// The deadline of a hold of `seconds` (0: none) granted at `granted`.
     fn start(seconds: u32, warning: Duration, granted: SystemTime) -> Option<Self> {
         let hold = Duration::from_secs(seconds.into());
-        let since = SystemTime::now().duration_since(granted).unwrap_or_default();
+        let since = clock::now().duration_since(granted).unwrap_or_default();
         (seconds > 0).then(|| Deadline {
             seconds,
             warning,
@@ -151,7 +152,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_deadline_counts_from_the_grant_and_warns_ahead_of_it() {
-        let granted = SystemTime::now() - Duration::from_secs(2);
+        let granted = clock::now() - Duration::from_secs(2);
         let d = Deadline::start(10, Duration::from_secs(3), granted).unwrap();
         let left = d.at - Instant::now();
         assert!(

@@ -2,7 +2,7 @@
 //! every transition between them. Each transition happens under one mutex, so a hold ends
 //! exactly once: by release, by loss, or by shutdown.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -34,7 +34,7 @@ enum Slot {
 
 /// This sidecar's slots.
 #[derive(Default)]
-pub(crate) struct Registry(Mutex<HashMap<SlotKey, Slot>>);
+pub(crate) struct Registry(Mutex<BTreeMap<SlotKey, Slot>>);
 
 impl Registry {
     /// The hold in `slot`, if it holds.
@@ -136,9 +136,9 @@ impl Registry {
 
     /// Empties the registry, returning the holds it had (at shutdown).
     pub fn drain_held(&self) -> Vec<Arc<Hold>> {
-        let mut map = self.0.lock().unwrap();
-        map.drain()
-            .filter_map(|(_, s)| if let Slot::Held(h) = s { Some(h) } else { None })
+        let map = std::mem::take(&mut *self.0.lock().unwrap());
+        map.into_values()
+            .filter_map(|s| if let Slot::Held(h) = s { Some(h) } else { None })
             .collect()
     }
 

@@ -16,9 +16,9 @@
 //! that a release or removal already under way is not raced; the removal is guarded by that
 //! revision, so a newer key of the same holder is never touched.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use tokio::time::sleep;
 use tracing::{info, warn};
@@ -26,6 +26,7 @@ use tracing::{info, warn};
 use super::events;
 use super::hold::Hold;
 use super::registry::Registry;
+use crate::lock::clock;
 use crate::lock::error::LockError;
 use crate::lock::etcd::link::Link;
 use crate::lock::etcd::session::Sessions;
@@ -44,7 +45,7 @@ struct Inner {
     sessions: Sessions,
     pod: PodRef,
     standalone: bool,
-    declared: Mutex<HashMap<LockId, Declared>>,
+    declared: Mutex<BTreeMap<LockId, Declared>>,
     registry: Registry,
     events: events::Subscribers,
 }
@@ -202,7 +203,7 @@ impl Engine {
             mode: hold.terms.mode,
             reason,
             deadline,
-            at: rfc3339(SystemTime::now()),
+            at: rfc3339(clock::now()),
         };
         self.0.events.publish(&hold.lock, &event);
     }
@@ -243,7 +244,7 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Sweeps until the engine is gone.
 async fn sweep_until_gone(engine: Weak<Inner>) {
-    let mut suspects = HashSet::new();
+    let mut suspects = BTreeSet::new();
     loop {
         sleep(SWEEP_EVERY).await;
         let Some(inner) = engine.upgrade() else {
@@ -256,8 +257,8 @@ async fn sweep_until_gone(engine: Weak<Inner>) {
 impl Engine {
     /// One sweep: removes the keys that were suspects before and still are; returns the new
     /// suspects, as (key, create revision).
-    async fn sweep(&self, before: &HashSet<(String, i64)>) -> HashSet<(String, i64)> {
-        let mut suspects = HashSet::new();
+    async fn sweep(&self, before: &BTreeSet<(String, i64)>) -> BTreeSet<(String, i64)> {
+        let mut suspects = BTreeSet::new();
         for session in self.0.sessions.live().await {
             let keys = match self.0.etcd.lease_keys(session.id).await {
                 Ok(Some(keys)) => keys,

@@ -7,7 +7,7 @@
 //! the sidecar no longer reports anything held under it.
 
 use etcd_client::Client;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -78,7 +78,7 @@ impl Session {
 #[derive(Clone)]
 pub struct Sessions {
     etcd: Etcd,
-    by_ttl: Arc<Mutex<HashMap<u32, Arc<Session>>>>,
+    by_ttl: Arc<Mutex<BTreeMap<u32, Arc<Session>>>>,
     keepalive_failures: Arc<AtomicU64>,
 }
 
@@ -131,7 +131,9 @@ impl Sessions {
 
     /// Revokes every lease: all holds and waits of this sidecar end at once.
     pub async fn close(&self) {
-        let sessions: Vec<_> = self.by_ttl.lock().await.drain().map(|(_, s)| s).collect();
+        let sessions: Vec<_> = std::mem::take(&mut *self.by_ttl.lock().await)
+            .into_values()
+            .collect();
         for s in sessions {
             s.lost.cancel();
             if let Err(e) = self.etcd.lease_revoke(s.id).await {

@@ -2,7 +2,7 @@
 //! ([`Subscription`]).
 
 use etcd_client::Event;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -42,7 +42,7 @@ pub(in crate::lock) struct Feeds {
 
 #[derive(Default)]
 struct Shared {
-    feeds: HashMap<(LockId, i64), Arc<Feed>>,
+    feeds: BTreeMap<(LockId, i64), Arc<Feed>>,
     /// The current stream's generation and command channel, once one was opened.
     stream: Option<(u64, mpsc::Sender<Command>)>,
     generations: u64,

@@ -1,9 +1,10 @@
 //! One pod's network to the simulated etcd: every connection its engine opens goes through a
-//! [`Wire`] that the world can pause (the pod frozen: no request, keepalive or answer moves)
-//! and break (every open connection reset: watch and keepalive streams end, requests fail).
+//! [`Wire`] that the world can pause (the pod frozen: no request, keepalive or answer moves),
+//! make deaf (requests reach etcd and are applied, their answers wait) and break (every open
+//! connection reset: watch and keepalive streams end, requests fail).
 
+use crate::etcd::Etcd;
 use hyper_util::rt::TokioIo;
-use podlock_sim::etcd::Etcd;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -14,6 +15,8 @@ use tonic::transport::{Channel, Endpoint};
 #[derive(Default)]
 struct State {
     paused: bool,
+    /// Answers wait; requests go on.
+    deaf: bool,
     /// Bumped by each break: a wire born before it is reset.
     generation: u64,
     /// The wires waiting for the pause to end.
@@ -46,6 +49,13 @@ impl Net {
         s.parked.drain(..).for_each(Waker::wake);
     }
 
+    /// Makes the pod's connections deliver no answer (`true`) or deliver them again.
+    pub fn deafen(&self, deaf: bool) {
+        let mut s = self.0.lock().unwrap();
+        s.deaf = deaf;
+        s.parked.drain(..).for_each(Waker::wake);
+    }
+
     /// Resets every connection open now; new ones work.
     pub fn break_all(&self) {
         let mut s = self.0.lock().unwrap();
@@ -53,14 +63,14 @@ impl Net {
         s.parked.drain(..).for_each(Waker::wake);
     }
 
-    /// `None` to go on; `Some` to stop with that answer: parked while paused, an error once
-    /// broken.
-    fn gate<T>(&self, born: u64, cx: &Context<'_>) -> Option<Poll<io::Result<T>>> {
+    /// `None` to go on; `Some` to stop with that answer: parked while paused (or, for a
+    /// `read`, while deaf), an error once broken.
+    fn gate<T>(&self, born: u64, read: bool, cx: &Context<'_>) -> Option<Poll<io::Result<T>>> {
         let mut s = self.0.lock().unwrap();
         if s.generation != born {
             return Some(Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())));
         }
-        if s.paused {
+        if s.paused || (read && s.deaf) {
             s.parked.push(cx.waker().clone());
             return Some(Poll::Pending);
         }
@@ -78,7 +88,7 @@ struct Wire {
 impl AsyncRead for Wire {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match this.net.gate(this.born, cx) {
+        match this.net.gate(this.born, true, cx) {
             Some(stop) => stop,
             None => Pin::new(&mut this.inner).poll_read(cx, buf),
         }
@@ -88,7 +98,7 @@ impl AsyncRead for Wire {
 impl AsyncWrite for Wire {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        match this.net.gate(this.born, cx) {
+        match this.net.gate(this.born, false, cx) {
             Some(stop) => stop,
             None => Pin::new(&mut this.inner).poll_write(cx, buf),
         }
@@ -96,7 +106,7 @@ impl AsyncWrite for Wire {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        match this.net.gate(this.born, cx) {
+        match this.net.gate(this.born, false, cx) {
             Some(stop) => stop,
             None => Pin::new(&mut this.inner).poll_flush(cx),
         }

@@ -1,9 +1,11 @@
 //! A client of one sidecar: it thinks, acquires (waiting or trying once), holds with
-//! heartbeats, and releases, every choice and time from its own generator.
+//! heartbeats, and releases, every choice and time from its own generator. While it holds, a
+//! downstream system checks its token, or the last token of the lock whose hold ended,
+//! through any sidecar (the fence check).
 
 use super::{LOCKS, World};
+use crate::rng::Rng;
 use podlock::lock::{AcquireRequest, Engine, Grant, LockId, Mode};
-use podlock_sim::rng::Rng;
 use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
@@ -16,6 +18,8 @@ pub struct Client {
     pub id: String,
     /// Its sidecar's engine.
     pub engine: Engine,
+    /// Every sidecar's engine, for fence checks.
+    pub peers: Vec<Engine>,
     /// Its choices.
     pub rng: Rng,
     /// What every client and the checkers share.
@@ -58,7 +62,8 @@ impl Client {
             },
             ttl_seconds: None,
             heartbeat_timeout_seconds: None,
-            max_hold_seconds: None,
+            // A quarter of the holds ask for a maximum hold time: the engine ends them then.
+            max_hold_seconds: self.rng.one_in(4).then(|| self.rng.between(1, 3) as u32),
             deadline_warning_seconds: None,
             container: None,
             mode: if shared { Mode::Shared } else { Mode::Exclusive },
@@ -77,6 +82,9 @@ impl Client {
     /// then releases it.
     async fn hold(&mut self, g: &Grant) {
         let end = Instant::now() + self.ms(0, 3_000);
+        if self.rng.one_in(2) {
+            self.fence(g).await;
+        }
         let forgets = self.rng.one_in(8);
         while g.heartbeat_timeout_seconds > 0 && Instant::now() + HEARTBEAT_EVERY < end {
             sleep(HEARTBEAT_EVERY).await;
@@ -99,6 +107,18 @@ impl Client {
             Err(e) => self
                 .world
                 .log(format!("{} release {}: {e}", self.id, g.fencing_token)),
+        }
+    }
+
+    /// A fence check, through a sidecar picked at random, of `g`'s token or (a third of the
+    /// time) of the last token of its lock whose hold ended.
+    async fn fence(&mut self, g: &Grant) {
+        let older = self.rng.one_in(3);
+        let (token, was_over) = (self.world).token_to_fence(&g.lock.name, g.fencing_token, older);
+        let peer = &self.peers[self.rng.below(self.peers.len() as u64) as usize];
+        match peer.fence(&g.lock, token).await {
+            Ok(check) => (self.world).fenced(&self.id, (&g.lock.name, token), check.current, was_over),
+            Err(e) => self.world.log(format!("{} fence {token}: {e}", self.id)),
         }
     }
 

@@ -9,10 +9,13 @@ mod client;
 mod faults;
 mod logs;
 mod net;
+mod operator;
+mod pool;
 mod seed;
 mod shared;
+mod source;
 
-use podlock_sim::etcd::{Config, Etcd};
+use crate::etcd::{Config, Etcd};
 use shared::World;
 use std::collections::BTreeMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
@@ -48,12 +51,23 @@ const LOCKS: [LockSpec; 2] = [
 ];
 
 /// Seeds that found a bug in the engine, kept out of the default run until it is fixed;
-/// `PODLOCK_WORLD_KNOWN=1` replays them (docs/design.md, "The seeded world").
-const KNOWN: &[u64] = &[];
+/// `PODLOCK_WORLD_KNOWN=1` replays them with what they need (docs/design.md, "The seeded
+/// world"). F11: a restore from a snapshot taken before a lock's latest epoch makes its tokens
+/// fall until the operator publishes it again; the default run restores no such snapshot
+/// until it is fixed (`PODLOCK_WORLD_F11=1` does).
+const KNOWN: &[u64] = &[4, 53, 60, 183, 185];
 
-/// Why two runs of a seed may differ in a build without `--cfg tokio_unstable`.
-const UNSEEDED: &str = " (a difference fails only when built with RUSTFLAGS=\"--cfg tokio_unstable\": \
-    without it Tokio draws select! branches and watch wake-ups from a generator no seed reaches)";
+// Which branch of an unbiased `select!` Tokio polls first, and which of a `watch` channel's
+// queues a waiter joins, are drawn from the runtime's generator, which only
+// `Builder::rng_seed` sets, an API of `--cfg tokio_unstable` (`.cargo/config.toml`).
+#[cfg(not(tokio_unstable))]
+compile_error!(
+    "the seeded world needs `--cfg tokio_unstable`: .cargo/config.toml sets it, and a RUSTFLAGS \
+     variable replaces it (add `--cfg tokio_unstable` to it)"
+);
+
+/// The wall-clock time every seed starts at (2026-01-01T00:00:00Z).
+const WALL_START: u64 = 1_767_225_600;
 
 /// Lines of a failing seed's trace printed.
 const TAIL: usize = 30;
@@ -77,74 +91,92 @@ impl Outcome {
 /// Runs `PODLOCK_WORLD_SEEDS` seeds (default 32) from `PODLOCK_WORLD_SEED` (default 1), or
 /// with `PODLOCK_WORLD_KNOWN=1` the seeds of `KNOWN`, the first `PODLOCK_WORLD_TWICE` (default
 /// 2) of them twice; the first that breaks a rule fails the test with the command that
-/// replays it and the end of its trace, and so does one that runs otherwise the second time
-/// in a build with `--cfg tokio_unstable` (without it, Tokio's own choices are not seeded).
-/// `PODLOCK_WORLD_TRACE=1` prints every seed's whole trace.
+/// replays it and the end of its trace, and so does one that runs otherwise the second time.
+/// `PODLOCK_WORLD_TRACE=1` prints every seed's whole trace; `PODLOCK_WORLD_THREADS` (default:
+/// the cores) runs that many seeds at once; `PODLOCK_WORLD_KEEP_GOING=1` runs every seed and
+/// reports every failure.
 pub fn run() -> Result<(), String> {
-    let seeds: Vec<u64> = if std::env::var("PODLOCK_WORLD_KNOWN").is_ok_and(|v| v == "1") {
+    source::check()?;
+    let known = std::env::var("PODLOCK_WORLD_KNOWN").is_ok_and(|v| v == "1");
+    let older = known || std::env::var("PODLOCK_WORLD_F11").is_ok_and(|v| v == "1");
+    let seeds: Vec<u64> = if known {
         KNOWN.to_vec()
     } else {
-        let first = super::env("PODLOCK_WORLD_SEED", 1);
-        (first..first + super::env("PODLOCK_WORLD_SEEDS", 32)).collect()
+        let first = crate::env("PODLOCK_WORLD_SEED", 1);
+        (first..first + crate::env("PODLOCK_WORLD_SEEDS", 32)).collect()
     };
-    let twice = super::env("PODLOCK_WORLD_TWICE", 2).min(seeds.len() as u64);
+    let twice = crate::env("PODLOCK_WORLD_TWICE", 2).min(seeds.len() as u64);
     let show = std::env::var("PODLOCK_WORLD_TRACE").is_ok_and(|v| v == "1");
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    let threads = crate::env("PODLOCK_WORLD_THREADS", threads) as usize;
+    let keep_going = std::env::var("PODLOCK_WORLD_KEEP_GOING").is_ok_and(|v| v == "1");
     let started = Instant::now();
-    let (mut checks, mut faults, mut alike) = (0, BTreeMap::new(), 0);
-    for (i, &seed) in seeds.iter().enumerate() {
-        let out = run_seed(seed);
-        if show {
-            println!("sim world: seed {seed}'s trace:\n{}", out.trace.join("\n"));
-        }
-        if let Some(failure) = &out.failure {
-            return Err(report(seed, failure, &out.trace));
-        }
-        if (i as u64) < twice && replays(seed, &out)? {
-            alike += 1;
-        }
-        checks += out.checks;
-        for (k, n) in out.faults {
-            *faults.entry(k).or_insert(0) += n;
+    let (mut checks, mut faults, mut failed) = (0, BTreeMap::new(), vec![]);
+    let each = |i, seed| judge(seed, (i as u64) < twice, (show, older));
+    for out in pool::map(&seeds, (threads, keep_going), each) {
+        match out {
+            Ok(out) => {
+                checks += out.checks;
+                for (k, n) in out.faults {
+                    *faults.entry(k).or_insert(0) += n;
+                }
+            }
+            Err(e) if keep_going => failed.push(e),
+            Err(e) => return Err(e),
         }
     }
     let (n, secs) = (seeds.len(), started.elapsed().as_secs_f64());
     println!(
-        "sim world: {n} seeds in {secs:.1} s ({:.2} seeds/s): {checks} checks, faults {faults:?}; \
-         {alike} of {twice} seeds run twice ran alike{}",
+        "sim world: {n} seeds in {secs:.1} s ({:.2} seeds/s, {threads} threads): {checks} checks, \
+         faults {faults:?}; {twice} seeds run twice ran alike; {} failed",
         n as f64 / secs,
-        if cfg!(tokio_unstable) { "" } else { UNSEEDED }
+        failed.len()
     );
-    Ok(())
+    match failed.is_empty() {
+        true => Ok(()),
+        false => Err(failed.join("\n\n")),
+    }
 }
 
-/// Runs `seed` again: whether it ran as `first` did. A difference fails only where Tokio's
-/// choices are seeded too.
-fn replays(seed: u64, first: &Outcome) -> Result<bool, String> {
-    let again = run_seed(seed);
+/// Runs `seed` (and again if `twice`): its outcome, or the report of the rule it broke.
+/// `older`: restores may use snapshots from before a lock's latest epoch (F11).
+fn judge(seed: u64, twice: bool, (show, older): (bool, bool)) -> Result<Outcome, String> {
+    let out = run_seed(seed, older);
+    if show {
+        println!("sim world: seed {seed}'s trace:\n{}", out.trace.join("\n"));
+    }
+    if let Some(failure) = &out.failure {
+        return Err(report(seed, failure, &out.trace));
+    }
+    if twice {
+        replays(seed, &out, older)?;
+    }
+    Ok(out)
+}
+
+/// Runs `seed` again: a failure if it does not run as `first` did.
+fn replays(seed: u64, first: &Outcome, older: bool) -> Result<(), String> {
+    let again = run_seed(seed, older);
     if again.hash() == first.hash() {
-        return Ok(true);
+        return Ok(());
     }
-    if cfg!(tokio_unstable) {
-        let lines = diverged(&first.trace, &again.trace);
-        return Err(report(seed, "two runs of the seed differ", &lines));
-    }
-    Ok(false)
+    let lines = diverged(&first.trace, &again.trace);
+    Err(report(seed, "two runs of the seed differ", &lines))
 }
 
-fn run_seed(seed: u64) -> Outcome {
+fn run_seed(seed: u64, older: bool) -> Outcome {
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_time().start_paused(true);
-    // Which branch of an unbiased `select!` Tokio polls first is drawn from the runtime's
-    // generator, which only `--cfg tokio_unstable` lets a seed set.
-    #[cfg(tokio_unstable)]
     builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
     let runtime = builder.build().expect("a Tokio runtime");
     // The engine's retry pauses (`src/retry.rs`, backon's jitter) come from this thread's
     // `fastrand` generator.
     fastrand::seed(seed);
     runtime.block_on(async {
+        let wall = std::time::UNIX_EPOCH + std::time::Duration::from_secs(WALL_START);
+        podlock::lock::clock::run_on_tokio(wall);
         let etcd = Arc::new(Etcd::start(Config::default()));
-        let world = World::new(etcd.clone());
+        let world = World::new(etcd.clone(), older);
         let _logs = logs::capture(&world);
         seed::run(seed, &world, etcd).await;
         world.with(|s| Outcome {

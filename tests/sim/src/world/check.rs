@@ -4,9 +4,9 @@
 //! (`tests/model/src/props.rs`, LIMIT and MODES): at no grant more holds whose keys are in place
 //! than `maxHolders` allows, and never shared beside exclusive.
 
+use crate::etcd::Etcd;
 use podlock::lock::{Grant, Mode, Token};
-use podlock_sim::etcd::Etcd;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 /// Where the queue keys of the world's namespace live (`src/lock/protocol/keys.rs`).
@@ -35,6 +35,10 @@ pub struct Checker {
     /// Per lock, the highest token of a hold known to be over (ended, or its key gone), and
     /// its holder.
     top: BTreeMap<String, (i64, String)>,
+    /// Every (lock, token) whose client was told its hold ended.
+    over: BTreeSet<(String, i64)>,
+    /// Per lock, the token of the hold whose end a client was told last.
+    last_over: BTreeMap<String, i64>,
     /// Checks made.
     pub checks: u64,
 }
@@ -93,9 +97,33 @@ impl Checker {
 
     /// The hold of `token` ended: released, or told lost.
     pub fn ended(&mut self, lock: &str, token: i64) {
+        self.over.insert((lock.to_string(), token));
+        self.last_over.insert(lock.to_string(), token);
         for h in (self.holds.iter_mut()).filter(|h| h.lock == lock && h.token == token) {
             h.ended = true;
         }
+    }
+
+    /// The token of `lock`'s hold whose end a client was told last.
+    pub fn last_over(&self, lock: &str) -> Option<i64> {
+        self.last_over.get(lock).copied()
+    }
+
+    /// Whether the client of `token` was told its hold ended.
+    pub fn is_over(&self, lock: &str, token: i64) -> bool {
+        self.over.contains(&(lock.to_string(), token))
+    }
+
+    /// A fence check of `token` answered `current`, `was_over` saying whether its hold had
+    /// ended before the check was asked: `current` only for a token whose client holds.
+    pub fn fenced(&mut self, lock: &str, token: i64, current: bool, was_over: bool) -> Result<(), String> {
+        self.checks += 1;
+        if current && was_over {
+            return Err(format!(
+                "fence: {lock} token {token} answered current after its hold had ended"
+            ));
+        }
+        Ok(())
     }
 
     /// An acquire answered after `took`, having asked to wait `wait`.

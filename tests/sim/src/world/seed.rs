@@ -1,20 +1,20 @@
-//! One seed's world: the simulated etcd, an operator's `Store` that declares the locks and
-//! changes a semaphore's `maxHolders` underneath, sidecar engines each on connections of its
-//! own, their clients, and the faults; then, once every client is done and all is quiet,
-//! what must be left: no queue key, and after the sidecars stop, no lease.
+//! One seed's world: the simulated etcd, the operator (`operator.rs`) that declares the locks,
+//! keeps them published and changes a semaphore's `maxHolders` underneath, sidecar engines
+//! each on connections of its own, their clients, and the faults; then, once every client is
+//! done and all is quiet, what must be left: no queue key, and after the sidecars stop, no
+//! lease.
 
 use super::client::Client;
 use super::net::Net;
-use super::{LOCKS, LockSpec, NAMESPACE, World, faults};
-use podlock::lock::{Engine, EventKind, LockError, LockId, PodRef, Settings, Store};
-use podlock_sim::etcd::Etcd;
-use podlock_sim::rng::Rng;
+use super::operator::{Operator, TTL};
+use super::{LOCKS, NAMESPACE, World, faults};
+use crate::etcd::Etcd;
+use crate::rng::Rng;
+use podlock::lock::{Engine, EventKind, PodRef, Store};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{Instant, sleep, timeout};
 
-/// The lease TTL of every lock.
-const TTL: u32 = 3;
 /// How long clients keep acquiring.
 const ACTIVE: Duration = Duration::from_secs(30);
 /// How long a client may take to finish its last hold once `ACTIVE` is over.
@@ -35,8 +35,9 @@ pub struct Pod {
 pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
     let mut rng = Rng::new(seed);
     let store = Store::new(etcd.client().await);
-    for l in &LOCKS {
-        if let Err(e) = declare(&store, l, l.max_holders).await {
+    let mut operator = Operator::new(rng.fork(), world.clone(), store);
+    for (i, l) in LOCKS.iter().enumerate() {
+        if let Err(e) = operator.reconcile(i).await {
             return world.fail(format!("declare {}: {e}", l.name));
         }
     }
@@ -45,12 +46,14 @@ pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
         pods.push(start_pod(p, &etcd, world).await);
     }
     let until = Instant::now() + ACTIVE;
+    let peers: Vec<Engine> = pods.iter().map(|p| p.engine.clone()).collect();
     let mut clients = Vec::new();
     for (p, pod) in pods.iter().enumerate() {
         for c in 0..rng.between(1, 3) {
             let client = Client {
                 id: format!("p{p}c{c}"),
                 engine: pod.engine.clone(),
+                peers: peers.clone(),
                 rng: rng.fork(),
                 world: world.clone(),
             };
@@ -59,7 +62,7 @@ pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
     }
     let nets: Vec<Net> = pods.iter().map(|p| p.net.clone()).collect();
     let faults = tokio::spawn(faults::run(rng.fork(), world.clone(), etcd.clone(), nets, until));
-    let operator = tokio::spawn(operator(rng.fork(), world.clone(), store, until));
+    let operator = tokio::spawn(operator.run(until));
     for c in clients {
         if timeout(ACTIVE + WIND_DOWN, c).await.is_err() {
             world.fail("a client was still acquiring or holding long after the end".into());
@@ -95,41 +98,6 @@ async fn start_pod(p: u64, etcd: &Arc<Etcd>, world: &World) -> Pod {
         }
     });
     Pod { engine, net }
-}
-
-/// Writes `l`'s settings with `max_holders` as `podlock declare` does, keeping the epoch etcd
-/// has; a declare that meets a change of the settings is not tried again.
-async fn declare(store: &Store, l: &LockSpec, max_holders: u32) -> Result<(), LockError> {
-    let lock = LockId::new(NAMESPACE, l.name).expect("a valid name");
-    let state = store.lock_state(&lock, max_holders).await?;
-    let s = Settings {
-        ttl_seconds: TTL,
-        max_holders,
-        heartbeat_timeout_seconds: l.heartbeat,
-        max_hold_seconds: 0,
-        epoch: state.epoch().unwrap_or(0),
-    };
-    store
-        .publish(&lock, &s, "", state.settings_revision, false)
-        .await
-        .map(drop)
-}
-
-/// The operator's part: now and then a new `maxHolders` for each semaphore.
-async fn operator(mut rng: Rng, world: World, store: Store, until: Instant) {
-    loop {
-        sleep(Duration::from_millis(rng.between(2_000, 10_000))).await;
-        if Instant::now() >= until {
-            return;
-        }
-        // Lock 0 is the reader-writer lock, whose `maxHolders` stays 1.
-        let i = 1 + rng.below(LOCKS.len() as u64 - 1) as usize;
-        let l = &LOCKS[i];
-        let max = rng.between(1, 3) as u32;
-        world.with(|s| s.max_holders[i] = s.max_holders[i].max(max));
-        let r = declare(&store, l, max).await;
-        world.log(format!("operator: {} maxHolders {max}: {r:?}", l.name));
-    }
 }
 
 /// What must be gone once all is quiet: every queue key (a release's receipt lives on its

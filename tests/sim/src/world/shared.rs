@@ -4,8 +4,8 @@
 
 use super::LOCKS;
 use super::check::Checker;
+use crate::etcd::Etcd;
 use podlock::lock::Grant;
-use podlock_sim::etcd::Etcd;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,19 +27,30 @@ pub struct Shared {
     pub failure: Option<String>,
     /// Each lock's highest `maxHolders` so far: holds granted before a lowering keep theirs.
     pub max_holders: Vec<u32>,
+    /// Per lock: etcd brought back keys that had ended (a restore), and the operator has not
+    /// yet published the lock again (what its watch would tell it).
+    pub returned: Vec<bool>,
+    /// How many times the operator moved a lock to a new epoch.
+    pub renewals: u64,
+    /// Restores may use a snapshot taken before a lock's latest epoch (finding F11).
+    pub older_epochs: bool,
     etcd: Arc<Etcd>,
     start: Instant,
 }
 
 impl World {
-    /// A world over `etcd`, its locks declared with their first `maxHolders`.
-    pub fn new(etcd: Arc<Etcd>) -> Self {
+    /// A world over `etcd`, its locks declared with their first `maxHolders`; `older_epochs`:
+    /// see [`Shared::older_epochs`].
+    pub fn new(etcd: Arc<Etcd>, older_epochs: bool) -> Self {
         World(Arc::new(Mutex::new(Shared {
             trace: Vec::new(),
             check: Checker::default(),
             faults: BTreeMap::new(),
             failure: None,
             max_holders: LOCKS.iter().map(|l| l.max_holders).collect(),
+            returned: vec![false; LOCKS.len()],
+            renewals: 0,
+            older_epochs,
             etcd,
             start: Instant::now(),
         })))
@@ -88,6 +99,25 @@ impl World {
         self.with(|s| {
             s.log(format!("{holder} over {lock} token {token}"));
             s.check.ended(lock, token);
+        });
+    }
+
+    /// A token of `lock` to check: `own`, or (now and then) the last one whose hold ended;
+    /// and whether its hold had ended.
+    pub fn token_to_fence(&self, lock: &str, own: i64, older: bool) -> (i64, bool) {
+        self.with(|s| {
+            let token = (s.check.last_over(lock)).filter(|_| older).unwrap_or(own);
+            (token, s.check.is_over(lock, token))
+        })
+    }
+
+    /// A fence check of `lock`'s `token` answered `current`; `was_over`: its hold had ended
+    /// before the check was asked.
+    pub fn fenced(&self, who: &str, (lock, token): (&str, i64), current: bool, was_over: bool) {
+        self.with(|s| {
+            s.log(format!("{who} fence {lock} token {token}: current {current}"));
+            let r = s.check.fenced(lock, token, current, was_over);
+            s.judge(r);
         });
     }
 
