@@ -9,6 +9,7 @@ mod client;
 mod faults;
 mod logs;
 mod net;
+pub mod scenes;
 mod seed;
 mod shared;
 

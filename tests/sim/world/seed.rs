@@ -70,7 +70,7 @@ pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
     left_over(world, &etcd, &pods).await;
 }
 
-async fn start_pod(p: u64, etcd: &Arc<Etcd>, world: &World) -> Pod {
+pub(super) async fn start_pod(p: u64, etcd: &Arc<Etcd>, world: &World) -> Pod {
     let net = Net::default();
     let channel = etcd_client::Channel::Tonic(net.channel(etcd));
     let client = (etcd_client::Client::from_channel(channel, None).await).expect("no auth: nothing to fail");
@@ -99,7 +99,7 @@ async fn start_pod(p: u64, etcd: &Arc<Etcd>, world: &World) -> Pod {
 
 /// Writes `l`'s settings with `max_holders` as `podlock declare` does, keeping the epoch etcd
 /// has; a declare that meets a change of the settings is not tried again.
-async fn declare(store: &Store, l: &LockSpec, max_holders: u32) -> Result<(), LockError> {
+pub(super) async fn declare(store: &Store, l: &LockSpec, max_holders: u32) -> Result<(), LockError> {
     let lock = LockId::new(NAMESPACE, l.name).expect("a valid name");
     let state = store.lock_state(&lock, max_holders).await?;
     let s = Settings {
