@@ -27,7 +27,7 @@ const SCENES: &[(&str, Play)] = &[(
 
 /// Scenes that fail on the engine as it is, kept out of the default run until it is fixed;
 /// `PODLOCK_SCENES_KNOWN=1` plays them too.
-const KNOWN: &[&str] = &["a limit raised before a waiter's new feed starts (#54 F1)"];
+const KNOWN: &[&str] = &[];
 
 /// Plays every scene (with `PODLOCK_SCENES_KNOWN=1`, those of `KNOWN` too); the first that
 /// fails fails the test with its trace's end.
