@@ -105,7 +105,6 @@ struct Changed {
 /// settings are cached here by a `GET`, then changed; each acquire the change allows must be
 /// granted, and a refusal must name the settings etcd has.
 #[tokio::test]
-#[ignore = "fails: refused on the cached settings (#54 F3)"]
 async fn a_request_the_changed_settings_allow_is_not_refused_on_the_cached_ones() {
     let etcd = EtcdServer::start().await;
     let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
