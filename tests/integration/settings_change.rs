@@ -187,7 +187,6 @@ const HELD: Duration = Duration::from_millis(400);
 /// which under the 2 of the first read the `GET` named a holder. One read of both at one
 /// revision names `h1` alone and `w` a waiter, under `maxHolders` 1.
 #[tokio::test]
-#[ignore = "fails: GET reads the settings and the queue apart (#54 F7)"]
 async fn get_judges_holders_on_one_read_across_a_max_holders_change() {
     let etcd = EtcdServer::start().await;
     declare(&etcd.endpoint, &["sem", "--max-holders", "2"]);
