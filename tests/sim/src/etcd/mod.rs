@@ -96,7 +96,7 @@ pub struct HeldWatch {
 
 impl HeldWatch {
     /// Completes when the request has come; false if it never will (the member stopped). It is
-    /// held until this [`HeldWatch`] is dropped.
+    /// held until [`HeldWatch::release`], or until this is dropped.
     pub async fn arrived(&mut self) -> bool {
         (&mut self.arrived).await.is_ok()
     }
