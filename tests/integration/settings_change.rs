@@ -2,11 +2,12 @@
 //! more than the new limit, raising it admits the waiters in their order, and fencing tokens
 //! rise strictly in grant order under any change.
 
-use serde_json::json;
+use serde_json::{Value, json};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::task::JoinHandle;
 
+use crate::common::held::HeldRequests;
 use crate::common::{EtcdServer, Sidecar, declare, wait_until};
 
 /// Grants in the order they were answered: (holder, token).
@@ -87,4 +88,143 @@ async fn raising_max_holders_admits_waiters_in_order_with_rising_tokens() {
         "tokens must rise in grant order: {:?}",
         grants.lock().unwrap()
     );
+}
+
+/// A lock declared with `first`, its settings cached, then declared with `then`; `allowed`: an
+/// acquire that only the change allows.
+struct Changed {
+    lock: &'static str,
+    first: &'static [&'static str],
+    then: &'static [&'static str],
+    allowed: Option<Value>,
+}
+
+/// #54 F3: an acquire's checks against its locks' settings (its permits, mode shared,
+/// `maxHoldSeconds`, `deadlineWarningSeconds`) ran on the sidecar's cached settings, which
+/// nothing on that path refreshed: after a change that allows the request, it was refused as
+/// before, again and again (permits 3 after `maxHolders` 2 -> 4: "maxHolders 2"). Each lock's
+/// settings are cached here by a `GET`, then changed; each acquire the change allows must be
+/// granted, and a refusal must name the settings etcd has.
+#[tokio::test]
+async fn a_request_the_changed_settings_allow_is_not_refused_on_the_cached_ones() {
+    let etcd = EtcdServer::start().await;
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let changed = |lock, first, then, allowed| Changed {
+        lock,
+        first,
+        then,
+        allowed,
+    };
+    let locks = [
+        changed(
+            "pool",
+            &["--max-holders", "2"],
+            &["--max-holders", "4"],
+            Some(json!({"permits": 3})),
+        ),
+        changed(
+            "rw",
+            &["--max-holders", "2"],
+            &[],
+            Some(json!({"mode": "shared"})),
+        ),
+        changed(
+            "timed",
+            &["--max-hold-seconds", "60"],
+            &["--max-hold-seconds", "600"],
+            Some(json!({"maxHoldSeconds": 300})),
+        ),
+        changed(
+            "untimed",
+            &[],
+            &["--max-hold-seconds", "60"],
+            Some(json!({"deadlineWarningSeconds": 10})),
+        ),
+        // A multi-lock acquire, refused on its second lock's cached settings.
+        changed(
+            "left",
+            &[],
+            &[],
+            Some(json!({"mode": "shared", "with": ["right"]})),
+        ),
+        changed("right", &["--max-holders", "2"], &[], None),
+    ];
+    for l in &locks {
+        declare(&etcd.endpoint, &[&[l.lock], l.first].concat());
+        let (status, body) = s.get(&format!("/v1/locks/{}", l.lock)).await;
+        assert_eq!(status, 200, "{}: {body}", l.lock);
+    }
+    for l in &locks {
+        declare(&etcd.endpoint, &[&[l.lock], l.then].concat());
+    }
+    let mut refused = vec![];
+    for l in locks {
+        let Some(mut body) = l.allowed else { continue };
+        body["waitSeconds"] = json!(0);
+        let (status, answer) = s.post(l.lock, "acquire", body.clone()).await;
+        if status != 200 {
+            refused.push(format!("{} {body}: {status} {answer}", l.lock));
+        }
+    }
+    assert!(
+        refused.is_empty(),
+        "refused on the old settings:\n{}",
+        refused.join("\n")
+    );
+    let (status, body) = s
+        .post("pool", "acquire", json!({"holderId": "h", "permits": 5}))
+        .await;
+    assert_eq!((status, body["maxHolders"].as_u64()), (400, Some(4)), "{body}");
+}
+
+/// How late the `GET`'s read of the queue reaches etcd: long enough for a settings change and
+/// an enqueue to land first, short of the engine's 500 ms hedge.
+const HELD: Duration = Duration::from_millis(400);
+
+/// #54 F7: `GET /v1/locks/{name}` judged holders on two reads, the settings and then the queue,
+/// unlike the fence check, a watch and the status. Here its queue read reaches etcd late (a
+/// proxy holds it back), after `maxHolders` went 2 -> 1 and `w` queued behind `h1`: a waiter,
+/// which under the 2 of the first read the `GET` named a holder. One read of both at one
+/// revision names `h1` alone and `w` a waiter, under `maxHolders` 1.
+#[tokio::test]
+async fn get_judges_holders_on_one_read_across_a_max_holders_change() {
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["sem", "--max-holders", "2"]);
+    let a = Arc::new(Sidecar::start(&etcd.endpoint, "pod-a", &[]).await);
+    let late = HeldRequests::new(HELD);
+    let g = Sidecar::start(&late.proxy(&etcd.endpoint).await, "pod-g", &[]).await;
+    a.must_acquire("sem", json!({"holderId": "h1"})).await;
+    late.arm(b"/podlock/v1/queue/default/sem/");
+    let get = tokio::spawn(async move { g.get("/v1/locks/sem").await });
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let endpoint = etcd.endpoint.clone();
+    tokio::task::spawn_blocking(move || declare(&endpoint, &["sem", "--max-holders", "1"]))
+        .await
+        .unwrap();
+    let w = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            a.post("sem", "acquire", json!({"holderId": "w", "waitSeconds": 5}))
+                .await
+        })
+    };
+    waiters(&a, "sem", 1).await;
+    let (status, info) = get.await.unwrap();
+    assert_eq!((status, late.held()), (200, 1), "{info}");
+    let named: Vec<&str> = (info["holders"].as_array().unwrap().iter())
+        .map(|h| h["holderId"].as_str().unwrap())
+        .collect();
+    let seen = named.len() as u64 + info["waiters"].as_u64().unwrap();
+    assert_eq!(
+        seen, 2,
+        "the read landed before w queued, the test made no fault: {info}"
+    );
+    assert_eq!(
+        (named, info["waiters"].as_u64(), info["maxHolders"].as_u64()),
+        (vec!["h1"], Some(1), Some(1)),
+        "{info}"
+    );
+    release(&a, "sem", "h1").await;
+    let (status, body) = w.await.unwrap();
+    assert_eq!(status, 200, "{body}");
 }

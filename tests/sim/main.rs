@@ -1,7 +1,8 @@
 //! The simulated etcd of `tests/sim` (podlock-sim) replayed on paused time and proven against a
 //! real etcd (`tests/sim/diff/mod.rs`), and podlock's engine run against it in a seeded world
-//! (`tests/sim/src/world/mod.rs`); docs/design.md, "The simulated etcd" and "The seeded world".
-//! `PODLOCK_SIM_PART=diff` or `world` runs one part alone.
+//! (`tests/sim/src/world/mod.rs`), and in scripted scenes of the findings it reproduces step by
+//! step (`tests/sim/src/world/scenes.rs`); docs/design.md, "The simulated etcd", "The seeded world"
+//! and "Scenes". `PODLOCK_SIM_PART=diff`, `world` or `scenes` runs one part alone.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -10,22 +11,15 @@ mod diff;
 use podlock_sim::{env, world};
 
 fn main() -> std::process::ExitCode {
-    let part = std::env::var("PODLOCK_SIM_PART").unwrap_or_default();
-    let diff = || {
-        if part.is_empty() || part == "diff" {
-            diff::run()
-        } else {
-            Ok(())
-        }
+    let chosen = std::env::var("PODLOCK_SIM_PART").unwrap_or_default();
+    let part = |name: &str, run: fn() -> Result<(), String>| match chosen.is_empty() || chosen == name {
+        true => run(),
+        false => Ok(()),
     };
-    let world = || {
-        if part.is_empty() || part == "world" {
-            world::run()
-        } else {
-            Ok(())
-        }
-    };
-    match diff().and_then(|()| world()) {
+    let parts = part("diff", diff::run)
+        .and_then(|()| part("world", world::run))
+        .and_then(|()| part("scenes", world::scenes::run));
+    match parts {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("{e}");

@@ -7,7 +7,7 @@ use crate::lock::error::LockError;
 use crate::lock::messages::AcquireRequest;
 use crate::lock::protocol::entry::Mode;
 use crate::lock::protocol::names::LockId;
-use crate::lock::txn::settings::{Settings, TTL};
+use crate::lock::txn::settings::{Declared, Settings, TTL};
 
 /// The request field that asks for permits.
 const PERMITS_FIELD: &str = "permits";
@@ -127,6 +127,22 @@ pub(super) fn checked(req: &AcquireRequest, s: Settings) -> Result<(MaxHold, u32
     let max_hold = MaxHold::of(req, &[(&req.lock, s.max_hold_seconds)])?;
     let ttl = TTL.check(req.ttl_seconds.unwrap_or(s.ttl_seconds))?;
     Ok((max_hold, ttl))
+}
+
+/// What a multi-lock acquire `req` asks of its `locks`, checked against their settings
+/// `declared`: its mode on each, and its maximum hold time within every lock's.
+pub(super) fn checked_set(
+    req: &AcquireRequest,
+    locks: &[LockId],
+    declared: &[Declared],
+) -> Result<MaxHold, LockError> {
+    for (lock, d) in locks.iter().zip(declared) {
+        check_mode(lock, req.mode, d.settings)?;
+    }
+    let limits: Vec<(&LockId, u32)> = (locks.iter().zip(declared))
+        .map(|(l, d)| (l, d.settings.max_hold_seconds))
+        .collect();
+    MaxHold::of(req, &limits)
 }
 
 /// The most locks one request may take: enough for the sets users ask for, few enough that

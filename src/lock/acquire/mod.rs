@@ -7,6 +7,7 @@ pub(super) mod multi;
 pub(super) mod pending;
 pub(super) mod wait;
 
+use futures::future::try_join_all;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -151,8 +152,11 @@ impl Engine {
         pending: &mut Pending<'_>,
     ) -> Result<Placed, LockError> {
         for _ in 0..MAX_PLACEMENTS {
+            let (lock, settings) = (std::slice::from_ref(&req.lock), std::slice::from_mut(declared));
+            let (max_hold, ttl) = self
+                .judged(lock, settings, |d| checked(req, d[0].settings))
+                .await?;
             let s = declared.settings;
-            let (max_hold, ttl) = checked(req, s)?;
             let session = self.sessions().get(ttl).await?;
             let entry = self.entry(req, ttl, s, s.epoch, max_hold);
             let key = req.lock.entry_key(session.id, &req.holder_id);
@@ -200,6 +204,29 @@ impl Engine {
             attempts: MAX_PLACEMENTS,
         }
         .into())
+    }
+
+    /// `check`s what an acquire asks of `locks` against their settings `declared`, which may be
+    /// the cache's. A grant needs no more: its transaction is guarded by the settings' mod
+    /// revision. A refusal is confirmed on the settings read afresh, which refreshes the cache,
+    /// and judged again if they changed (#54 F3: nothing else on this path reads them, and
+    /// permits 3 were refused "maxHolders 2" after a raise to 4, again and again).
+    async fn judged<T>(
+        &self,
+        locks: &[LockId],
+        declared: &mut [Declared],
+        check: impl Fn(&[Declared]) -> Result<T, LockError>,
+    ) -> Result<T, LockError> {
+        let refused = match check(declared) {
+            Ok(asked) => return Ok(asked),
+            Err(refused) => refused,
+        };
+        let fresh = try_join_all(locks.iter().map(|l| self.declared(l, true))).await?;
+        if fresh[..] == *declared {
+            return Err(refused);
+        }
+        declared.clone_from_slice(&fresh);
+        check(declared)
     }
 
     /// Waits for the placed key's turn; returns the revision at which it was granted and the

@@ -19,7 +19,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 use tracing::debug;
 
-use super::ask::{check_mode, check_rejoin, check_set};
+use super::ask::{check_rejoin, check_set, checked_set};
 use super::pending::Pending;
 use super::wait::{self, Turn};
 use crate::lock::clock;
@@ -207,21 +207,17 @@ impl Engine {
     }
 
     /// The set's keys as they are to be put (revision 0 until they are), under the locks'
-    /// settings `declared`, on a live session of the request's TTL (else the shortest of the
-    /// locks').
+    /// settings `declared` (refreshed if they refuse it, see [`Engine::judged`]), on a live
+    /// session of the request's TTL (else the shortest of the locks').
     async fn draft(
         &self,
         req: &AcquireRequest,
         locks: &[LockId],
-        declared: &[Declared],
+        declared: &mut [Declared],
     ) -> Result<Placed, LockError> {
-        for (lock, d) in locks.iter().zip(declared) {
-            check_mode(lock, req.mode, d.settings)?;
-        }
-        let limits: Vec<(&LockId, u32)> = (locks.iter().zip(declared))
-            .map(|(l, d)| (l, d.settings.max_hold_seconds))
-            .collect();
-        let max_hold = MaxHold::of(req, &limits)?;
+        let max_hold = self
+            .judged(locks, declared, |d| checked_set(req, locks, d))
+            .await?;
         let shortest = declared.iter().map(|d| d.settings.ttl_seconds).min();
         let ttl = req.ttl_seconds.or(shortest).unwrap_or_default();
         let session = self.sessions().get(TTL.check(ttl)?).await?;

@@ -224,7 +224,8 @@ const WATCH_RETRY_GAP: Duration = Duration::from_millis(100);
 enum Watched {
     /// Watching everything that can move it, with nothing missed since its position was read.
     Watching(Box<Watches>),
-    /// A read to close the gap found it elsewhere: watch anew.
+    /// A read to close the gap found it elsewhere, or under another `maxHolders` (what it
+    /// watches depends on both): watch anew.
     Moved(Standing),
 }
 
@@ -242,7 +243,10 @@ enum Gap {
     /// Read the position again (its own key and the settings with it). For the first waiter,
     /// one behind an ungranted key and a reader behind a writer: what they watch is about to
     /// change, and a change missed in the gap must not cost a moment. The same for any waiter
-    /// whose watches had to be made again: their start moved on by milliseconds.
+    /// whose watches had to be made again: their start moved on by milliseconds. A read that
+    /// finds it elsewhere, or under another `maxHolders`, makes its watches anew (#54 F1: one
+    /// that kept a mutex's plan after a raise to 2 watched its predecessor for deletion only,
+    /// and slept through the grant record and the release that freed a slot).
     Read,
     /// Watch those keys a second time, from just after the read. A waiter further back watches
     /// a predecessor that is itself still waiting, which rarely moves within the few hundred
@@ -279,9 +283,9 @@ async fn watch_position(
     declared: &mut Declared,
     now: &Standing,
 ) -> Result<Watched, LockError> {
-    let (pos, rev) = (&now.position, now.revision);
-    let mut lets_in = lets_in(pos, declared.settings.max_holders);
-    let mut gap = Gap::of(pos, declared.settings.max_holders, ask);
+    let (pos, rev, max_holders) = (&now.position, now.revision, declared.settings.max_holders);
+    let mut lets_in = lets_in(pos, max_holders);
+    let mut gap = Gap::of(pos, max_holders, ask);
     let own = vec![lock.config_key().into_bytes(), ticket.key.clone().into_bytes()];
     let feed = engine.feeds().follow(lock, ticket.lease, own, rev).await?;
     let etcd = engine.etcd();
@@ -312,7 +316,7 @@ async fn watch_position(
             }
             Gap::Read | Gap::FromRead => {
                 let again = standing(etcd, lock, (ticket, ask), declared).await?;
-                if again.position != *pos {
+                if again.position != *pos || declared.settings.max_holders != max_holders {
                     return Ok(Watched::Moved(again));
                 }
             }

@@ -208,15 +208,13 @@ impl Engine {
         self.0.events.publish(&hold.lock, &event);
     }
 
-    /// Reads a lock's settings and queue from etcd.
+    /// Reads a lock's settings and queue from etcd in one request, at one revision, as the
+    /// fence check does: its holders are judged under the settings read with them (#54 F7: two
+    /// reads named a waiter, or left out a holder, around a `maxHolders` change).
     pub async fn inspect(&self, lock: &LockId) -> Result<LockInfo, LockError> {
-        let d = self.declared(lock, true).await?;
-        let resp = self
-            .0
-            .etcd
-            .get(lock.queue_prefix(), Some(queue::queue_order()))
-            .await?;
-        let state = queue::split_queue(resp.kvs(), d.settings.max_holders);
+        let read = queue::read_lock(&self.0.etcd, lock, None).await?;
+        let d = self.remember(lock, read.declared)?;
+        let state = queue::split_queue(&read.queue, d.settings.max_holders);
         Ok(LockInfo {
             lock: lock.name.clone(),
             held: !state.holders.is_empty(),

@@ -312,7 +312,7 @@ pub async fn read_lock(etcd: &Etcd, lock: &LockId, head: Option<u32>) -> Result<
 }
 
 /// Options to read a whole queue in order.
-pub fn queue_order() -> GetOptions {
+fn queue_order() -> GetOptions {
     GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Ascend)

@@ -20,7 +20,7 @@ use hyper_util::rt::TokioIo;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::DuplexStream;
-use tokio::sync::{mpsc, watch as signal};
+use tokio::sync::{mpsc, oneshot, watch as signal};
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 
@@ -35,6 +35,8 @@ pub(crate) struct Shared {
     /// Bumped when the member's data is replaced (restore, wipe): its streams end, as they do
     /// when a real member restarts.
     generation: AtomicU64,
+    /// Watch create requests to hold back on their way in ([`Etcd::hold_next_watch`]).
+    holds: Mutex<Vec<Hold>>,
 }
 
 impl Shared {
@@ -64,6 +66,45 @@ impl Shared {
     pub(crate) fn generation(&self) -> u64 {
         self.generation.load(Ordering::SeqCst)
     }
+
+    /// Waits while a watch create request for `key` is held back ([`Etcd::hold_next_watch`]).
+    pub(crate) async fn hold_back(&self, key: &[u8]) {
+        let hold = {
+            let mut holds = self.holds.lock().expect("no panic while the holds are held");
+            let i = holds.iter().position(|h| key.starts_with(&h.prefix));
+            i.map(|i| holds.remove(i))
+        };
+        if let Some(Hold { arrived, release, .. }) = hold {
+            let _ = arrived.send(());
+            let _ = release.await;
+        }
+    }
+}
+
+/// A watch create request to hold back: the next one for a key under `prefix`.
+struct Hold {
+    prefix: Vec<u8>,
+    arrived: oneshot::Sender<()>,
+    release: oneshot::Receiver<()>,
+}
+
+/// A test's end of a watch create request held back on its way in ([`Etcd::hold_next_watch`]).
+pub struct HeldWatch {
+    arrived: oneshot::Receiver<()>,
+    release: oneshot::Sender<()>,
+}
+
+impl HeldWatch {
+    /// Completes when the request has come; false if it never will (the member stopped). It is
+    /// held until [`HeldWatch::release`], or until this is dropped.
+    pub async fn arrived(&mut self) -> bool {
+        (&mut self.arrived).await.is_ok()
+    }
+
+    /// Lets the request on: its watch is made, from the revision etcd has now.
+    pub fn release(self) {
+        let _ = self.release.send(());
+    }
 }
 
 /// A snapshot of the member's data (`etcdctl snapshot save`).
@@ -85,6 +126,7 @@ impl Etcd {
             state: Mutex::new(State::new(config)),
             ticks: signal::channel(0).0,
             generation: AtomicU64::new(0),
+            holds: Mutex::default(),
         });
         let (incoming, connections) = mpsc::unbounded_channel();
         let tasks = vec![
@@ -140,6 +182,25 @@ impl Etcd {
     pub fn change_leader(&self) {
         self.shared
             .update(|s| s.change_leader(tokio::time::Instant::now()));
+    }
+
+    /// Holds back the next watch create request for a key under `prefix` until the returned
+    /// [`HeldWatch`] lets it on, as a slow network would; its stream's later requests wait
+    /// behind it. A test's seam to land writes between a client's read and the start of the
+    /// watch it makes after it.
+    pub fn hold_next_watch(&self, prefix: &[u8]) -> HeldWatch {
+        let (arrived, arrival) = oneshot::channel();
+        let (release, released) = oneshot::channel();
+        let hold = Hold {
+            prefix: prefix.to_vec(),
+            arrived,
+            release: released,
+        };
+        self.shared.holds.lock().unwrap().push(hold);
+        HeldWatch {
+            arrived: arrival,
+            release,
+        }
     }
 
     /// A snapshot of the member's data now.

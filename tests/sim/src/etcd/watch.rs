@@ -73,7 +73,12 @@ async fn run(
         let mut out = tokio::select! {
             biased;
             req = requests.message() => match req {
-                Ok(Some(req)) => shared.read(|s| watchers.handle(s, req)),
+                Ok(Some(req)) => {
+                    if let Some(PbWatchRequestUnion::CreateRequest(c)) = &req.request_union {
+                        shared.hold_back(&c.key).await;
+                    }
+                    shared.read(|s| watchers.handle(s, req))
+                }
                 _ => return,
             },
             changed = changes.changed() => match changed {

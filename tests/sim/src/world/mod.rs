@@ -11,6 +11,7 @@ mod logs;
 mod net;
 mod operator;
 mod pool;
+pub mod scenes;
 mod seed;
 mod shared;
 mod source;

@@ -105,6 +105,16 @@ impl Operator {
     }
 }
 
+/// Writes `l`'s settings with `max_holders` as `podlock declare` does, keeping the epoch etcd
+/// has; a declare that meets a change of the settings is not tried again (for scenes, which
+/// play one interleaving without an operator).
+pub(super) async fn declare(store: &Store, l: &LockSpec, max_holders: u32) -> Result<(), LockError> {
+    let id = lock_id(l);
+    let state = store.lock_state(&id, max_holders).await?;
+    let s = settings(l, max_holders, state.epoch().unwrap_or(0));
+    (store.publish(&id, &s, "", state.settings_revision, false).await).map(drop)
+}
+
 fn settings(l: &LockSpec, max_holders: u32, epoch: u32) -> Settings {
     Settings {
         ttl_seconds: TTL,

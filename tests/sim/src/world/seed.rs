@@ -73,7 +73,7 @@ pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
     left_over(world, &etcd, &pods).await;
 }
 
-async fn start_pod(p: u64, etcd: &Arc<Etcd>, world: &World) -> Pod {
+pub(super) async fn start_pod(p: u64, etcd: &Arc<Etcd>, world: &World) -> Pod {
     let net = Net::default();
     let channel = etcd_client::Channel::Tonic(net.channel(etcd));
     let client = (etcd_client::Client::from_channel(channel, None).await).expect("no auth: nothing to fail");
