@@ -14,7 +14,14 @@
 //! until it ends; a waiter is never current.
 //!
 //! The same read ([`Engine::read_holders`]) is what an observer of the lock reports
-//! (`observe.rs`): a fence check and a watch name the same holders at the same revision.
+//! (`observe.rs`): a fence check and a watch name the same holders at the same revision, but
+//! for one kind of key. A key on one of this sidecar's own leases is, to its fence check, a
+//! holder only while its registry holds it with that token. etcd cannot tell the key of a hold
+//! that ended and that a restore from a snapshot brought back from a hold that goes on; its own
+//! sidecar can (issue #54, finding 4). So a resource that checks a token through the holder's
+//! own sidecar is answered exactly across a restore; through another sidecar, the key is current
+//! until its sidecar removes it (`engine/state.rs`) or the operator moves the lock to a new
+//! epoch (docs/design.md, "Fencing").
 //!
 //! [`protocol::holders`]: super::protocol::holders
 
@@ -38,6 +45,8 @@ pub(super) struct Holding {
     pub declared: Option<Declared>,
     /// Its holders in queue order.
     pub holders: Vec<HolderInfo>,
+    /// The lease of each of `holders`' keys, in the same order.
+    pub leases: Vec<i64>,
     /// etcd's revision of the read.
     pub revision: i64,
 }
@@ -45,10 +54,20 @@ pub(super) struct Holding {
 impl Engine {
     /// Whether `token` is a current hold of `lock`, from one linearizable etcd read (two when
     /// more holders stand at the queue's head than the lock was last seen to have slots).
+    /// A key on this sidecar's own lease holds only while its registry holds it (see the
+    /// module's doc).
     pub async fn fence(&self, lock: &LockId, token: i64) -> Result<FenceCheck, LockError> {
         let Holding {
-            holders, revision, ..
+            holders,
+            leases,
+            revision,
+            ..
         } = self.read_holders(lock).await?;
+        let mine = self.sessions().leases().await;
+        let holders = (holders.into_iter().zip(leases))
+            .filter(|(h, lease)| !mine.contains(lease) || self.holds(lock, h))
+            .map(|(h, _)| h)
+            .collect::<Vec<_>>();
         Ok(FenceCheck {
             lock: lock.clone(),
             token,
@@ -72,40 +91,54 @@ impl Engine {
                 (whole, holders)
             }
         };
+        let (holders, leases) = holders.into_iter().unzip();
         Ok(Holding {
             declared: read.declared,
             holders,
+            leases,
             revision: read.revision,
         })
     }
 
-    /// The holders in `read` under the settings read with it; `None` if the read may have
-    /// stopped among them. An undeclared lock has none, unless this sidecar serves undeclared
-    /// locks (`--standalone`): then the default settings apply, as to its acquires.
-    fn holders_in(&self, read: &LockRead) -> Option<Vec<HolderInfo>> {
+    /// The holders in `read` under the settings read with it, each with its key's lease;
+    /// `None` if the read may have stopped among them. An undeclared lock has none, unless this
+    /// sidecar serves undeclared locks (`--standalone`): then the default settings apply, as to
+    /// its acquires.
+    fn holders_in(&self, read: &LockRead) -> Option<Vec<(HolderInfo, i64)>> {
         let max_holders = match &read.declared {
             Some(d) => d.settings.max_holders,
             None if self.standalone() => MAX_HOLDERS.default,
             None => return Some(vec![]),
         };
-        complete_head(queue::decode(&read.queue), read.more, max_holders)
+        let leases = read.queue.iter().map(|kv| kv.lease());
+        complete_head(queue::decode(&read.queue), leases, read.more, max_holders)
+    }
+
+    /// Whether this sidecar's registry holds `holder`'s hold of `lock`, with its token.
+    fn holds(&self, lock: &LockId, holder: &HolderInfo) -> bool {
+        let slot = (lock.clone(), holder.holder_id.clone());
+        let held = self.registry().held(&slot);
+        held.is_some_and(|h| h.token() == holder.fencing_token)
     }
 }
 
-/// The holders among the first keys of a queue, by the one rule of who holds, `more` if keys
-/// lie beyond them; `None` when every key read holds and more follow (then the holders may go
-/// on past the read: read the whole queue). Holders that end inside the read end there in the
-/// whole queue too: the rule judges a key by the keys ahead of it alone.
-fn complete_head(
+/// The holders among the first keys of a queue, each with its `leases` item, by the one rule
+/// of who holds, `more` if keys lie beyond them; `None` when every key read holds and more
+/// follow (then the holders may go on past the read: read the whole queue). Holders that end
+/// inside the read end there in the whole queue too: the rule judges a key by the keys ahead
+/// of it alone.
+fn complete_head<T>(
     entries: Vec<(Option<HolderInfo>, Queued)>,
+    leases: impl IntoIterator<Item = T>,
     more: bool,
     max_holders: u32,
-) -> Option<Vec<HolderInfo>> {
+) -> Option<Vec<(HolderInfo, T)>> {
     let held = queue::held(&entries, max_holders);
     if more && held == entries.len() {
         return None;
     }
-    Some(entries.into_iter().take(held).filter_map(|(h, _)| h).collect())
+    let head = entries.into_iter().zip(leases).take(held);
+    Some(head.filter_map(|((h, _), lease)| Some((h?, lease))).collect())
 }
 
 #[cfg(test)]
@@ -143,8 +176,8 @@ mod tests {
     }
 
     fn tokens(spec: &[(Mode, bool)], more: bool, max_holders: u32) -> Option<Vec<i64>> {
-        let head = complete_head(entries(spec), more, max_holders)?;
-        Some(head.iter().map(|e| e.fencing_token).collect())
+        let head = complete_head(entries(spec), std::iter::repeat(()), more, max_holders)?;
+        Some(head.iter().map(|(e, _)| e.fencing_token).collect())
     }
 
     #[test]

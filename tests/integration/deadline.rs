@@ -274,6 +274,56 @@ async fn the_operator_ends_an_expired_hold_whose_sidecar_is_gone() {
     assert!(op.metrics().await.contains(line), "{line} missing");
 }
 
+/// Finding 8 of issue #54: the operator's clock of a maximum hold time started when it first
+/// saw a hold, which can be before the holder learns of its grant. Here b's sidecar is
+/// stalled (SIGSTOP) while a releases: the operator saw b's key hold at once and ended it
+/// 1 s + 2 s later, before b had even learned of its grant. The clock now starts from the
+/// grant's own record (`acquiredAt`), which the holder writes as it learns: b gets its whole
+/// second, and its sidecar ends the hold at the deadline it was told.
+#[tokio::test]
+async fn a_grant_learned_late_gets_its_whole_maximum_hold_time() {
+    let plane = with_crd();
+    let ns = plane.namespace("deadline-late");
+    let _op = Operator::start(plane, &ns).await;
+    let api: Api<DistributedLock> = Api::namespaced(plane.client().await, &ns);
+    declare_until_free(plane, &api, &ns, "report", "{ttlSeconds: 60}").await;
+    let flags = ["--namespace", ns.as_str()];
+    let a = Sidecar::start(&plane.etcd.endpoint, "pod-a", &flags).await;
+    let b = Arc::new(Sidecar::start(&plane.etcd.endpoint, "pod-b", &flags).await);
+    a.must_acquire("report", json!({})).await;
+    let mut events = Events::open(&b, "report").await;
+    let asked = json!({"waitSeconds": 30, "maxHoldSeconds": 1});
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move { b.post("report", "acquire", asked).await }
+    });
+    status_until(&api, "report", "b waits", |s| s.waiters == 1).await;
+    b.signal(libc::SIGSTOP);
+    let (code, body) = a.post("report", "release", json!({})).await;
+    assert_eq!(code, 200, "{body}");
+    // Past the deadline the operator reckoned from its first sight of b's grant (1 s + 2 s).
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    b.signal(libc::SIGCONT);
+    let (code, grant) = waiter.await.unwrap();
+    assert_eq!(code, 200, "b learned of its grant late: {grant}");
+    let lost = loop {
+        let (name, event) = events.next_named(Duration::from_secs(5)).await;
+        if name == "lost" {
+            break event;
+        }
+    };
+    let held = time(&lost, "at").duration_since(time(&grant, "acquiredAt"));
+    let held = held.unwrap_or_default();
+    eprintln!("a grant learned 4 s late: held {held:?} of its 1 s, then {lost}");
+    assert_eq!(lost["reason"], "deadline", "{lost}");
+    let early = Duration::from_millis(100); // the times' precision, and the two clocks' reads
+    assert!(
+        time(&lost, "at") + early >= time(&grant, "deadline"),
+        "ended before its deadline ({}): {lost}",
+        grant["deadline"]
+    );
+}
+
 #[tokio::test]
 async fn a_set_gets_the_strictest_limit_of_its_locks_and_each_lock_ends_at_the_deadline() {
     let etcd = EtcdServer::start().await;

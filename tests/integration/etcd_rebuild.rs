@@ -251,10 +251,14 @@ async fn a_restore_that_brings_back_a_released_hold_moves_the_lock_to_a_new_epoc
     let (status, body) = a.post(LOCK, "release", json!({})).await;
     assert_eq!(status, 200, "{body}");
     let (b, second) = waiter.await.unwrap();
+    // a's sidecar stalled: it would remove its brought-back key itself once it found etcd
+    // restored (`restored_fence`), and this test is of the operator's part.
+    a.signal(libc::SIGSTOP);
     let bump = ["--bump-revision", "1000000", "--mark-compacted"];
     etcd.restore(&snapshot, &bump).await;
     let restored = Instant::now();
     let bumped = wait_for_new_epoch(plane, &ns).await;
+    a.signal(libc::SIGCONT);
     let fence = a.get(&format!("/v1/locks/{LOCK}/fence?token={first}")).await.1;
     assert_eq!(
         fence["current"], false,

@@ -42,6 +42,7 @@ mod rbac;
 mod reconcile_triggers;
 mod requests;
 mod restarts;
+mod restored_fence;
 mod settings_change;
 mod setup_script;
 mod stalled_member;

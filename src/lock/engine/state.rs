@@ -15,12 +15,23 @@
 //! A key is removed when two sweeps in a row find it unknown with the same create revision, so
 //! that a release or removal already under way is not raced; the removal is guarded by that
 //! revision, so a newer key of the same holder is never touched.
+//!
+//! A restore of etcd from a snapshot brings back such keys too: the keys of holds and waits
+//! that ended after the snapshot, on a lease that lived through it. Nothing in etcd tells them
+//! from holds that go on, and every view (the fence check through other sidecars included)
+//! names them until they are gone (issue #54, finding 4). So when a session's keepalives come
+//! back after a break ([`Resumed`]), the sweep asks etcd whether its history still reaches the
+//! revision etcd was at before: a restore with `--mark-compacted` (which etcdutl requires with
+//! `--bump-revision`) compacts every revision before it, and a periodic compaction never
+//! reaches one seen seconds ago. If etcd went back, every key on that lease that the registry
+//! does not track, as a hold with that very create revision or an acquire placing it, is
+//! removed at once, without waiting for a second sweep.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tokio::time::sleep;
+use tokio::time::{Instant, sleep_until};
 use tracing::{info, warn};
 
 use super::events;
@@ -29,7 +40,7 @@ use super::registry::Registry;
 use crate::lock::clock;
 use crate::lock::error::LockError;
 use crate::lock::etcd::link::Link;
-use crate::lock::etcd::session::Sessions;
+use crate::lock::etcd::session::{Resumed, Sessions};
 use crate::lock::etcd::{Etcd, Stats};
 use crate::lock::feed::Feeds;
 use crate::lock::messages::{EventKind, HoldEvent, LocalEntry, LockInfo};
@@ -58,7 +69,7 @@ impl Engine {
     /// An engine on `client` for `pod`; `standalone` serves undeclared locks with defaults.
     /// `members` has one client per etcd member: new watches and requests go to one that answers
     /// (see `etcd/members.rs`), and so do keepalives (see `etcd/session.rs`). Starts its orphan
-    /// sweep (below) on the current Tokio runtime.
+    /// sweep (below) on the current Tokio runtime, which its sessions tell of their breaks.
     pub fn new(
         client: etcd_client::Client,
         members: Vec<etcd_client::Client>,
@@ -66,8 +77,9 @@ impl Engine {
         standalone: bool,
     ) -> Self {
         let etcd = Etcd::with_members(client, members);
+        let (sessions, resumed) = Sessions::new(etcd.clone());
         let engine = Engine(Arc::new(Inner {
-            sessions: Sessions::new(etcd.clone()),
+            sessions,
             feeds: Feeds::new(etcd.link().clone(), etcd.shared_stats()),
             etcd,
             pod,
@@ -76,7 +88,7 @@ impl Engine {
             registry: Registry::default(),
             events: events::Subscribers::default(),
         }));
-        tokio::spawn(sweep_until_gone(Arc::downgrade(&engine.0)));
+        tokio::spawn(sweep_until_gone(Arc::downgrade(&engine.0), resumed));
         engine
     }
 
@@ -240,15 +252,29 @@ impl Engine {
 /// How often the sweep runs: one lease read per session each time.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 
-/// Sweeps until the engine is gone.
-async fn sweep_until_gone(engine: Weak<Inner>) {
+/// Sweeps until the engine is gone: every [`SWEEP_EVERY`], and a session's lease as soon as
+/// its keepalives come back after a break (`resumed`), if etcd came back restored.
+async fn sweep_until_gone(engine: Weak<Inner>, mut resumed: mpsc::Receiver<Resumed>) {
     let mut suspects = BTreeSet::new();
+    let mut next = Instant::now() + SWEEP_EVERY;
     loop {
-        sleep(SWEEP_EVERY).await;
+        let resumed = tokio::select! {
+            _ = sleep_until(next) => None,
+            resumed = resumed.recv() => match resumed {
+                Some(r) => Some(r),
+                None => return, // the sessions are gone with the engine
+            },
+        };
         let Some(inner) = engine.upgrade() else {
             return;
         };
-        suspects = Engine(inner).sweep(&suspects).await;
+        match resumed {
+            Some(r) => Engine(inner).sweep_if_restored(r).await,
+            None => {
+                suspects = Engine(inner).sweep(&suspects).await;
+                next = Instant::now() + SWEEP_EVERY;
+            }
+        }
     }
 }
 
@@ -258,38 +284,86 @@ impl Engine {
     async fn sweep(&self, before: &BTreeSet<(String, i64)>) -> BTreeSet<(String, i64)> {
         let mut suspects = BTreeSet::new();
         for session in self.0.sessions.live().await {
-            let keys = match self.0.etcd.lease_keys(session.id).await {
-                Ok(Some(keys)) => keys,
-                Ok(None) => continue, // the keepalive loop ends the session
-                Err(e) => {
-                    warn!(error = %e, "orphan sweep could not read a lease's keys");
-                    continue;
-                }
-            };
-            for key in keys.into_iter().filter_map(|k| String::from_utf8(k).ok()) {
-                let Some(slot) = parse_entry_key(&key) else {
-                    continue;
-                };
-                if self.0.registry.knows(&slot, &key) {
-                    continue;
-                }
-                let Ok(resp) = self.0.etcd.get(key.as_str(), None).await else {
-                    continue;
-                };
-                let Some(revision) = resp.kvs().first().map(|kv| kv.create_revision()) else {
-                    continue;
-                };
-                if !before.contains(&(key.clone(), revision)) {
-                    suspects.insert((key, revision));
-                    continue;
-                }
-                let lease = session.id;
-                let ticket = Ticket { key, revision, lease };
-                if let Ok(true) = queue::remove(&self.0.etcd, &ticket).await {
-                    info!(lock = %slot.0, holder = %slot.1, key = ticket.key, revision, "removed a queue key no acquire tracks");
+            for ticket in self.untracked(session.id, false).await {
+                if before.contains(&(ticket.key.clone(), ticket.revision)) {
+                    self.remove_orphan(&ticket).await;
+                } else {
+                    suspects.insert((ticket.key, ticket.revision));
                 }
             }
         }
         suspects
+    }
+
+    /// After the keepalives of `resumed.lease` came back from a break: if etcd's history no
+    /// longer reaches the revision it was at before, it was restored from a snapshot, and the
+    /// keys on that lease that the registry does not track are removed at once (see the
+    /// module's doc).
+    async fn sweep_if_restored(&self, resumed: Resumed) {
+        let Resumed { lease, revision } = resumed;
+        let prefix = keys::config_prefix(Some(&self.0.pod.namespace));
+        match self.0.etcd.compacted_past(prefix, revision).await {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                warn!(error = %e, "could not tell whether etcd came back restored; the orphan sweep will find what it brought back");
+                return;
+            }
+        }
+        warn!(
+            lease = format_args!("{lease:x}"),
+            revision,
+            "etcd came back without its history up to revision {revision} (restored from a snapshot): removing the keys it brought back on this lease"
+        );
+        for ticket in self.untracked(lease, true).await {
+            self.remove_orphan(&ticket).await;
+        }
+    }
+
+    /// The queue keys on `lease` that no acquire and no hold of the registry tracks, with
+    /// their create revisions; with `exact`, a hold tracks its key only with that key's create
+    /// revision (a restore may bring back an earlier key of the same name).
+    async fn untracked(&self, lease: i64, exact: bool) -> Vec<Ticket> {
+        let keys = match self.0.etcd.lease_keys(lease).await {
+            Ok(Some(keys)) => keys,
+            Ok(None) => return vec![], // the keepalive loop ends the session
+            Err(e) => {
+                warn!(error = %e, "orphan sweep could not read a lease's keys");
+                return vec![];
+            }
+        };
+        let mut found = vec![];
+        for key in keys.into_iter().filter_map(|k| String::from_utf8(k).ok()) {
+            let Some(slot) = parse_entry_key(&key) else {
+                continue;
+            };
+            if !exact && self.0.registry.knows(&slot, &key) {
+                continue;
+            }
+            let Ok(resp) = self.0.etcd.get(key.as_str(), None).await else {
+                continue;
+            };
+            let Some(revision) = resp.kvs().first().map(|kv| kv.create_revision()) else {
+                continue;
+            };
+            let held = self.0.registry.held(&slot).map(|h| h.ticket.clone());
+            let tracked = match held {
+                Some(t) => t.key == key && (!exact || t.revision == revision),
+                None => self.0.registry.knows(&slot, &key),
+            };
+            if !tracked {
+                found.push(Ticket { key, revision, lease });
+            }
+        }
+        found
+    }
+
+    /// Removes `ticket`'s key, guarded by its create revision.
+    async fn remove_orphan(&self, ticket: &Ticket) {
+        if let Ok(true) = queue::remove(&self.0.etcd, ticket).await
+            && let Some((lock, holder)) = parse_entry_key(&ticket.key)
+        {
+            info!(lock = %lock, holder, key = ticket.key, revision = ticket.revision, "removed a queue key no acquire tracks");
+        }
     }
 }

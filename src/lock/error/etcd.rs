@@ -19,6 +19,9 @@ pub(crate) enum EtcdFailure {
     /// took the request lags behind. Worth sending again with a new token, as etcd's Go client
     /// does (etcd-client renews only a token etcd no longer knows).
     AuthOutdated,
+    /// etcd no longer has the history at the revision asked for (compacted past it, as a
+    /// restore with `--mark-compacted` leaves it): final for that revision.
+    Compacted,
     /// etcd is out of space: final until an administrator frees some.
     Full,
     /// Anything else (a bad request): final.
@@ -50,6 +53,7 @@ impl EtcdFailure {
                 // (its apply queue is behind) with this code; only the second passes by itself.
                 Code::ResourceExhausted if s.message().contains("space exceeded") => EtcdFailure::Full,
                 Code::ResourceExhausted => EtcdFailure::Transient,
+                Code::OutOfRange if s.message().contains("compacted") => EtcdFailure::Compacted,
                 // An answer in plain HTTP, not etcd's: a member still starting after a restart
                 // answered 404 before serving gRPC (tonic maps it to Unimplemented), and a
                 // `podlock declare` of the safety run failed on it. Sent again, it reaches etcd.
@@ -84,7 +88,7 @@ impl From<etcd_client::Error> for LockError {
             EtcdFailure::LeaseGone => LockError::LeaseNotFound(message(&e)),
             EtcdFailure::Transient | EtcdFailure::AuthOutdated => Unavailable::Unreachable(e).into(),
             EtcdFailure::Full => Unavailable::EtcdFull(message(&e)).into(),
-            EtcdFailure::Final => LockError::Rejected(message(&e)),
+            EtcdFailure::Compacted | EtcdFailure::Final => LockError::Rejected(message(&e)),
         }
     }
 }
@@ -149,5 +153,14 @@ mod tests {
             "{starting:?}"
         );
         assert!(full.to_string().contains("NOSPACE"), "{full}");
+    }
+
+    #[test]
+    fn a_read_below_the_compacted_revision_is_told_from_one_of_a_future_revision() {
+        let status = |m: &str| etcd_client::Error::GRpcStatus(Status::new(Code::OutOfRange, m));
+        let compacted = status("etcdserver: mvcc: required revision has been compacted");
+        let future = status("etcdserver: mvcc: required revision is a future revision");
+        assert_eq!(EtcdFailure::of(&compacted), EtcdFailure::Compacted);
+        assert_eq!(EtcdFailure::of(&future), EtcdFailure::Final);
     }
 }

@@ -180,6 +180,26 @@ impl Etcd {
         .await
     }
 
+    /// Whether etcd's history no longer reaches back to `revision`: a count-only read of the
+    /// `prefix` range at that revision finds it compacted, as a restore with
+    /// `--mark-compacted` leaves every revision before it (see `engine/state.rs`).
+    pub async fn compacted_past(&self, prefix: String, revision: i64) -> Result<bool, LockError> {
+        let opts = GetOptions::new()
+            .with_prefix()
+            .with_count_only()
+            .with_revision(revision);
+        self.retrying(|client| {
+            let (mut kv, prefix, opts) = (client.kv_client(), prefix.clone(), opts.clone());
+            async move {
+                match kv.get(prefix, Some(opts)).await {
+                    Err(e) if EtcdFailure::of(&e) == EtcdFailure::Compacted => Ok(true),
+                    answer => answer.map(|_| false),
+                }
+            }
+        })
+        .await
+    }
+
     /// The keys attached to lease `id`, or `None` if etcd no longer has the lease.
     pub async fn lease_keys(&self, id: i64) -> Result<Option<Vec<Vec<u8>>>, LockError> {
         let resp = self

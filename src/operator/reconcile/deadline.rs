@@ -10,9 +10,11 @@
 //! request's deadline as its entry states it (the operator's own clock set it): its Event is
 //! `YieldReleased`, its metric reason and its `lost` reason `yield`.
 //!
-//! The operator reckons a hold's start from the grant its entry records (`acquiredAt`), else
-//! from when it first saw the entry hold: an unrecorded grant's `requestedAt` may lie long
-//! before its grant (it waited), and ending it by that would cut the hold short.
+//! The operator reckons a hold's start from the grant its entry records (`acquiredAt`, the
+//! moment its holder learned of it), else a lease TTL after it first saw the entry hold (see
+//! [`Clocks`](crate::operator::clocks::Clocks)): never from an unrecorded grant's
+//! `requestedAt`, which may lie long before its grant (it waited), nor from the operator's
+//! first sight, which may come before the holder learns of a grant handed to it.
 
 use kube::runtime::events::EventType;
 use std::time::{Duration, SystemTime};
