@@ -23,13 +23,22 @@
 //! until its sidecar removes it (`engine/state.rs`) or the operator moves the lock to a new
 //! epoch (docs/design.md, "Fencing").
 //!
+//! A hold with a maximum hold time ends at its deadline (`acquiredAt` plus `maxHoldSeconds`),
+//! and its client is told so then, whether or not its sidecar can remove its key; the fence
+//! check calls it current only before that deadline, on this sidecar's clock (the seeded
+//! world's finding F12: a sidecar cut off from etcd at the deadline leaves the key in place
+//! until its lease ends or the operator removes it).
+//!
 //! [`protocol::holders`]: super::protocol::holders
 
+use std::time::{Duration, SystemTime};
+
+use super::clock;
 use super::engine::Engine;
 use super::error::LockError;
 use super::messages::FenceCheck;
 use super::protocol::Queued;
-use super::protocol::entry::HolderInfo;
+use super::protocol::entry::{Entry, HolderInfo};
 use super::protocol::names::LockId;
 use super::txn::queue::{self, LockRead};
 use super::txn::settings::{Declared, MAX_HOLDERS};
@@ -39,14 +48,36 @@ use super::txn::settings::{Declared, MAX_HOLDERS};
 /// holds and more follow, the whole queue is read instead (a second request).
 const HEAD_SLACK: u32 = 8;
 
+/// What the fence check needs of a holder's key beyond the holder.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct KeyFacts {
+    /// The key's lease.
+    pub lease: i64,
+    /// When its maximum hold time ends, for a hold with one whose grant is on record.
+    pub deadline: Option<SystemTime>,
+}
+
+impl KeyFacts {
+    fn of(kv: &etcd_client::KeyValue) -> KeyFacts {
+        let deadline = Entry::decode(kv.value()).and_then(|e| {
+            let at = humantime::parse_rfc3339(e.acquired_at.as_deref()?).ok()?;
+            (e.max_hold_seconds > 0).then(|| at + Duration::from_secs(e.max_hold_seconds.into()))
+        });
+        KeyFacts {
+            lease: kv.lease(),
+            deadline,
+        }
+    }
+}
+
 /// A lock's holders by the one rule of who holds, as [`Engine::read_holders`] read them.
 pub(super) struct Holding {
     /// The lock's settings as etcd had them (`None`: not declared).
     pub declared: Option<Declared>,
     /// Its holders in queue order.
     pub holders: Vec<HolderInfo>,
-    /// The lease of each of `holders`' keys, in the same order.
-    pub leases: Vec<i64>,
+    /// What the fence check needs of each of `holders`' keys, in the same order.
+    pub keys: Vec<KeyFacts>,
     /// etcd's revision of the read.
     pub revision: i64,
 }
@@ -59,13 +90,14 @@ impl Engine {
     pub async fn fence(&self, lock: &LockId, token: i64) -> Result<FenceCheck, LockError> {
         let Holding {
             holders,
-            leases,
+            keys,
             revision,
             ..
         } = self.read_holders(lock).await?;
-        let mine = self.sessions().leases().await;
-        let holders = (holders.into_iter().zip(leases))
-            .filter(|(h, lease)| !mine.contains(lease) || self.holds(lock, h))
+        let (mine, now) = (self.sessions().leases().await, clock::now());
+        let holders = (holders.into_iter().zip(keys))
+            .filter(|(h, k)| !mine.contains(&k.lease) || self.holds(lock, h))
+            .filter(|(_, k)| k.deadline.is_none_or(|d| now < d))
             .map(|(h, _)| h)
             .collect::<Vec<_>>();
         Ok(FenceCheck {
@@ -91,11 +123,11 @@ impl Engine {
                 (whole, holders)
             }
         };
-        let (holders, leases) = holders.into_iter().unzip();
+        let (holders, keys) = holders.into_iter().unzip();
         Ok(Holding {
             declared: read.declared,
             holders,
-            leases,
+            keys,
             revision: read.revision,
         })
     }
@@ -104,14 +136,14 @@ impl Engine {
     /// `None` if the read may have stopped among them. An undeclared lock has none, unless this
     /// sidecar serves undeclared locks (`--standalone`): then the default settings apply, as to
     /// its acquires.
-    fn holders_in(&self, read: &LockRead) -> Option<Vec<(HolderInfo, i64)>> {
+    fn holders_in(&self, read: &LockRead) -> Option<Vec<(HolderInfo, KeyFacts)>> {
         let max_holders = match &read.declared {
             Some(d) => d.settings.max_holders,
             None if self.standalone() => MAX_HOLDERS.default,
             None => return Some(vec![]),
         };
-        let leases = read.queue.iter().map(|kv| kv.lease());
-        complete_head(queue::decode(&read.queue), leases, read.more, max_holders)
+        let keys = read.queue.iter().map(KeyFacts::of);
+        complete_head(queue::decode(&read.queue), keys, read.more, max_holders)
     }
 
     /// Whether this sidecar's registry holds `holder`'s hold of `lock`, with its token.

@@ -30,6 +30,9 @@ impl Lease {
     }
 }
 
+/// How far a restarted member's lease ids lie past the ones given before.
+const RESTART_GAP: i64 = 1 << 32;
+
 /// Every lease, by id.
 #[derive(Clone, Debug)]
 pub struct Leases {
@@ -48,6 +51,16 @@ impl Leases {
             next_id: first_id,
             min_ttl,
         }
+    }
+
+    /// After the member restarted from a snapshot or empty, its ids go on past every id
+    /// `before` gave: etcd's generator starts from the new process's start time, so a
+    /// restarted etcd never gives an id again (a lease of a session that lived through the
+    /// restart may be granted to no one else).
+    pub fn restarted_after(&mut self, before: &Leases) {
+        self.next_id = self
+            .next_id
+            .max(before.next_id.wrapping_add(RESTART_GAP) & i64::MAX);
     }
 
     /// Grants lease `id` (0: one the server picks) for `ttl` seconds; returns its id and TTL.

@@ -210,18 +210,24 @@ impl Etcd {
 
     /// The member restarted from `snapshot` with `etcdutl snapshot restore --bump-revision
     /// bump [--mark-compacted]`: its streams end, its revision is the snapshot's plus `bump`,
-    /// and its leases start their TTLs again under the new leader.
+    /// and its leases start their TTLs again under the new leader; the ids of new leases go on
+    /// past every one given before.
     pub fn restore(&self, snapshot: &Snapshot, bump: i64, mark_compacted: bool) {
         self.replace(|s| {
-            *s = snapshot.0.clone();
+            let before = std::mem::replace(s, snapshot.0.clone());
+            s.leases.restarted_after(&before.leases);
             s.store.bump(bump, mark_compacted);
             s.change_leader(tokio::time::Instant::now());
         });
     }
 
-    /// The member reinstalled with an empty data directory: revisions start again from 1.
+    /// The member reinstalled with an empty data directory: revisions start again from 1, and
+    /// the ids of new leases go on past every one given before.
     pub fn wipe(&self) {
-        self.replace(|s| *s = State::new(s.config.clone()));
+        self.replace(|s| {
+            let before = std::mem::replace(s, State::new(s.config.clone()));
+            s.leases.restarted_after(&before.leases);
+        });
     }
 
     fn replace(&self, f: impl FnOnce(&mut State)) {

@@ -6,8 +6,9 @@
 
 use crate::etcd::Etcd;
 use podlock::lock::{Grant, Mode, Token};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
+use tokio::time::Instant;
 
 /// Where the queue keys of the world's namespace live (`src/lock/protocol/keys.rs`).
 pub const QUEUE_PREFIX: &str = "/podlock/v1/queue/";
@@ -15,6 +16,13 @@ pub const QUEUE_PREFIX: &str = "/podlock/v1/queue/";
 /// How long past its wait an acquire may take to be answered: the engine's request budget
 /// (`etcd/mod.rs`, 5 s) twice, and a pod's longest pause.
 pub const ANSWER_BOUND: Duration = Duration::from_secs(20);
+
+/// How long after a restore a hold that ended before it may read as current through another
+/// pod's sidecar: the lock's `ttlSeconds` (docs/api.md).
+const RESTORE_WINDOW: Duration = Duration::from_secs(super::operator::TTL as u64);
+
+/// When a client was told its hold ended, and its holder id.
+pub type Ended = (Instant, String);
 
 /// A hold some client was told it has.
 struct Held {
@@ -35,8 +43,10 @@ pub struct Checker {
     /// Per lock, the highest token of a hold known to be over (ended, or its key gone), and
     /// its holder.
     top: BTreeMap<String, (i64, String)>,
-    /// Every (lock, token) whose client was told its hold ended.
-    over: BTreeSet<(String, i64)>,
+    /// Every (lock, token) whose client was told its hold ended: when, and its holder.
+    over: BTreeMap<(String, i64), (Instant, String)>,
+    /// When etcd was restored.
+    restores: Vec<Instant>,
     /// Per lock, the token of the hold whose end a client was told last.
     last_over: BTreeMap<String, i64>,
     /// Checks made.
@@ -97,7 +107,9 @@ impl Checker {
 
     /// The hold of `token` ended: released, or told lost.
     pub fn ended(&mut self, lock: &str, token: i64) {
-        self.over.insert((lock.to_string(), token));
+        let holder = (self.holds.iter().find(|h| h.lock == lock && h.token == token))
+            .map_or_else(String::new, |h| h.holder.clone());
+        (self.over).insert((lock.to_string(), token), (Instant::now(), holder));
         self.last_over.insert(lock.to_string(), token);
         for h in (self.holds.iter_mut()).filter(|h| h.lock == lock && h.token == token) {
             h.ended = true;
@@ -109,21 +121,41 @@ impl Checker {
         self.last_over.get(lock).copied()
     }
 
-    /// Whether the client of `token` was told its hold ended.
-    pub fn is_over(&self, lock: &str, token: i64) -> bool {
-        self.over.contains(&(lock.to_string(), token))
+    /// When the client of `token` was told its hold ended, and who it was, if it was.
+    pub fn ended_at(&self, lock: &str, token: i64) -> Option<Ended> {
+        self.over.get(&(lock.to_string(), token)).cloned()
     }
 
-    /// A fence check of `token` answered `current`, `was_over` saying whether its hold had
-    /// ended before the check was asked: `current` only for a token whose client holds.
-    pub fn fenced(&mut self, lock: &str, token: i64, current: bool, was_over: bool) -> Result<(), String> {
+    /// etcd was restored now.
+    pub fn restored(&mut self) {
+        self.restores.push(Instant::now());
+    }
+
+    /// A fence check of `token` through the sidecar of pod `via`, asked after its hold had
+    /// `ended` (if it had), answered `current`: `current` only for a token whose client holds,
+    /// but for the contract's restore window (docs/api.md, the fence check): a hold that
+    /// ended before a restore brought its key back reads as current through another pod's
+    /// sidecar for at most `ttlSeconds` after etcd's return.
+    pub fn fenced(
+        &mut self,
+        (lock, token): (&str, i64),
+        via: usize,
+        current: bool,
+        ended: Option<Ended>,
+    ) -> Result<(), String> {
         self.checks += 1;
-        if current && was_over {
-            return Err(format!(
-                "fence: {lock} token {token} answered current after its hold had ended"
-            ));
+        let Some((at, holder)) = ended.filter(|_| current) else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        let other = !holder.starts_with(&format!("p{via}c"));
+        let window = (self.restores.iter()).any(|r| *r >= at && now <= *r + RESTORE_WINDOW);
+        if other && window {
+            return Ok(());
         }
-        Ok(())
+        Err(format!(
+            "fence: {lock} token {token} answered current through pod-{via} after {holder}'s hold had ended"
+        ))
     }
 
     /// An acquire answered after `took`, having asked to wait `wait`.

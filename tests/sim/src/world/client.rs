@@ -114,10 +114,13 @@ impl Client {
     /// time) of the last token of its lock whose hold ended.
     async fn fence(&mut self, g: &Grant) {
         let older = self.rng.one_in(3);
-        let (token, was_over) = (self.world).token_to_fence(&g.lock.name, g.fencing_token, older);
-        let peer = &self.peers[self.rng.below(self.peers.len() as u64) as usize];
-        match peer.fence(&g.lock, token).await {
-            Ok(check) => (self.world).fenced(&self.id, (&g.lock.name, token), check.current, was_over),
+        let (token, ended) = (self.world).token_to_fence(&g.lock.name, g.fencing_token, older);
+        let via = self.rng.below(self.peers.len() as u64) as usize;
+        match self.peers[via].fence(&g.lock, token).await {
+            Ok(check) => {
+                let lock = (g.lock.name.as_str(), token);
+                (self.world).fenced(&self.id, lock, via, check.current, ended)
+            }
             Err(e) => self.world.log(format!("{} fence {token}: {e}", self.id)),
         }
     }

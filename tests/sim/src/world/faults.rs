@@ -75,7 +75,10 @@ fn restore(world: &World, etcd: &Etcd, (snapshot, renewals): &(Snapshot, u64)) {
         ));
     }
     etcd.restore(snapshot, BUMP, true);
-    world.with(|s| s.returned.fill(true));
+    world.with(|s| {
+        s.returned.fill(true);
+        s.check.restored();
+    });
     world.fault("restore", format!("from the snapshot before, at revision {r}"));
 }
 

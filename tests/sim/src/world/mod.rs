@@ -89,9 +89,9 @@ impl Outcome {
     }
 }
 
-/// Runs `PODLOCK_WORLD_SEEDS` seeds (default 32) from `PODLOCK_WORLD_SEED` (default 1), or
+/// Runs `PODLOCK_WORLD_SEEDS` seeds (default 2,000) from `PODLOCK_WORLD_SEED` (default 1), or
 /// with `PODLOCK_WORLD_KNOWN=1` the seeds of `KNOWN`, the first `PODLOCK_WORLD_TWICE` (default
-/// 2) of them twice; the first that breaks a rule fails the test with the command that
+/// 20) of them twice; the first that breaks a rule fails the test with the command that
 /// replays it and the end of its trace, and so does one that runs otherwise the second time.
 /// `PODLOCK_WORLD_TRACE=1` prints every seed's whole trace; `PODLOCK_WORLD_THREADS` (default:
 /// the cores) runs that many seeds at once; `PODLOCK_WORLD_KEEP_GOING=1` runs every seed and
@@ -104,9 +104,9 @@ pub fn run() -> Result<(), String> {
         KNOWN.to_vec()
     } else {
         let first = crate::env("PODLOCK_WORLD_SEED", 1);
-        (first..first + crate::env("PODLOCK_WORLD_SEEDS", 32)).collect()
+        (first..first + crate::env("PODLOCK_WORLD_SEEDS", 2_000)).collect()
     };
-    let twice = crate::env("PODLOCK_WORLD_TWICE", 2).min(seeds.len() as u64);
+    let twice = crate::env("PODLOCK_WORLD_TWICE", 20).min(seeds.len() as u64);
     let show = std::env::var("PODLOCK_WORLD_TRACE").is_ok_and(|v| v == "1");
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
     let threads = crate::env("PODLOCK_WORLD_THREADS", threads) as usize;

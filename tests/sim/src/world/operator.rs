@@ -55,9 +55,9 @@ impl Operator {
                 self.world
                     .log(format!("operator: {} spec maxHolders {max}", LOCKS[i].name));
             }
-            for i in 0..LOCKS.len() {
+            for (i, l) in LOCKS.iter().enumerate() {
                 if let Err(e) = self.reconcile(i).await {
-                    self.world.log(format!("operator: {}: {e}", LOCKS[i].name));
+                    self.world.log(format!("operator: {}: {e}", l.name));
                 }
             }
         }

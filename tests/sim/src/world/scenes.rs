@@ -8,8 +8,8 @@
 use super::operator::declare;
 use super::seed::start_pod;
 use super::{LockSpec, NAMESPACE, TAIL, World, logs};
-use podlock::lock::{AcquireRequest, Grant, LockError, LockId, Mode, Store};
 use crate::etcd::{Config, Etcd};
+use podlock::lock::{AcquireRequest, Grant, LockError, LockId, Mode, Store};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

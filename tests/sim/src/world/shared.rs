@@ -3,7 +3,7 @@
 //! contended, only needed because engine tasks must be `Send`.
 
 use super::LOCKS;
-use super::check::Checker;
+use super::check::{Checker, Ended};
 use crate::etcd::Etcd;
 use podlock::lock::Grant;
 use std::collections::BTreeMap;
@@ -103,20 +103,29 @@ impl World {
     }
 
     /// A token of `lock` to check: `own`, or (now and then) the last one whose hold ended;
-    /// and whether its hold had ended.
-    pub fn token_to_fence(&self, lock: &str, own: i64, older: bool) -> (i64, bool) {
+    /// and when its hold ended, if it had.
+    pub fn token_to_fence(&self, lock: &str, own: i64, older: bool) -> (i64, Option<Ended>) {
         self.with(|s| {
             let token = (s.check.last_over(lock)).filter(|_| older).unwrap_or(own);
-            (token, s.check.is_over(lock, token))
+            (token, s.check.ended_at(lock, token))
         })
     }
 
-    /// A fence check of `lock`'s `token` answered `current`; `was_over`: its hold had ended
-    /// before the check was asked.
-    pub fn fenced(&self, who: &str, (lock, token): (&str, i64), current: bool, was_over: bool) {
+    /// A fence check of `lock`'s `token` through pod `via` answered `current`; `ended`: when
+    /// its hold had ended before the check was asked, if it had.
+    pub fn fenced(
+        &self,
+        who: &str,
+        (lock, token): (&str, i64),
+        via: usize,
+        current: bool,
+        ended: Option<Ended>,
+    ) {
         self.with(|s| {
-            s.log(format!("{who} fence {lock} token {token}: current {current}"));
-            let r = s.check.fenced(lock, token, current, was_over);
+            s.log(format!(
+                "{who} fence {lock} token {token} via pod-{via}: current {current}"
+            ));
+            let r = s.check.fenced((lock, token), via, current, ended);
             s.judge(r);
         });
     }
