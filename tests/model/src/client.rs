@@ -26,12 +26,17 @@ impl Protocol {
                 can(Step::GiveUp);
             }
             Phase::Waiting(w) => {
-                // A read woken by an event, or by a broken watch without one.
-                can(if self.woken(s, c, w) {
-                    Step::Wake
-                } else {
-                    Step::Rewatch
-                });
+                // A read woken by an event, or by a broken watch without one. A watch that
+                // broke can lose the write that handed the key its grant: then it reads
+                // without that event too (issue #54, F10).
+                let woken = self.woken(s, c, w);
+                can(if woken { Step::Wake } else { Step::Rewatch });
+                let handed = s
+                    .key(spec.lock, w.ticket)
+                    .is_some_and(|k| k.record == Record::Handed);
+                if woken && handed {
+                    can(Step::Rewatch);
+                }
                 if w.behind.is_some() && self.spec.on_behalf != OnBehalf::Off {
                     can(Step::OnBehalf);
                 }
@@ -199,12 +204,19 @@ impl Protocol {
                     recorded: true,
                     chain,
                 };
+                let lock = self.spec.clients[c as usize].lock;
+                let untouched = s.key(lock, ticket).is_some_and(|k| k.modrev == k.create);
                 self.record(s, c, ticket);
+                // Its guard (version 2 at most) lets a copy put the record again only while
+                // the record is the one write since the enqueue.
+                let only_write = s.key(lock, ticket).map(|k| k.modrev).filter(|_| untouched);
+                self.send_record_copy(s, c, ticket, only_write);
             }
             Step::Release => {
                 self.note_release(s, c, ticket);
-                let own = self.release_copy(s, c, (ticket, session), &chain);
-                s.clients[c as usize].phase = self.after_release(ticket, session, own);
+                let slot = self.receipt_slot(s, c);
+                let own = self.release_copy(s, c, (ticket, session, slot), &chain);
+                s.clients[c as usize].phase = self.after_release((ticket, session, slot), own);
             }
             Step::Learn => {
                 me.phase = Phase::Idle;
@@ -282,6 +294,8 @@ impl Protocol {
     }
 
     /// The position read: its own key, the settings and the keys ahead, in one transaction.
+    /// Its own key handed a grant by a release, it holds with the chain that came with it,
+    /// whatever the settings and the keys ahead say now (a grant made before a change).
     fn read(&self, s: &mut State, c: u8, ticket: Rev) {
         let lock = self.spec.clients[c as usize].lock;
         let l = &s.locks[lock as usize];
@@ -290,6 +304,10 @@ impl Protocol {
             me.phase = Phase::Idle; // its key vanished: the acquire fails
             return;
         };
+        if self.reads_handed() && key.record == Record::Handed {
+            let chain = key.next.clone();
+            return grant(self, s, (c, lock), ticket, chain);
+        }
         if self.spec.bug != Some(Bug::StaleLimit) && !self.guard_holds(&me.cache, l) {
             me.cache = Cached::of(l);
             me.phase = Phase::Reading { ticket }; // the settings changed: read again under them
@@ -301,6 +319,12 @@ impl Protocol {
         }
         let max = me.cache.max;
         self.place(s, c, ticket, max);
+    }
+
+    /// Whether a waiter's position read takes a grant handed to its key (but with
+    /// [`Bug::ReadIgnoresHanded`]).
+    pub fn reads_handed(&self) -> bool {
+        self.spec.bug != Some(Bug::ReadIgnoresHanded)
     }
 
     /// Whether the settings `cached` are those of `lock` in etcd now, as the enqueue's guard

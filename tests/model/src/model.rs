@@ -121,6 +121,8 @@ pub enum Action {
     Sweep(u8, Rev),
     /// A copy of client's first enqueue reaches etcd late (see [`crate::state::LateCopy`]).
     LateCopy(u8),
+    /// A copy of client's last grant record reaches etcd late (see [`crate::yielding`]).
+    LateRecord(u8),
     /// The lock's DistributedLock is deleted and created again: the operator's withdrawal
     /// removes its settings and queue, keeping its epoch in etcd, and the new object's status
     /// is empty.
@@ -149,7 +151,8 @@ impl Action {
             | Action::OtherPublish
             | Action::OtherMirror
             | Action::Sweep(..)
-            | Action::LateCopy(_) => true,
+            | Action::LateCopy(_)
+            | Action::LateRecord(_) => true,
             _ => false,
         }
     }
@@ -213,6 +216,7 @@ impl Protocol {
                     true => Late::Unsent,
                     false => Late::Spent,
                 },
+                record_copy: None,
             })
             .collect();
         let mut state = State {

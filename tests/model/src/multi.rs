@@ -222,6 +222,8 @@ impl Protocol {
         }
         spec.locks().for_each(|l| check_grant(self, s, (c, l), w.ticket));
         spec.locks().for_each(|l| self.record_in(s, l, w.ticket));
+        // Guarded by the keys' mod revisions being their create revisions: no copy lands after.
+        self.send_record_copy(s, c, w.ticket, None);
         hold(self, s, c, w.ticket, vec![]);
         if let Phase::Holding { recorded, .. } = &mut s.clients[c as usize].phase {
             *recorded = true;
@@ -247,7 +249,7 @@ impl Protocol {
         }
     }
 
-    fn record_in(&self, s: &mut State, lock: u8, ticket: Rev) {
+    pub(crate) fn record_in(&self, s: &mut State, lock: u8, ticket: Rev) {
         let rev = s.next_rev();
         let key = s.key_mut(lock, ticket).expect("in place");
         // A put of the owner's entry: whatever else was written into it is gone.

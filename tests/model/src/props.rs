@@ -244,11 +244,17 @@ fn views_true(m: &Protocol, s: &State, lock: u8) -> bool {
     }
     let sound = named.iter().all(|k| {
         let owner = &s.clients[k.owner as usize];
-        let lets_in = || k.record == Record::Handed || decide(m, s, (lock, k.create), l.max).is_ok();
+        // A key handed its grant holds: its waiter learns it from the write if that is still
+        // news to it (it wakes on it), or else from its next read, if its read takes a handed
+        // grant (issue #54, F10: a read after a broken watch, or after the settings changed).
+        let handed = k.record == Record::Handed;
+        let lets_in = |news: bool| {
+            (handed && (news || m.reads_handed())) || decide(m, s, (lock, k.create), l.max).is_ok()
+        };
         match owner.phase {
             Phase::Holding { ticket, .. } if ticket == k.create => true,
-            Phase::Waiting(ref w) if w.ticket == k.create => lets_in(),
-            Phase::Reading { ticket } if ticket == k.create => lets_in(),
+            Phase::Waiting(ref w) if w.ticket == k.create => lets_in(k.modrev > w.at),
+            Phase::Reading { ticket } if ticket == k.create => lets_in(false),
             Phase::Requeue { old } if old == k.create => true,
             _ => owner.removals.contains(&k.create),
         }

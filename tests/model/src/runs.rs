@@ -45,6 +45,7 @@ pub(crate) fn spec(name: &'static str, max_holders: Vec<u8>, changes: Vec<Vec<u8
         epoch_rule: EpochRule::WriteAhead,
         late_copies: false,
         resent_releases: false,
+        late_records: false,
         status_lag: false,
         two_publishers: false,
         handoff: Handoff::Exclusive,
@@ -102,6 +103,21 @@ fn protocol() -> Vec<Run> {
             ),
             about: "maxHolders 2 lowered to 1 and raised again while three clients contend",
             expect: HOLDS,
+        },
+        Run {
+            spec: Spec {
+                bug: Some(Bug::ReadIgnoresHanded),
+                ..spec(
+                    "bug: semaphore, a read ignores a handed grant",
+                    vec![2],
+                    vec![vec![1]],
+                    vec![C::new(0, 0), C::new(1, 0), C::new(2, 0)],
+                )
+            },
+            about: "a waiter's position read ignores the grant a release handed its key (the \
+                    engine before issue #54's F10): after a handoff and then a lowering to 1, it \
+                    waits while every view names it a holder",
+            expect: Expect::Finds(VIEWS),
         },
         Run {
             spec: Spec {

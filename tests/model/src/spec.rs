@@ -154,12 +154,20 @@ pub enum Bug {
     /// A release's copy that finds its key gone answers `released`, as if its own first copy
     /// had deleted it: a hold ended otherwise (its lease, an administrator) is called released.
     GoneIsReleased,
+    /// One receipt per lock and lease (the engine before issue #54's F5): another holder id of
+    /// the same pod releasing the lock while a release waits for its answer overwrites its
+    /// receipt, and a release that succeeded is answered `lost`.
+    ReceiptPerLease,
     /// The operator's deadline release deletes the key by its name, not guarded by the create
     /// revision it read: a later hold under the same key name is ended.
     DeadlineByName,
     /// The operator writes a yield request into a holder's entry before its grant is recorded:
     /// the record, a put of the owner's own entry, erases it.
     YieldBeforeRecord,
+    /// A grant record is guarded by its key's create revision only (the engine before issue
+    /// #54's F2): a late copy of it, landing after the operator wrote a yield request into the
+    /// recorded entry, erases the request.
+    RecordByCreateOnly,
     /// The queue's rule counts the keys ahead and its own as one slot each, whatever their
     /// permits (a weighted semaphore admitting as a plain one).
     CountNotWeight,
@@ -169,6 +177,10 @@ pub enum Bug {
     /// The queue's rule lets a key in past waiting keys ahead of it, when its permits fit
     /// beside the holders' (a large request passed by smaller ones).
     SmallerPasses,
+    /// A waiter's position read ignores a grant a release handed to its key (the engine before
+    /// issue #54's F10): read after the handoff and a lowering of `maxHolders`, the key waits
+    /// while every view names it a holder.
+    ReadIgnoresHanded,
 }
 
 /// One configuration to check.
@@ -214,6 +226,10 @@ pub struct Spec {
     /// Whether a release's answer may be lost after its first copy applied, the copy the hedge
     /// sent again then answering it (see [`crate::resend`]).
     pub resent_releases: bool,
+    /// Whether a holder's grant record (its own, or a set's) may be applied once more, late:
+    /// a copy the hedge sent, or a retry after a lost answer, reaching etcd after the first
+    /// copy landed (see [`crate::yielding`]).
+    pub late_records: bool,
     /// How a release hands the lock on.
     pub handoff: Handoff,
     /// Whether the operator's status lags: it mirrors the queue as a step of its own (else

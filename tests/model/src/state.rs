@@ -329,6 +329,10 @@ impl State {
             f(&mut client.cache.modrev);
             client.also_cache.iter_mut().for_each(|c| f(&mut c.modrev));
             client.removals.iter_mut().for_each(&mut f);
+            if let Some((create, modrev)) = &mut client.record_copy {
+                f(create);
+                f(modrev);
+            }
             match &mut client.phase {
                 Phase::Idle | Phase::Enqueue => {}
                 Phase::Requeue { old: r }

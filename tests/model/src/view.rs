@@ -66,13 +66,13 @@ pub enum Phase {
         chain: Vec<Rev>,
     },
     /// Released: its first copy was applied (and deleted the key if `own`), but its answer was
-    /// lost; the copy the hedge sent again is to answer (see [`crate::resend`]). `overtaken`:
-    /// another release of its sidecar on the same lock was applied since.
+    /// lost; the copy the hedge sent again is to answer (see [`crate::resend`]). `slot`: where
+    /// its receipt lies.
     Releasing {
         ticket: Rev,
         session: u8,
         own: bool,
-        overtaken: bool,
+        slot: u8,
     },
 }
 
@@ -93,6 +93,10 @@ pub struct Client {
     pub removals: Vec<Rev>,
     /// The late copy of its first enqueue (in a run with late copies).
     pub late: crate::late::Late,
+    /// A copy of its last grant record still on its way to etcd (in a run with late records):
+    /// the create revision of its keys and the only mod revision at which its guard lets it
+    /// land (0: none).
+    pub record_copy: Option<(Rev, Rev)>,
 }
 
 impl Client {

@@ -53,6 +53,9 @@ impl Protocol {
             if let Late::InFlight(_) = client.late {
                 out.push(Action::LateCopy(c as u8));
             }
+            if client.record_copy.is_some() {
+                out.push(Action::LateRecord(c as u8));
+            }
         }
         if self.spec.rebuild.is_some() {
             self.rebuild_steps(s, out);
@@ -107,6 +110,7 @@ impl Protocol {
             Action::YieldRead(..) | Action::YieldWrite => self.yield_step(s, action),
             Action::Revoke(_, p) => self.revoke(s, p),
             Action::LateCopy(c) => self.late_copy(s, c),
+            Action::LateRecord(c) => self.late_record(s, c),
             Action::Client(..) => unreachable!("a client's step"),
             _ => self.rebuild_step(s, action),
         }

@@ -10,11 +10,21 @@
 //! operator ends a hold whose entry still carries the request, as it ends one past its
 //! maximum hold time ([`crate::deadline`]: a read, then a deletion guarded by create revision).
 //!
-//! The owner's record of its grant (`acquiredAt`) is a plain put of its own entry, which would
-//! erase a request written before it: hence a request only once the grant is recorded, as a
-//! key records once ([`Bug::YieldBeforeRecord`] asks earlier: the record erases the request,
-//! the holder is never told and never ended). A release's handoff writes only a key untouched
+//! The owner's record of its grant (`acquiredAt`) is a put of its own entry, which would erase
+//! a request written before it: hence a request only once the grant is recorded, as a key
+//! records once ([`Bug::YieldBeforeRecord`] asks earlier: the record erases the request, the
+//! holder is never told and never ended). A release's handoff writes only a key untouched
 //! since its enqueue, so never one asked to yield.
+//!
+//! "A key records once" holds for etcd only if a copy of the record cannot land twice: the
+//! hedge sends a request again after 500 ms, and a retry follows an answer lost, so a copy of
+//! the record can reach etcd after the first one landed and the operator wrote its request
+//! (issue #54, F2). The record is therefore guarded by the entry's version being at most 2 (its
+//! enqueue and, perhaps, a handoff's write: no more is ever written before the record, and a
+//! request is written only after it), and a set's record by its keys' mod revisions being their
+//! create revisions: a late copy lands at most over the record alone, putting it again, and
+//! never over a request ([`Protocol::late_record`]). [`Bug::RecordByCreateOnly`] guards it by
+//! create revision only, as before: the late copy erases the request.
 
 use crate::decide::named;
 use crate::model::{Action, Protocol};
@@ -104,6 +114,34 @@ impl Protocol {
     }
 }
 
+impl Protocol {
+    /// Notes, in a run with late records, that a copy of `c`'s grant record of `ticket` may
+    /// still reach etcd. Its guard lets it land only while its keys' mod revision is `alone`
+    /// (the record was the one write since the enqueue, and nothing was written since); never
+    /// when `None`.
+    pub(crate) fn send_record_copy(&self, s: &mut State, c: u8, ticket: Rev, alone: Option<Rev>) {
+        if self.spec.late_records {
+            s.clients[c as usize].record_copy = Some((ticket, alone.unwrap_or(0)));
+        }
+    }
+
+    /// A late copy of `c`'s grant record reaches etcd: the same put of every key of its hold,
+    /// guarded by their create revision and (but with [`Bug::RecordByCreateOnly`]) by their
+    /// versions: it lands only over the record alone; all or nothing, as one transaction.
+    pub(crate) fn late_record(&self, s: &mut State, c: u8) {
+        let (ticket, alone) = s.clients[c as usize]
+            .record_copy
+            .take()
+            .expect("a copy in flight");
+        let by_create = self.spec.bug == Some(Bug::RecordByCreateOnly);
+        let locks = || self.spec.clients[c as usize].locks();
+        let applies = locks().all(|l| s.key(l, ticket).is_some_and(|k| by_create || k.modrev == alone));
+        if applies {
+            locks().for_each(|l| self.record_in(s, l, ticket));
+        }
+    }
+}
+
 /// Whether every request written is still in its key's entry (or the key is gone).
 pub fn kept(s: &State) -> bool {
     let Some((l, create)) = s.yields.asked else {
@@ -128,6 +166,17 @@ fn holders(name: &'static str, bug: Option<Bug>) -> Spec {
     }
 }
 
+/// A mutex of two holders, each acquiring once, every grant record of which may land once
+/// more, late; one yield request, ended at its deadline if not released; a fault.
+fn late_records(name: &'static str, bug: Option<Bug>) -> Spec {
+    Spec {
+        late_records: true,
+        clients: vec![C::new(0, 0), C::new(1, 0)],
+        pods: 2,
+        ..holders(name, bug)
+    }
+}
+
 /// The runs of yield requests.
 pub fn runs() -> Vec<Run> {
     vec![
@@ -138,6 +187,23 @@ pub fn runs() -> Vec<Run> {
                     read; the holder releases in time or is ended at the deadline (a read, then a deletion guarded by create revision); direct \
                     handoff, a fault",
             expect: HOLDS,
+        },
+        Run {
+            spec: late_records("yield requests, late records", None),
+            about: "two holders, each grant record applied once more, late (a copy the hedge \
+                    sent): guarded by the entry's version (at most its enqueue and a handoff), the \
+                    copy lands at most over the record alone, so a yield request written in \
+                    between stays (issue #54, F2)",
+            expect: HOLDS,
+        },
+        Run {
+            spec: late_records(
+                "bug: a yield request erased by a late record",
+                Some(Bug::RecordByCreateOnly),
+            ),
+            about: "the record guarded by its key's create revision only (the engine before \
+                    F2): its late copy erases the yield request, and the hold is never ended",
+            expect: Expect::Finds(KEPT),
         },
         Run {
             spec: holders(
