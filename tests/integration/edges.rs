@@ -189,3 +189,131 @@ async fn a_release_sent_again_past_the_hedge_is_answered_released() {
         "only {resent} requests were sent again: the late member was not used"
     );
 }
+
+/// The entry of the only key under `lock`'s queue, as JSON.
+async fn only_entry(etcd: &EtcdServer, lock: &str) -> serde_json::Value {
+    let prefix = format!("/podlock/v1/queue/default/{lock}/");
+    let opts = etcd_client::GetOptions::new().with_prefix();
+    let resp = etcd.client().await.get(prefix, Some(opts)).await.unwrap();
+    assert_eq!(resp.kvs().len(), 1, "one key under {lock}'s queue");
+    serde_json::from_slice(resp.kvs()[0].value()).unwrap()
+}
+
+/// Issue #54, F2: a copy of a hold's grant record (`acquiredAt`) reaches its member 1.5 s
+/// late, after the hedge's copy recorded the grant and the operator wrote a yield request into
+/// the entry. Guarded by create revision only, the late copy put the entry back without the
+/// request: the holder was never told, never ended, and the request vanished from status.
+/// Fails so on the code before the fix with `the late record erased the yield request`.
+#[tokio::test]
+#[ignore = "fails until #54 F2 is fixed"]
+async fn a_late_copy_of_a_grant_record_keeps_a_yield_request() {
+    let members = EtcdServer::cluster(3).await;
+    // Two slots: a grant made at the enqueue records itself right after its answer.
+    declare(&members[0].endpoint, &["ledger", "--max-holders", "2"]);
+    let late = HeldRequests::new(LATE);
+    let mut endpoints = vec![];
+    for m in &members {
+        endpoints.push(late.proxy(&m.endpoint).await);
+    }
+    let a = Sidecar::start(&endpoints.join(","), "pod-a", &[]).await;
+    late.arm(b"acquiredAt"); // only a grant record writes it
+    a.must_acquire("ledger", json!({})).await;
+    let recorded = crate::common::wait_until(Duration::from_secs(5), || async {
+        only_entry(&members[0], "ledger").await["acquiredAt"].is_string()
+    })
+    .await;
+    recorded.expect("the hedge's copy of the record landed");
+    assert_eq!(late.held(), 1, "the record was not held back");
+    let store = store(&members[0]).await;
+    let lock = LockId::new("default", "ledger").unwrap();
+    let held = store.holding(&lock).await.unwrap();
+    let by = std::time::SystemTime::now() + Duration::from_secs(600);
+    let asked = store.ask_to_yield(&held[0], by).await.unwrap();
+    assert!(asked.is_some(), "the yield request was written");
+    tokio::time::sleep(LATE + Duration::from_millis(1000)).await; // the late copy lands
+    let entry = only_entry(&members[0], "ledger").await;
+    assert!(
+        entry["yieldDeadline"].is_string(),
+        "the late record erased the yield request: {entry}"
+    );
+    let (_, view) = a.get("/v1/locks/ledger").await;
+    assert!(view["holders"][0]["yieldDeadline"].is_string(), "{view}");
+}
+
+/// Issue #54, F5: two holder ids of one pod hold a semaphore; one's release is applied at
+/// once but its member answers 800 ms late, so the hedge sends it again; meanwhile the other
+/// holder releases. With one receipt per lock and lease, the second release overwrote the
+/// first's, and the copy sent again found the key gone and another key's receipt: a release
+/// that succeeded was answered 410 (`podlock lock` exits as lost). Fails so on the code before
+/// the fix with `release of first answered 410`.
+#[tokio::test]
+#[ignore = "fails until #54 F5 is fixed"]
+async fn two_holders_of_one_pod_releasing_at_once_are_both_answered_released() {
+    let members = EtcdServer::cluster(3).await;
+    declare(&members[0].endpoint, &["ledger", "--max-holders", "2"]);
+    let late = HeldRequests::answers(Duration::from_millis(800));
+    let mut endpoints = vec![];
+    for m in &members {
+        endpoints.push(late.proxy(&m.endpoint).await);
+    }
+    let s = std::sync::Arc::new(Sidecar::start(&endpoints.join(","), "pod-a", &[]).await);
+    for round in 0u32..3 {
+        for holder in ["first", "second"] {
+            s.must_acquire("ledger", json!({"holderId": holder})).await;
+        }
+        late.arm(b"/first"); // the first holder's release: its key ends with its holder id
+        let first = {
+            let s = s.clone();
+            tokio::spawn(async move { s.post("ledger", "release", json!({"holderId": "first"})).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let (status, body) = s.post("ledger", "release", json!({"holderId": "second"})).await;
+        assert_eq!(
+            status, 200,
+            "round {round}: release of second answered {status}: {body}"
+        );
+        let (status, body) = first.await.unwrap();
+        assert_eq!(
+            status, 200,
+            "round {round}: release of first answered {status}: {body}"
+        );
+        assert_eq!(late.held(), round + 1, "the first release was not held back");
+    }
+    let resent = s.metric("podlock_etcd_requests_resent_total").await;
+    assert!(resent >= 3.0, "only {resent} requests were sent again");
+}
+
+/// Issue #54, F9: a release's receipt lies outside its lock's queue, bound to the sidecar's
+/// lease: a lock removed (`declare --delete`, or its DistributedLock deleted) left it in etcd
+/// until that lease ended, which a live sidecar's never does. Fails so on the code before the
+/// fix with `receipts left after the lock's removal: 1`.
+#[tokio::test]
+#[ignore = "fails until #54 F9 is fixed"]
+async fn a_locks_removal_removes_its_release_receipts() {
+    let etcd = EtcdServer::start().await;
+    let store = store(&etcd).await;
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let receipts = |lock: &str| format!("/podlock/v1/queue/default/.released/{lock}/");
+    for lock in ["ledger", "audit", "audit-2"] {
+        declare(&etcd.endpoint, &[lock]);
+        s.must_acquire(lock, json!({})).await;
+        assert_eq!(s.post(lock, "release", json!({})).await.0, 200);
+        assert_eq!(
+            etcd.count(&receipts(lock)).await,
+            1,
+            "{lock}'s release left a receipt"
+        );
+    }
+    declare(&etcd.endpoint, &["ledger", "--delete"]);
+    let left = etcd.count(&receipts("ledger")).await;
+    assert_eq!(left, 0, "receipts left after the lock's removal: {left}");
+    // Through the operator's door too (a DistributedLock deleted), and only the lock's own.
+    let audit = LockId::new("default", "audit").unwrap();
+    assert!(store.withdraw(&audit, "").await.unwrap().unwrap().removed);
+    assert_eq!(etcd.count(&receipts("audit")).await, 0);
+    assert_eq!(
+        etcd.count(&receipts("audit-2")).await,
+        1,
+        "another lock's receipt kept"
+    );
+}

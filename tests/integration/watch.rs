@@ -283,3 +283,94 @@ async fn a_change_made_while_the_watch_was_broken_is_reported_once_etcd_is_back(
         observer.log()
     );
 }
+
+/// Issue #54, F10: the observer's only etcd member is away while the lock is deleted and
+/// declared again. Back, the observer read the lock declared and reported its (empty) holders,
+/// never `deleted`: the deletion was missed. Fails so on the code before the fix with
+/// `holders` where `deleted` was due.
+#[tokio::test]
+#[ignore = "fails until #54 F10 is fixed"]
+async fn a_lock_deleted_and_declared_again_while_the_watch_was_broken_is_reported_deleted() {
+    let mut etcd = EtcdServer::cluster(3).await;
+    let leader = elected(&etcd).await;
+    let away = (leader + 1) % etcd.len();
+    let others: Vec<&str> = (0..etcd.len())
+        .filter(|&i| i != away)
+        .map(|i| etcd[i].endpoint.as_str())
+        .collect();
+    declare(&etcd[leader].endpoint, &["again"]);
+    let holder = Sidecar::start(&others.join(","), "pod-h", &[]).await;
+    let observer = Sidecar::start(&etcd[away].endpoint, "pod-o", &[]).await;
+    let first = holder.must_acquire("again", json!({"holderId": "a"})).await;
+    let mut w = watch(&observer, "again").await;
+    assert_eq!(
+        named(&holders_within(&mut w, EVENT).await),
+        [exclusive("a", first)]
+    );
+
+    etcd[away].stop();
+    declare(&etcd[leader].endpoint, &["again", "--delete"]);
+    declare(&etcd[leader].endpoint, &["again"]);
+    w.none_within(Duration::from_millis(500)).await;
+    etcd[away].resume().await;
+    let (name, data) = w.next_named(Duration::from_secs(20)).await;
+    assert_eq!(name, "deleted", "{name} where deleted was due: {data}");
+}
+
+/// etcd's count of watchers (its `etcd_debugging_mvcc_watcher_total` gauge).
+async fn watchers(etcd: &EtcdServer) -> f64 {
+    let text = reqwest::get(format!("{}/metrics", etcd.endpoint))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("etcd_debugging_mvcc_watcher_total "))
+        .expect("etcd's watcher gauge");
+    line.rsplit(' ').next().unwrap().parse().unwrap()
+}
+
+/// Issue #54, F9: a client opens a watch (keep-alive comments every 300 s) with a second
+/// request pipelined behind it, then closes its connection. hyper, which reads no further
+/// while a request of the connection is unread, learned of the close only at the next write,
+/// and the watch's etcd watch lived until then. Fails so on the code before the fix with `the
+/// etcd watch outlived its client: 2`.
+#[tokio::test]
+#[ignore = "fails until #54 F9 is fixed"]
+async fn a_watch_whose_client_left_ends_its_etcd_watch_at_once() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let etcd = EtcdServer::start().await;
+    declare(&etcd.endpoint, &["left"]);
+    let s = Sidecar::start(&etcd.endpoint, "pod-a", &[]).await;
+    let before = watchers(&etcd).await;
+    let mut conn = tokio::net::TcpStream::connect(s.addr.trim_start_matches("http://"))
+        .await
+        .unwrap();
+    let requests = "GET /v1/locks/left/watch?keepAliveSeconds=300 HTTP/1.1\r\nHost: podlock\r\n\r\n\
+                    GET /healthz HTTP/1.1\r\nHost: podlock\r\n\r\n";
+    conn.write_all(requests.as_bytes()).await.unwrap();
+    let mut seen = String::new();
+    while !seen.contains("event: holders") {
+        let mut buf = [0u8; 1024];
+        let n = tokio::time::timeout(EVENT, conn.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "the watch ended: {seen}");
+        seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+    }
+    let watching = wait_until(EVENT, || async { watchers(&etcd).await > before }).await;
+    watching.expect("the watch's etcd watch was made");
+    drop(conn);
+    let gone = wait_until(Duration::from_secs(3), || async {
+        watchers(&etcd).await <= before
+    })
+    .await;
+    assert!(
+        gone.is_ok(),
+        "the etcd watch outlived its client: {}",
+        watchers(&etcd).await
+    );
+}
