@@ -74,6 +74,8 @@ impl KeyFacts {
 pub(super) struct Holding {
     /// The lock's settings as etcd had them (`None`: not declared).
     pub declared: Option<Declared>,
+    /// The create revision of the settings key (0: not declared).
+    pub created: i64,
     /// Its holders in queue order.
     pub holders: Vec<HolderInfo>,
     /// What the fence check needs of each of `holders`' keys, in the same order.
@@ -126,6 +128,7 @@ impl Engine {
         let (holders, keys) = holders.into_iter().unzip();
         Ok(Holding {
             declared: read.declared,
+            created: read.created,
             holders,
             keys,
             revision: read.revision,

@@ -29,8 +29,9 @@ pub struct Observer {
     lock: LockId,
     /// The holders last reported.
     reported: Vec<HolderInfo>,
-    /// Whether the last read found the lock's settings.
-    declared: bool,
+    /// The create revision of the lock's settings key at the last read (0: not declared). A
+    /// read that finds another one says the lock was deleted and declared again meanwhile.
+    created: i64,
     /// A watch event removed the settings: the lock was deleted, whatever the next read finds
     /// (it may already be declared again).
     deleted: bool,
@@ -57,7 +58,7 @@ impl Engine {
             engine: self.clone(),
             lock: lock.clone(),
             reported: now.holders.clone(),
-            declared: holding.declared.is_some(),
+            created: holding.created,
             deleted: false,
             watch: Some(watch),
             pauses: Pauses::new(retry::rewatch()),
@@ -105,14 +106,16 @@ impl Observer {
     }
 
     /// What a read says that was not reported yet: the lock's deletion (its settings gone since
-    /// the last read, or removed by a watched change), or holders that differ.
+    /// the last read, or removed by a watched change, or put anew: deleted and declared again
+    /// while no watch saw it, issue #54's F10), or holders that differ.
     fn news(&mut self, holding: Holding) -> Option<Observed> {
         let revision = holding.revision;
-        if self.deleted || (self.declared && holding.declared.is_none()) {
+        let recreated = self.created != 0 && holding.created != self.created;
+        if self.deleted || recreated {
             let lock = self.lock.clone();
             return Some(Observed::Deleted(LockDeleted { lock, revision }));
         }
-        self.declared = holding.declared.is_some();
+        self.created = holding.created;
         if same_holders(&self.reported, &holding.holders) {
             return None;
         }

@@ -8,6 +8,7 @@ mod events;
 mod fence;
 pub mod lost_reason;
 mod observe;
+mod peer;
 mod reconnect;
 mod request;
 mod routes;
@@ -81,7 +82,9 @@ async fn serve(
     // On a signal the holds end first (their `lost` events still reach open streams, which
     // then end), and only then does the server stop.
     let ending = shutdown.clone();
-    let serve = axum::serve(listener, started.api()).with_graceful_shutdown(async move {
+    // Each request knows its connection (`peer.rs`): a watch ends as soon as its client leaves.
+    let api = started.api().into_make_service_with_connect_info::<peer::Peer>();
+    let serve = axum::serve(listener, api).with_graceful_shutdown(async move {
         let _ = stop_rx.await;
         ending().await;
     });

@@ -2,18 +2,24 @@
 //! namespace, holding it or not (see [`Engine::observe`](crate::lock::Engine::observe) and
 //! docs/api.md). First the holders now (`holders`), then the holders again at each change of
 //! them, a comment line every `keepAliveSeconds` as on `/hold`, and a last `deleted` when the
-//! lock is deleted.
+//! lock is deleted. The stream, and with it its etcd watch, ends as soon as the client closes
+//! its connection ([`Peer::closed`]), not at the next keep-alive comment.
 
+use axum::Extension;
+use axum::extract::connect_info::ConnectInfo;
 use axum::extract::{Path, State};
 use axum::http::Uri;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures::{Stream, StreamExt, stream};
 use serde::Deserialize;
 use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 use tracing::{Instrument, info_span};
 
 use super::error::ApiError;
+use super::peer::Peer;
 use super::request::{MAX_KEEP_ALIVE_SECONDS, keep_alive, lock_id};
 use super::state::AppState;
 use crate::lock::Observed;
@@ -33,6 +39,7 @@ pub async fn watch(
     State(st): State<AppState>,
     Path(name): Path<String>,
     uri: Uri,
+    peer: Option<Extension<ConnectInfo<Peer>>>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
     let lock = lock_id(&st.namespace, &name)?;
     let interval = interval(uri.query())?;
@@ -49,7 +56,14 @@ pub async fn watch(
             Some((Ok(event(&news)), more))
         }
     });
-    let events = stream::once(async { Ok(first) }).chain(changes);
+    // Served without its connection known (a router called in-process): ends with the body.
+    let closed: Pin<Box<dyn Future<Output = ()> + Send>> = match peer {
+        Some(Extension(ConnectInfo(peer))) => Box::pin(peer.closed()),
+        None => Box::pin(std::future::pending()),
+    };
+    let events = stream::once(async { Ok(first) })
+        .chain(changes)
+        .take_until(closed);
     Ok(Sse::new(events).keep_alive(KeepAlive::new().interval(interval)))
 }
 

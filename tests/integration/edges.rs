@@ -205,7 +205,6 @@ async fn only_entry(etcd: &EtcdServer, lock: &str) -> serde_json::Value {
 /// request: the holder was never told, never ended, and the request vanished from status.
 /// Fails so on the code before the fix with `the late record erased the yield request`.
 #[tokio::test]
-#[ignore = "fails until #54 F2 is fixed"]
 async fn a_late_copy_of_a_grant_record_keeps_a_yield_request() {
     let members = EtcdServer::cluster(3).await;
     // Two slots: a grant made at the enqueue records itself right after its answer.
@@ -247,7 +246,6 @@ async fn a_late_copy_of_a_grant_record_keeps_a_yield_request() {
 /// that succeeded was answered 410 (`podlock lock` exits as lost). Fails so on the code before
 /// the fix with `release of first answered 410`.
 #[tokio::test]
-#[ignore = "fails until #54 F5 is fixed"]
 async fn two_holders_of_one_pod_releasing_at_once_are_both_answered_released() {
     let members = EtcdServer::cluster(3).await;
     declare(&members[0].endpoint, &["ledger", "--max-holders", "2"]);
@@ -288,7 +286,6 @@ async fn two_holders_of_one_pod_releasing_at_once_are_both_answered_released() {
 /// until that lease ended, which a live sidecar's never does. Fails so on the code before the
 /// fix with `receipts left after the lock's removal: 1`.
 #[tokio::test]
-#[ignore = "fails until #54 F9 is fixed"]
 async fn a_locks_removal_removes_its_release_receipts() {
     let etcd = EtcdServer::start().await;
     let store = store(&etcd).await;

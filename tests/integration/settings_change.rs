@@ -237,7 +237,6 @@ async fn get_judges_holders_on_one_read_across_a_max_holders_change() {
 /// still-waiting key named a holder, its token current to the fence check. Fails so on the code
 /// before the fix with `pod-c still waits`.
 #[tokio::test]
-#[ignore = "fails until #54 F10 is fixed"]
 async fn a_grant_handed_on_before_a_lowering_is_taken_by_a_waiter_that_reads_it() {
     let etcd = EtcdServer::cluster(3).await;
     let leader = crate::common::members::elected(&etcd).await;

@@ -289,7 +289,6 @@ async fn a_change_made_while_the_watch_was_broken_is_reported_once_etcd_is_back(
 /// never `deleted`: the deletion was missed. Fails so on the code before the fix with
 /// `holders` where `deleted` was due.
 #[tokio::test]
-#[ignore = "fails until #54 F10 is fixed"]
 async fn a_lock_deleted_and_declared_again_while_the_watch_was_broken_is_reported_deleted() {
     let mut etcd = EtcdServer::cluster(3).await;
     let leader = elected(&etcd).await;
@@ -338,7 +337,6 @@ async fn watchers(etcd: &EtcdServer) -> f64 {
 /// and the watch's etcd watch lived until then. Fails so on the code before the fix with `the
 /// etcd watch outlived its client: 2`.
 #[tokio::test]
-#[ignore = "fails until #54 F9 is fixed"]
 async fn a_watch_whose_client_left_ends_its_etcd_watch_at_once() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let etcd = EtcdServer::start().await;

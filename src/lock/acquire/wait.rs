@@ -40,7 +40,7 @@ use crate::lock::error::LockError;
 use crate::lock::etcd::watch::{KeyWatch, Target};
 use crate::lock::etcd::{self, Etcd};
 use crate::lock::feed::Subscription;
-use crate::lock::protocol::entry::Successor;
+use crate::lock::protocol::entry::{Entry, Successor};
 use crate::lock::protocol::names::LockId;
 use crate::lock::protocol::{self, WakeOn};
 use crate::lock::protocol::{Ask, Position, Standing};
@@ -365,6 +365,19 @@ async fn standing(
             .map(|b| handoff::chain_of(b.kvs()))
             .unwrap_or_default();
         // Field note: re-check our own key before granting; a waiter's lease may have expired.
+        let own = mine
+            .kvs()
+            .first()
+            .filter(|kv| kv.create_revision() == ticket.revision);
+        let Some(own) = own else {
+            return Ok(gone(rev));
+        };
+        // A grant a release handed it (issue #54, F10): it holds from that write on, as every
+        // view of the holders says, even if a later change (a lowered `maxHolders`) would not
+        // let it in by the keys ahead. A waiter that reads rather than sees the write on its
+        // feed (its watch was made again, or it read after the settings changed) learns it
+        // here, and holds as if the read had let it in, with the keys read behind it.
+        let handed = Entry::decode(own.value()).is_some_and(|e| e.handed && !e.is_granted());
         let standing = |position| Standing {
             chain: if position == Position::Holder {
                 behind.clone()
@@ -376,18 +389,27 @@ async fn standing(
             revision: rev,
             queued: ahead.count(),
         };
-        if mine.kvs().first().map(|kv| kv.create_revision()) != Some(ticket.revision) {
-            return Ok(standing(Position::Gone));
-        }
         match config.kvs().first().map(Declared::from_kv).transpose()? {
             // Compared by value too: a settings value read from an etcd since wiped or
             // restored can have the revision of the new etcd's.
             Some(now) if now != *declared => *declared = now,
-            None if declared.revision != 0 => return Ok(standing(Position::Gone)), // lock deleted
+            None if declared.revision != 0 => return Ok(gone(rev)), // lock deleted
+            _ if handed => return Ok(standing(Position::Holder)),
             _ => {
                 let at = queue::of_keys(ahead.kvs(), ahead.more(), max, ask);
                 return Ok(standing(at));
             }
         }
+    }
+}
+
+/// Where a waiter whose key is gone (or whose lock was deleted) stands, read at `revision`.
+fn gone(revision: i64) -> Standing {
+    Standing {
+        position: Position::Gone,
+        revision,
+        queued: 0,
+        chain: vec![],
+        recording: false,
     }
 }

@@ -6,7 +6,9 @@
 pub(super) mod events;
 pub(super) mod hold;
 pub(super) mod max_hold;
+pub(super) mod receipts;
 pub(super) mod registry;
+mod settings_cache;
 mod state;
 
 pub use state::Engine;

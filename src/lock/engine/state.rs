@@ -27,7 +27,7 @@
 //! does not track, as a hold with that very create revision or an acquire placing it, is
 //! removed at once, without waiting for a second sweep.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 use tokio::sync::mpsc;
@@ -36,7 +36,9 @@ use tracing::{info, warn};
 
 use super::events;
 use super::hold::Hold;
+use super::receipts::ReceiptSlots;
 use super::registry::Registry;
+use super::settings_cache::SettingsCache;
 use crate::lock::clock;
 use crate::lock::error::LockError;
 use crate::lock::etcd::link::Link;
@@ -56,8 +58,9 @@ struct Inner {
     sessions: Sessions,
     pod: PodRef,
     standalone: bool,
-    declared: Mutex<BTreeMap<LockId, Declared>>,
+    declared: Mutex<SettingsCache>,
     registry: Registry,
+    receipts: ReceiptSlots,
     events: events::Subscribers,
 }
 
@@ -86,6 +89,7 @@ impl Engine {
             standalone,
             declared: Mutex::default(),
             registry: Registry::default(),
+            receipts: ReceiptSlots::default(),
             events: events::Subscribers::default(),
         }));
         tokio::spawn(sweep_until_gone(Arc::downgrade(&engine.0), resumed));
@@ -100,6 +104,11 @@ impl Engine {
     /// The registry of this sidecar's holds and waits.
     pub(in crate::lock) fn registry(&self) -> &Registry {
         &self.0.registry
+    }
+
+    /// The release receipts' slots of its releases in flight.
+    pub(in crate::lock) fn receipt_slots(&self) -> &ReceiptSlots {
+        &self.0.receipts
     }
 
     /// The sessions (leases) its keys are bound to.
@@ -121,7 +130,7 @@ impl Engine {
     /// of the queue to read, the answer takes the settings read with it.
     pub(in crate::lock) fn slots_seen(&self, lock: &LockId) -> u32 {
         let cache = self.0.declared.lock().unwrap();
-        cache.get(lock).map_or(1, |d| d.settings.max_holders)
+        cache.peek(lock).map_or(1, |d| d.settings.max_holders)
     }
 
     /// The etcd client with its counters.
@@ -365,5 +374,30 @@ impl Engine {
         {
             info!(lock = %lock, holder, key = ticket.key, revision = ticket.revision, "removed a queue key no acquire tracks");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use podlock_sim::etcd::{Config, Etcd as SimEtcd};
+
+    /// Issue #54, F9: a `--standalone` sidecar kept the default settings of every name it was
+    /// ever asked about, so its memory grew with every name touched. Fails so on the code
+    /// before the bound with `the settings of 4196 locks kept after 4196 names`.
+    #[tokio::test(start_paused = true)]
+    async fn a_standalone_engine_keeps_the_settings_of_a_bounded_number_of_locks() {
+        let etcd = SimEtcd::start(Config::default());
+        let engine = Engine::new(etcd.client().await, vec![], PodRef::default(), true);
+        let (bound, names) = (4096, 4096 + 100);
+        for i in 0..names {
+            let lock = LockId::new("ns", &format!("name-{i}")).unwrap();
+            engine.declared(&lock, false).await.unwrap();
+        }
+        let kept = engine.0.declared.lock().unwrap().len();
+        assert!(
+            kept <= bound,
+            "the settings of {kept} locks kept after {names} names"
+        );
     }
 }

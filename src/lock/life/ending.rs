@@ -9,6 +9,7 @@ use super::detached::spawn_removal;
 use super::monitor::{KEY_DELETED, SESSION_LOST, SHUTDOWN};
 use crate::lock::engine::Engine;
 use crate::lock::engine::hold::Hold;
+use crate::lock::engine::receipts::ReceiptSlot;
 use crate::lock::error::LockError;
 use crate::lock::etcd::session::Session;
 use crate::lock::messages::EventKind;
@@ -48,13 +49,24 @@ impl Engine {
         for m in &members {
             m.ended.cancel(); // the monitors stop before our own deletions reach them
         }
+        // Each key's receipt at a slot no other release of this sidecar in flight uses.
+        let mut slots: Vec<ReceiptSlot> = (members.iter())
+            .map(|m| self.receipt_slots().take(&m.lock, m.ticket.lease))
+            .collect();
         let release = match members.len() {
             1 => {
                 let chain = hold.terms.chain.get().await;
-                handoff::release(self.etcd(), lock, &hold.ticket, chain.as_ref()).await
+                let ticket = (&hold.ticket, slots[0].get());
+                handoff::release(self.etcd(), lock, ticket, chain.as_ref()).await
             }
-            _ => multi_lock::release(self.etcd(), &tickets(&members)).await,
+            _ => {
+                let numbers: Vec<u32> = slots.iter().map(ReceiptSlot::get).collect();
+                multi_lock::release(self.etcd(), &tickets(&members), &numbers).await
+            }
         };
+        if release.is_ok() {
+            slots.iter_mut().for_each(ReceiptSlot::answered);
+        }
         let removed = match release {
             Ok(removed) => removed,
             Err(e) => {

@@ -98,9 +98,10 @@ async fn record_grant(engine: &Engine, hold: &Hold, mark: MarkWhen, entry: Entry
         MarkWhen::Later => sleep(MARK_DELAY).await,
         MarkWhen::Background => {}
     }
-    // Guarded by the key's create revision: landing after the release changes nothing. Retried
-    // until it lands (the monitor drops this future when the hold ends): an unrecorded grant
-    // holds back every key behind it in a semaphore's or readers' window. So it never fails.
+    // Guarded by the key's create revision and version: landing after the release, or after a
+    // yield request written into the recorded entry, changes nothing. Retried until it lands
+    // (the monitor drops this future when the hold ends): an unrecorded grant holds back every
+    // key behind it in a semaphore's or readers' window. So it never fails.
     let record = || queue::mark_acquired(engine.etcd(), &hold.ticket, &entry);
     let _ = record
         .retry(retry::etcd())

@@ -3,9 +3,9 @@
 //! ```text
 //! /podlock/v1/config/{namespace}/{lock}                     Settings (JSON), no lease
 //! /podlock/v1/queue/{namespace}/{lock}/{lease:016x}/{holder} Entry (JSON), bound to the lease
-//! /podlock/v1/queue/{namespace}/.released/{lock}/{lease:016x}
-//!                                                           the last key released there (see
-//!                                                           `receipt`), bound to the lease
+//! /podlock/v1/queue/{namespace}/.released/{lock}/{lease:016x}/{slot}
+//!                                                           the key a release there deleted
+//!                                                           (see `receipt`), bound to the lease
 //! /podlock/v1/credentials/{namespace}                       the namespace's etcd password
 //! /podlock/v1/secrets/{namespace}[/{cluster}]               what its credentials Secret holds
 //! /podlock/v1/config/{namespace}/.released/{lock}/{lease:016x}/{holder}
@@ -44,14 +44,17 @@ impl LockId {
         format!("{ROOT}/retired/{}/{}", self.namespace, self.name)
     }
 
-    /// The key of the release receipt of `lease` in this lock (see `receipt`): under the
-    /// namespace's queues, which its role may write, and in no lock's queue, since a lock name
-    /// cannot start with '.'.
-    pub(in crate::lock) fn receipt_key(&self, lease: i64) -> String {
-        format!(
-            "{ROOT}/queue/{}/.released/{}/{lease:016x}",
-            self.namespace, self.name
-        )
+    /// The key of the release receipt at `slot` of `lease` in this lock (see `receipt`):
+    /// under the namespace's queues, which its role may write, and in no lock's queue, since a
+    /// lock name cannot start with '.'.
+    pub(in crate::lock) fn receipt_key(&self, lease: i64, slot: u32) -> String {
+        format!("{}{lease:016x}/{slot}", self.receipts_prefix())
+    }
+
+    /// The prefix of every release receipt of this lock: its removal removes them with it,
+    /// rather than leave them for their leases to end.
+    pub(in crate::lock) fn receipts_prefix(&self) -> String {
+        format!("{ROOT}/queue/{}/.released/{}/", self.namespace, self.name)
     }
 
     /// The queue key of one holder id under one lease.

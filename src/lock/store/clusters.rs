@@ -120,9 +120,10 @@ fn leave(lock: &LockId, cluster: &str, read: &Read, publisher: Option<&str>, unc
     Txn::new().when([unchanged]).and_then(ops)
 }
 
-/// Removes the lock's settings, queue and declarations, keeping its token `epoch` (see
-/// [`retire`]), if its settings are `unchanged` and no key was enqueued, nor declaration
-/// made, after `revision` (when they were read); returns whether it did.
+/// Removes the lock's settings, queue, declarations, release notes and release receipts,
+/// keeping its token `epoch` (see [`retire`]), if its settings are `unchanged` and no key was
+/// enqueued, nor declaration made, after `revision` (when they were read); returns whether it
+/// did.
 async fn remove_lock(
     etcd: &Etcd,
     lock: &LockId,
@@ -138,6 +139,7 @@ async fn remove_lock(
         TxnOp::delete(queue.as_str(), all()),
         TxnOp::delete(declared.as_str(), all()),
         TxnOp::delete(keys::release_notes_prefix(lock), all()),
+        TxnOp::delete(lock.receipts_prefix(), all()),
     ];
     ops.extend(retire(lock, epoch));
     let txn = Txn::new()

@@ -4,10 +4,13 @@
 //!
 //! The entry's other writes come before it, never after: the enqueue, a release's handoff
 //! (only onto an entry untouched since its enqueue), and the owner's record of its grant
-//! (`acquiredAt`, a plain put over the entry). So the operator asks only a hold whose grant is
-//! recorded, waiting a moment for one being recorded (a mutex records after 30 ms), and no
-//! later write can erase the request. The protocol model's run "yield requests" checks it; its
-//! bug "a yield request before the grant's record" asks earlier, and the record erases it.
+//! (`acquiredAt`, a put over the entry, guarded by the entry's version being at most 2, so that a
+//! copy of it landing late cannot write over a request, see `queue::mark_acquired`). So the
+//! operator asks only a hold whose grant is recorded, waiting a moment for one being recorded (a
+//! mutex records after 30 ms), and no later write can erase the request. The protocol model's
+//! runs "yield requests" and "yield requests, late records" check it; its bugs "a yield request
+//! before the grant's record" (asked earlier) and "a yield request erased by a late record" (the
+//! record guarded by create revision only) find the record erasing it.
 
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use std::time::Duration;

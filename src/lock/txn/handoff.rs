@@ -186,14 +186,14 @@ impl NextKeys {
 pub async fn release(
     etcd: &Etcd,
     lock: &LockId,
-    ticket: &Ticket,
+    (ticket, slot): (&Ticket, u32),
     chain: Option<&Chain>,
 ) -> Result<bool, LockError> {
     let Some(chain) = chain else {
-        return receipt::remove(etcd, ticket).await;
+        return receipt::remove(etcd, ticket, slot).await;
     };
     critical_path::mark(Point::ReleaseSent, ticket.revision, 0);
-    let resp = etcd.txn(hand_on(lock, ticket, chain)).await?;
+    let resp = etcd.txn(hand_on(lock, (ticket, slot), chain)).await?;
     if resp.succeeded() {
         let revision = resp.header().map_or(0, |h| h.revision());
         critical_path::mark(Point::ReleaseHanded, ticket.revision, revision);
@@ -207,8 +207,8 @@ pub async fn release(
 
 /// The handoff transaction: if the guards hold, delete the key and write the grant into the
 /// first successor's entry (keeping its lease); else the plain release (delete the key if it
-/// is still ours). Both leave the release receipt (see [`receipt`]).
-fn hand_on(lock: &LockId, ticket: &Ticket, chain: &Chain) -> Txn {
+/// is still ours). Both leave the release receipt, at `slot` (see [`receipt`]).
+fn hand_on(lock: &LockId, (ticket, slot): (&Ticket, u32), chain: &Chain) -> Txn {
     let (first, rest) = chain.next.split_first().expect("a chain has a key");
     let grant = Entry {
         handed: true,
@@ -237,8 +237,8 @@ fn hand_on(lock: &LockId, ticket: &Ticket, chain: &Chain) -> Txn {
     );
     Txn::new()
         .when(guards)
-        .and_then(receipt::ops(ticket, vec![put]))
-        .or_else([TxnOp::txn(receipt::release(ticket))])
+        .and_then(receipt::ops(ticket, slot, vec![put]))
+        .or_else([TxnOp::txn(receipt::release(ticket, slot))])
 }
 
 /// A grant handed to `ticket`, if `events` hold one: a write of its own key that records a

@@ -106,12 +106,19 @@ fn enqueued(resp: TxnResponse, members: &[Member<'_>], values: &[Vec<u8>], lease
 
 /// Records the set's grant: writes `entries` (with `acquiredAt`) at the tickets' keys in one
 /// transaction, guarded by every key still having its create revision and every member's
-/// settings being those its turn was decided under. Returns whether it wrote.
+/// settings being those its turn was decided under. Returns whether the grant is recorded.
 ///
 /// That guard is what makes the grant sound although each lock's turn was seen at another
 /// moment: under unchanged settings a key's admission only grows (keys ahead of it can only
 /// go, or record their grants; a new key queues behind it), so at this revision the set is
 /// admitted on every lock at once, which is the model's one read of all locks.
+///
+/// Each key is also guarded by its mod revision being its create revision (a set's key is
+/// written by nothing else before its record: no release hands it a grant): a copy of this
+/// request that reaches etcd after an earlier one recorded the grant, and after the operator
+/// wrote a yield request into an entry, puts nothing (issue #54, F2). Where a guard fails the
+/// transaction reads the keys: all of them in place and recorded means an earlier copy of
+/// this very request recorded them.
 pub async fn record(
     etcd: &Etcd,
     members: &[Member<'_>],
@@ -119,21 +126,38 @@ pub async fn record(
     entries: &[Entry],
 ) -> Result<bool, LockError> {
     let mut guards = vec![];
-    let mut puts = vec![];
+    let (mut puts, mut reads) = (vec![], vec![]);
     for ((m, t), entry) in members.iter().zip(tickets).zip(entries) {
-        guards.push(Compare::create_revision(
-            t.key.as_str(),
-            CompareOp::Equal,
-            t.revision,
-        ));
+        let key = t.key.as_str();
+        guards.push(Compare::create_revision(key, CompareOp::Equal, t.revision));
+        guards.push(Compare::mod_revision(key, CompareOp::Equal, t.revision));
         guards.extend(m.declared.unchanged(&m.lock.config_key()));
         let put = PutOptions::new().with_lease(t.lease);
-        puts.push(TxnOp::put(t.key.as_str(), entry.encode(), Some(put)));
+        puts.push(TxnOp::put(key, entry.encode(), Some(put)));
+        reads.push(TxnOp::get(key, None));
     }
-    Ok(etcd
-        .txn(Txn::new().when(guards).and_then(puts))
-        .await?
-        .succeeded())
+    let resp = (etcd)
+        .txn(Txn::new().when(guards).and_then(puts).or_else(reads))
+        .await?;
+    Ok(set_recorded(resp, tickets))
+}
+
+/// Whether the answer of [`record`] says the set's grant is recorded: by this copy, or by an
+/// earlier one (every key in place with its grant recorded).
+fn set_recorded(resp: TxnResponse, tickets: &[Ticket]) -> bool {
+    if resp.succeeded() {
+        return true;
+    }
+    let found: Vec<Option<KeyValue>> = etcd::gets(resp.op_responses())
+        .map(|mut get| get.take_kvs().pop())
+        .collect();
+    found.len() == tickets.len()
+        && (found.iter().zip(tickets)).all(|(kv, t)| {
+            kv.as_ref().is_some_and(|kv| {
+                kv.create_revision() == t.revision
+                    && Entry::decode(kv.value()).is_some_and(|e| e.is_granted())
+            })
+        })
 }
 
 /// How many keys [`end_together`] ends in one transaction: well inside etcd's default
@@ -147,22 +171,23 @@ const KEYS_PER_TXN: usize = 100;
 /// already gone (a withdrawal, a dead pod's holds and waits); a multi-lock set's keys leave
 /// their queues at one revision, as they entered them.
 pub async fn end_together(etcd: &Etcd, tickets: &[Ticket]) -> Result<Vec<bool>, LockError> {
-    together(etcd, tickets, queue::removal, |removed, _| removed.succeeded()).await
+    let end = |i: usize| queue::removal(&tickets[i]);
+    together(etcd, tickets, end, |removed, _| removed.succeeded()).await
 }
 
-/// Runs `end(ticket)` for every ticket as in [`end_together`]; returns, for each ticket in
+/// Runs `end(i)` for every ticket `i` as in [`end_together`]; returns, for each ticket in
 /// order, what `ended` reads from its answer.
 async fn together(
     etcd: &Etcd,
     tickets: &[Ticket],
-    end: fn(&Ticket) -> Txn,
+    end: impl Fn(usize) -> Txn,
     ended: fn(&TxnResponse, &Ticket) -> bool,
 ) -> Result<Vec<bool>, LockError> {
     let mut order: Vec<usize> = (0..tickets.len()).collect();
     order.sort_by_key(|&i| tickets[i].revision);
     let mut out = vec![false; tickets.len()];
     for batch in order.rchunks(KEYS_PER_TXN) {
-        let ends = batch.iter().map(|&i| TxnOp::txn(end(&tickets[i])));
+        let ends = batch.iter().map(|&i| TxnOp::txn(end(i)));
         let resp = etcd.txn(Txn::new().and_then(ends.collect::<Vec<_>>())).await?;
         for (&i, op) in batch.iter().zip(resp.op_responses()) {
             out[i] = matches!(op, TxnOpResponse::Txn(answer) if ended(&answer, &tickets[i]));
@@ -177,11 +202,12 @@ pub async fn remove(etcd: &Etcd, tickets: &[Ticket]) -> Result<bool, LockError> 
     Ok(end_together(etcd, tickets).await?.into_iter().all(|ended| ended))
 }
 
-/// Releases a set's keys together, each leaving its release receipt (see
-/// [`receipt`](super::receipt)); returns whether this release deleted all of them (an
+/// Releases a set's keys together, each leaving its release receipt at its slot in `slots`
+/// (see [`receipt`](super::receipt)); returns whether this release deleted all of them (an
 /// earlier copy of it counts).
-pub async fn release(etcd: &Etcd, tickets: &[Ticket]) -> Result<bool, LockError> {
-    let released = together(etcd, tickets, receipt::release, receipt::released).await?;
+pub async fn release(etcd: &Etcd, tickets: &[Ticket], slots: &[u32]) -> Result<bool, LockError> {
+    let end = |i: usize| receipt::release(&tickets[i], slots[i]);
+    let released = together(etcd, tickets, end, receipt::released).await?;
     Ok(released.into_iter().all(|released| released))
 }
 

@@ -178,13 +178,51 @@ fn enqueued(
 
 /// Records that a waiter became a holder: writes `acquiredAt` into its entry, keeping its
 /// lease. This write is also what wakes the next waiter of a semaphore. Returns false if the
-/// key is no longer ours. It writes over the entry as it is (a handoff's `handed`, or nothing
-/// since the enqueue): no yield request can be there yet, as the operator asks only a hold
-/// whose grant is recorded (`entry_swap`).
+/// key is no longer ours.
+///
+/// Guarded by the key's create revision and by its version being at most 2. An entry is
+/// written at most once before its record: its enqueue (version 1) and, perhaps, the release
+/// that handed it its grant (version 2, only onto an entry untouched since its enqueue). The
+/// operator writes a yield request only into a recorded entry, so an entry asked to yield is
+/// at version 3 or more, and a copy of this request that reaches etcd late (the hedge sent it
+/// again, or a retry after an answer was lost) cannot erase the request (issue #54, F2): at
+/// most it puts the same record again over the copy that landed first. Where the guard fails,
+/// the same transaction reads the entry, to tell a grant recorded already from a key gone.
 pub async fn mark_acquired(etcd: &Etcd, ticket: &Ticket, entry: &Entry) -> Result<bool, LockError> {
-    let value = entry.encode();
+    let resp = etcd.txn(record_txn(ticket, &entry.encode())).await?;
+    Ok(recorded(resp, ticket))
+}
+
+/// The highest version of an entry its grant record may write over: its enqueue, and the
+/// handoff's write of its grant.
+const UNRECORDED: i64 = 2;
+
+/// The record's transaction: put `value` at `ticket`'s key if it still has its create
+/// revision and no more than its enqueue and a handoff wrote it; else read the key.
+fn record_txn(ticket: &Ticket, value: &[u8]) -> Txn {
+    let key = ticket.key.as_str();
     let put = etcd_client::PutOptions::new().with_lease(ticket.lease);
-    if_still_ours(etcd, ticket, [TxnOp::put(ticket.key.as_str(), value, Some(put))]).await
+    Txn::new()
+        .when([
+            Compare::create_revision(key, CompareOp::Equal, ticket.revision),
+            Compare::version(key, CompareOp::Less, UNRECORDED + 1),
+        ])
+        .and_then([TxnOp::put(key, value.to_vec(), Some(put))])
+        .or_else([TxnOp::get(key, None)])
+}
+
+/// Whether the answer of [`record_txn`] for `ticket` says the grant is recorded: by this
+/// copy, or already (the entry is written past its record's guard, and records its grant).
+fn recorded(resp: TxnResponse, ticket: &Ticket) -> bool {
+    if resp.succeeded() {
+        return true;
+    }
+    let kv = etcd::gets(resp.op_responses())
+        .next()
+        .and_then(|mut get| get.take_kvs().pop())
+        .filter(|kv| kv.create_revision() == ticket.revision);
+    kv.and_then(|kv| Entry::decode(kv.value()))
+        .is_some_and(|e| e.is_granted())
 }
 
 /// Whether `ticket`'s key is still in place (same create revision).
@@ -277,6 +315,9 @@ pub(in crate::lock) fn decode(kvs: &[etcd_client::KeyValue]) -> Vec<(Option<Hold
 pub struct LockRead {
     /// Its settings; `None` when etcd does not have them.
     pub declared: Option<Declared>,
+    /// The create revision of its settings key (0: absent): a lock deleted and declared
+    /// again has new settings under a new create revision.
+    pub created: i64,
     /// Its queue keys in queue order: the first `head` of them, or all.
     pub queue: Vec<etcd_client::KeyValue>,
     /// Whether more keys follow those read.
@@ -305,6 +346,7 @@ pub async fn read_lock(etcd: &Etcd, lock: &LockId, head: Option<u32>) -> Result<
     let declared = config.kvs().first().map(Declared::from_kv).transpose()?;
     Ok(LockRead {
         declared,
+        created: config.kvs().first().map_or(0, KeyValue::create_revision),
         more: queue.more(),
         queue: queue.take_kvs(),
         revision,

@@ -281,9 +281,9 @@ fn deleted(resp: TxnResponse) -> i64 {
 /// How many times a removal is tried while the settings change under it.
 const ATTEMPTS: usize = 8;
 
-/// Removes a lock: its settings, every queue key and its release notes, in one transaction
-/// guarded by the settings read, keeping its token epoch ([`retire`]). Holders see `lost`. Returns how many
-/// queue keys were deleted.
+/// Removes a lock: its settings, every queue key, its release notes and its release receipts,
+/// in one transaction guarded by the settings read, keeping its token epoch ([`retire`]).
+/// Holders see `lost`. Returns how many queue keys were deleted.
 pub async fn undeclare(etcd: &Etcd, lock: &LockId) -> Result<i64, LockError> {
     let config = lock.config_key();
     for _ in 0..ATTEMPTS {
@@ -293,6 +293,7 @@ pub async fn undeclare(etcd: &Etcd, lock: &LockId) -> Result<i64, LockError> {
         let mut ops = vec![
             TxnOp::delete(config.as_str(), None),
             TxnOp::delete(notes, Some(DeleteOptions::new().with_prefix())),
+            TxnOp::delete(lock.receipts_prefix(), Some(DeleteOptions::new().with_prefix())),
         ];
         ops.extend(retire(lock, epoch));
         // Last: its answer is the count of queue keys ended.
