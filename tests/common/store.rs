@@ -26,8 +26,29 @@ pub struct AcceptedWrite {
 }
 
 impl FencedStore {
-    /// Starts the store and waits until it answers.
+    /// Starts the store and waits until it answers as the store does; on another port if its
+    /// own was taken meanwhile (another process's server answered on it while the store
+    /// exited: the safety run once failed so).
     pub async fn start() -> Self {
+        for _ in 0..5 {
+            let mut store = Self::spawn();
+            let answers = wait_until(Duration::from_secs(10), || async {
+                let state = reqwest::get(format!("{}/", store.url)).await;
+                let state: Option<Value> = match state {
+                    Ok(r) => r.json().await.ok(),
+                    Err(_) => None,
+                };
+                state.is_some_and(|s| s.get("highest").is_some())
+            })
+            .await;
+            if answers.is_ok() && store.child.try_wait().unwrap().is_none() {
+                return store;
+            }
+        }
+        panic!("the fenced store did not come up on any of five ports");
+    }
+
+    fn spawn() -> Self {
         let port = free_port();
         let log = tempfile::Builder::new()
             .prefix("podlock-store-")
@@ -40,17 +61,11 @@ impl FencedStore {
                 .arg(log.path().join("writes.log"))
                 .stdout(Stdio::null()),
         );
-        let store = FencedStore {
+        FencedStore {
             child,
             log,
             url: format!("http://127.0.0.1:{port}"),
-        };
-        wait_until(Duration::from_secs(10), || async {
-            reqwest::get(format!("{}/", store.url)).await.is_ok()
-        })
-        .await
-        .expect("fenced store up");
-        store
+        }
     }
 
     /// Its state: `{value, accepted, rejected, highest}`.
