@@ -13,7 +13,7 @@ use std::time::{Duration, Instant, SystemTime};
 
 use crate::common::events::Events;
 use crate::common::kube::{Operator, with_crd};
-use crate::common::{EtcdServer, Sidecar, declare, podlock_bin, wait_until};
+use crate::common::{EtcdAt, EtcdServer, Sidecar, declare, podlock_bin, wait_until};
 use crate::force_release::event;
 use crate::operator::{declare_until_free, status_until};
 
@@ -257,6 +257,7 @@ async fn the_operator_ends_an_expired_hold_whose_sidecar_is_gone() {
     let (code, grant) = a.post("report", "acquire", json!({})).await;
     assert_eq!(code, 200, "{grant}");
     status_until(&api, "report", "A holds", |s| s.holders.len() == 1).await;
+    until_recorded(&plane.etcd, &ns, "report").await;
     a.kill9(); // its lease lives on for 120 s: only the operator can end the hold in time
     let deadline = time(&grant, "deadline");
     let (code, next) = b.post("report", "acquire", json!({"waitSeconds": 20})).await;
@@ -272,6 +273,27 @@ async fn the_operator_ends_an_expired_hold_whose_sidecar_is_gone() {
     );
     let line = "podlock_forced_releases_total{reason=\"deadline\"} 1";
     assert!(op.metrics().await.contains(line), "{line} missing");
+}
+
+/// Waits until the grant of the only key of `lock`'s queue in `ns` is on record (`acquiredAt`,
+/// written within milliseconds of the grant): until then the operator's deadline clock starts
+/// a lease TTL after it first saw the hold (finding 8 of #54), and a test that kills the
+/// holder's sidecar before the record lands waits that long (it failed 2 runs of 6 so).
+async fn until_recorded(etcd: &EtcdAt, ns: &str, lock: &str) {
+    let prefix = format!("/podlock/v1/queue/{ns}/{lock}/");
+    let recorded = wait_until(Duration::from_secs(5), || async {
+        let opts = etcd_client::GetOptions::new().with_prefix();
+        let resp = etcd
+            .client()
+            .await
+            .get(prefix.as_str(), Some(opts))
+            .await
+            .unwrap();
+        let entry = (resp.kvs().first()).and_then(|kv| serde_json::from_slice::<Value>(kv.value()).ok());
+        entry.is_some_and(|e| e["acquiredAt"].is_string())
+    })
+    .await;
+    assert!(recorded.is_ok(), "the grant of {lock} was never recorded");
 }
 
 /// Finding 8 of issue #54: the operator's clock of a maximum hold time started when it first

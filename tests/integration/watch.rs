@@ -251,22 +251,15 @@ async fn an_idle_watch_gets_keep_alive_comments() {
 /// it is away; when it is back, the observer reads again and reports the new holder.
 #[tokio::test]
 async fn a_change_made_while_the_watch_was_broken_is_reported_once_etcd_is_back() {
-    let mut etcd = EtcdServer::cluster(3).await;
-    let leader = elected(&etcd).await;
-    let away = (leader + 1) % etcd.len();
-    let others: Vec<&str> = (0..etcd.len())
-        .filter(|&i| i != away)
-        .map(|i| etcd[i].endpoint.as_str())
-        .collect();
-    declare(&etcd[leader].endpoint, &["moved"]);
-    let holder = Sidecar::start(&others.join(","), "pod-h", &[]).await;
-    let observer = Sidecar::start(&etcd[away].endpoint, "pod-o", &[]).await;
-    let first = holder.must_acquire("moved", json!({"holderId": "a"})).await;
-    let mut w = watch(&observer, "moved").await;
-    assert_eq!(
-        named(&holders_within(&mut w, EVENT).await),
-        [exclusive("a", first)]
-    );
+    let Split {
+        mut etcd,
+        leader,
+        away,
+        holder,
+        observer,
+        first,
+        mut w,
+    } = observed_from_one_member("moved").await;
 
     etcd[away].stop();
     release(&holder, "moved", "a").await;
@@ -290,22 +283,15 @@ async fn a_change_made_while_the_watch_was_broken_is_reported_once_etcd_is_back(
 /// `holders` where `deleted` was due.
 #[tokio::test]
 async fn a_lock_deleted_and_declared_again_while_the_watch_was_broken_is_reported_deleted() {
-    let mut etcd = EtcdServer::cluster(3).await;
-    let leader = elected(&etcd).await;
-    let away = (leader + 1) % etcd.len();
-    let others: Vec<&str> = (0..etcd.len())
-        .filter(|&i| i != away)
-        .map(|i| etcd[i].endpoint.as_str())
-        .collect();
-    declare(&etcd[leader].endpoint, &["again"]);
-    let holder = Sidecar::start(&others.join(","), "pod-h", &[]).await;
-    let observer = Sidecar::start(&etcd[away].endpoint, "pod-o", &[]).await;
-    let first = holder.must_acquire("again", json!({"holderId": "a"})).await;
-    let mut w = watch(&observer, "again").await;
-    assert_eq!(
-        named(&holders_within(&mut w, EVENT).await),
-        [exclusive("a", first)]
-    );
+    let Split {
+        mut etcd,
+        leader,
+        away,
+        holder: _holder,
+        observer: _observer,
+        mut w,
+        ..
+    } = observed_from_one_member("again").await;
 
     etcd[away].stop();
     declare(&etcd[leader].endpoint, &["again", "--delete"]);
@@ -314,6 +300,46 @@ async fn a_lock_deleted_and_declared_again_while_the_watch_was_broken_is_reporte
     etcd[away].resume().await;
     let (name, data) = w.next_named(Duration::from_secs(20)).await;
     assert_eq!(name, "deleted", "{name} where deleted was due: {data}");
+}
+
+/// A lock held by `a` through a sidecar on two of three etcd members, and watched (its first
+/// `holders` event read) through a sidecar on the third, `away`, which the test may stop.
+struct Split {
+    etcd: Vec<EtcdServer>,
+    leader: usize,
+    away: usize,
+    holder: Sidecar,
+    observer: Sidecar,
+    first: i64,
+    w: Events,
+}
+
+async fn observed_from_one_member(lock: &str) -> Split {
+    let etcd = EtcdServer::cluster(3).await;
+    let leader = elected(&etcd).await;
+    let away = (leader + 1) % etcd.len();
+    let others: Vec<&str> = (0..etcd.len())
+        .filter(|&i| i != away)
+        .map(|i| etcd[i].endpoint.as_str())
+        .collect();
+    declare(&etcd[leader].endpoint, &[lock]);
+    let holder = Sidecar::start(&others.join(","), "pod-h", &[]).await;
+    let observer = Sidecar::start(&etcd[away].endpoint, "pod-o", &[]).await;
+    let first = holder.must_acquire(lock, json!({"holderId": "a"})).await;
+    let mut w = watch(&observer, lock).await;
+    assert_eq!(
+        named(&holders_within(&mut w, EVENT).await),
+        [exclusive("a", first)]
+    );
+    Split {
+        etcd,
+        leader,
+        away,
+        holder,
+        observer,
+        first,
+        w,
+    }
 }
 
 /// etcd's count of watchers (its `etcd_debugging_mvcc_watcher_total` gauge).
