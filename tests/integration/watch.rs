@@ -253,12 +253,11 @@ async fn an_idle_watch_gets_keep_alive_comments() {
 async fn a_change_made_while_the_watch_was_broken_is_reported_once_etcd_is_back() {
     let Split {
         mut etcd,
-        leader,
         away,
         holder,
         observer,
-        first,
         mut w,
+        ..
     } = observed_from_one_member("moved").await;
 
     etcd[away].stop();
@@ -310,7 +309,6 @@ struct Split {
     away: usize,
     holder: Sidecar,
     observer: Sidecar,
-    first: i64,
     w: Events,
 }
 
@@ -337,7 +335,6 @@ async fn observed_from_one_member(lock: &str) -> Split {
         away,
         holder,
         observer,
-        first,
         w,
     }
 }
