@@ -31,7 +31,7 @@
 //!
 //! [`protocol::holders`]: super::protocol::holders
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use super::clock;
 use super::engine::Engine;
@@ -58,14 +58,10 @@ pub(super) struct KeyFacts {
 }
 
 impl KeyFacts {
-    fn of(kv: &etcd_client::KeyValue) -> KeyFacts {
-        let deadline = Entry::decode(kv.value()).and_then(|e| {
-            let at = humantime::parse_rfc3339(e.acquired_at.as_deref()?).ok()?;
-            (e.max_hold_seconds > 0).then(|| at + Duration::from_secs(e.max_hold_seconds.into()))
-        });
+    fn of(kv: &etcd_client::KeyValue, entry: Option<&Entry>) -> KeyFacts {
         KeyFacts {
             lease: kv.lease(),
-            deadline,
+            deadline: entry.and_then(Entry::recorded_deadline),
         }
     }
 }
@@ -145,8 +141,8 @@ impl Engine {
             None if self.standalone() => MAX_HOLDERS.default,
             None => return Some(vec![]),
         };
-        let keys = read.queue.iter().map(KeyFacts::of);
-        complete_head(queue::decode(&read.queue), keys, read.more, max_holders)
+        let (entries, keys) = queue::decode_with(&read.queue, KeyFacts::of);
+        complete_head(entries, keys, read.more, max_holders)
     }
 
     /// Whether this sidecar's registry holds `holder`'s hold of `lock`, with its token.

@@ -167,6 +167,14 @@ impl Entry {
         !self.with.is_empty() && !self.is_granted()
     }
 
+    /// When a hold with a maximum hold time ends, if its grant is on record (`acquiredAt`
+    /// plus `maxHoldSeconds`).
+    pub fn recorded_deadline(&self) -> Option<SystemTime> {
+        let at = humantime::parse_rfc3339(self.acquired_at.as_deref()?).ok()?;
+        let hold = std::time::Duration::from_secs(self.max_hold_seconds.into());
+        (self.max_hold_seconds > 0).then_some(at + hold)
+    }
+
     /// The holder this entry is, for its key created at `revision`; `None` if that revision
     /// is beyond what a token can carry (such a key is never granted: its acquire is refused).
     pub fn holder(self, revision: i64) -> Option<HolderInfo> {

@@ -302,13 +302,21 @@ pub(in crate::lock) fn queued(entry: Option<&Entry>) -> Queued {
 /// The keys of a queue range in its order, each as holders are shown (`None`: not an entry,
 /// or a revision no token carries) and as the rule of who holds reads it.
 pub(in crate::lock) fn decode(kvs: &[etcd_client::KeyValue]) -> Vec<(Option<HolderInfo>, Queued)> {
+    decode_with(kvs, |_, _| ()).0
+}
+
+/// [`decode`], and `more` of each key and its entry, from the one decoding of its value.
+pub(in crate::lock) fn decode_with<T>(
+    kvs: &[etcd_client::KeyValue],
+    more: impl Fn(&etcd_client::KeyValue, Option<&Entry>) -> T,
+) -> (Vec<(Option<HolderInfo>, Queued)>, Vec<T>) {
     (kvs.iter())
         .map(|kv| {
             let entry = Entry::decode(kv.value());
-            let q = queued(entry.as_ref());
-            (entry.and_then(|e| e.holder(kv.create_revision())), q)
+            let (q, extra) = (queued(entry.as_ref()), more(kv, entry.as_ref()));
+            ((entry.and_then(|e| e.holder(kv.create_revision())), q), extra)
         })
-        .collect()
+        .unzip()
 }
 
 /// A lock's settings and the head of its queue, read at one etcd revision.
