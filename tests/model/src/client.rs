@@ -5,7 +5,7 @@ use crate::decide::{decide, grant};
 use crate::late::{Late, LateCopy};
 use crate::model::{Action, Protocol, Step};
 use crate::spec::{Bug, CHAIN, Handoff, OnBehalf};
-use crate::state::{Cached, Key, Lock, Name, Phase, Record, Rev, State, Wait};
+use crate::state::{Cached, Client, Key, Lock, Name, Phase, Record, Rev, State, Wait};
 
 impl Protocol {
     /// The steps `c` can take now.
@@ -257,6 +257,10 @@ impl Protocol {
         let session = p.session;
         let l = &s.locks[spec.lock as usize];
         let me = &mut s.clients[c as usize];
+        if !self.takes_epoch(me, l) {
+            me.phase = Phase::Idle; // 503: the settings went back to an older epoch
+            return;
+        }
         if !self.guard_holds(&me.cache, l) {
             me.cache = Cached::of(l);
             if l.modrev == 0 {
@@ -319,6 +323,23 @@ impl Protocol {
         }
         let max = me.cache.max;
         self.place(s, c, ticket, max);
+    }
+
+    /// Whether the sidecar of `me` takes `lock`'s settings as etcd has them now, noting their
+    /// epoch as seen: not if they are under a lower token epoch than it has seen the lock
+    /// under (issue #54, F11: etcd restored from a snapshot older than that epoch; the
+    /// operator publishes the lock anew), but with [`Bug::NoEpochFloor`]. A lock not found
+    /// clears the floor, as the engine's cache forgets it.
+    fn takes_epoch(&self, me: &mut Client, lock: &Lock) -> bool {
+        if lock.modrev == 0 {
+            me.seen = 0;
+            return true;
+        }
+        if lock.epoch < me.seen && self.spec.bug != Some(Bug::NoEpochFloor) {
+            return false;
+        }
+        me.seen = me.seen.max(lock.epoch);
+        true
     }
 
     /// Whether a waiter's position read takes a grant handed to its key (but with

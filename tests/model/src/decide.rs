@@ -209,6 +209,7 @@ pub fn check_grant(model: &Protocol, state: &mut State, (client, lock): (u8, u8)
         Some(r) => {
             let status = &mut r.status[lock as usize];
             r.window_broken |= below && status.unreconciled;
+            r.floor_broken |= token.0 < state.clients[client as usize].seen;
             r.reuse_broken |= below && r.reused;
             if below && !status.unreconciled && !r.reused {
                 state.broken.get_or_insert(Broken::TokenOrder);

@@ -7,7 +7,7 @@ use stateright::{Model, Property};
 
 use crate::late::Late;
 use crate::props;
-use crate::spec::Spec;
+use crate::spec::{Rebuild, Spec};
 use crate::state::{Cached, Client, Lock, Phase, Pod, Rebuilt, Rev, State, Status, Yields};
 
 /// One client's step.
@@ -208,6 +208,7 @@ impl Protocol {
             .map(|c| Client {
                 phase: Phase::Idle,
                 cache: Cached::of(&locks[c.lock as usize]),
+                seen: locks[c.lock as usize].epoch,
                 also_cache: c.also.map(|l| Cached::of(&locks[l as usize])),
                 left: c.acquires,
                 holder: 0,
@@ -241,7 +242,11 @@ impl Protocol {
             etcd: locks_len,
             rebuilt: self.spec.rebuild.map(|_| {
                 Box::new(Rebuilt {
-                    left: if self.spec.two_publishers { 2 } else { 1 },
+                    left: match self.spec.rebuild {
+                        _ if self.spec.two_publishers => 2,
+                        Some(Rebuild::WipeThenRestore) => 2,
+                        _ => 1,
+                    },
                     status: vec![Status::default(); locks_len as usize],
                     ..Rebuilt::default()
                 })

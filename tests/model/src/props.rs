@@ -18,6 +18,9 @@ pub const FENCING: &str = "fencing: tokens rise in grant order, across etcd wipe
 /// Safety: no grant between a restore and the operator's reconcile of it goes below an
 /// earlier token.
 pub const WINDOW: &str = "restore window: tokens rise before the operator reconciles a restored etcd";
+/// Safety: a sidecar that has seen a lock's settings under a token epoch grants nothing under
+/// a lower one (issue #54, F11), etcd restored from an older snapshot included.
+pub const FLOOR: &str = "epoch floor: no grant under an epoch below one its sidecar has seen";
 /// Safety: no grant goes below an earlier token while a lock's epoch is one published again by
 /// a cluster whose status had not learned it ([`crate::publishers`]).
 pub const REUSE: &str = "cross-cluster window: tokens rise under an epoch a lagging cluster published again";
@@ -53,6 +56,9 @@ pub fn properties() -> Vec<Property<Protocol>> {
         Property::always(FENCING, |_, s: &State| s.broken != Some(Broken::TokenOrder)),
         Property::always(WINDOW, |_, s: &State| {
             !s.rebuilt.as_ref().is_some_and(|r| r.window_broken)
+        }),
+        Property::always(FLOOR, |_, s: &State| {
+            !s.rebuilt.as_ref().is_some_and(|r| r.floor_broken)
         }),
         Property::always(REUSE, |_, s: &State| {
             !s.rebuilt.as_ref().is_some_and(|r| r.reuse_broken)

@@ -7,7 +7,7 @@
 use podlock::lock::protocol::epoch;
 
 use crate::model::{Action, Protocol};
-use crate::props::{FENCING, VIEWS, WINDOW};
+use crate::props::{FENCING, FLOOR, VIEWS, WINDOW};
 use crate::runs::{Expect, HOLDS, Run, spec};
 use crate::spec::ClientSpec as C;
 use crate::spec::{Bug, EpochRule, Rebuild, Spec};
@@ -21,6 +21,7 @@ impl Protocol {
             out.push(match (self.spec.rebuild, &r.snapshot) {
                 (Some(Rebuild::Wipe), _) => Action::Wipe,
                 (_, None) => Action::Snapshot,
+                (Some(Rebuild::WipeThenRestore), Some(_)) if r.left == 2 => Action::Wipe,
                 (_, Some(_)) => Action::Restore,
             });
         }
@@ -165,7 +166,7 @@ impl Protocol {
             lock.retired = retired;
         }
         s.etcd = match self.spec.rebuild {
-            Some(Rebuild::Restore { bump_revision: true }) => Rev::MAX,
+            Some(Rebuild::Restore { bump_revision: true } | Rebuild::WipeThenRestore) => Rev::MAX,
             _ => snap.etcd,
         };
         watches_break(s);
@@ -270,6 +271,7 @@ pub(crate) fn rebuilt(
 pub fn runs() -> Vec<Run> {
     let (wipe, bumped) = (Rebuild::Wipe, Rebuild::Restore { bump_revision: true });
     let restore = Rebuild::Restore { bump_revision: false };
+    let older = Rebuild::WipeThenRestore;
     let rule = EpochRule::WriteAhead;
     vec![
         Run {
@@ -297,6 +299,21 @@ pub fn runs() -> Vec<Run> {
             about: "the same, the operator not noticing the keys that came back (the engine before \
                     finding 2's fix): every view names a released hold until the orphan sweep",
             expect: Expect::Fails(&[VIEWS]),
+        },
+        Run {
+            spec: rebuilt("etcd wiped, then restored from before", older, rule, true, None),
+            about: "etcd wiped (the operator moves the lock to epoch 1), then restored with \
+                    --bump-revision from a snapshot taken before the wipe: the settings come back \
+                    under epoch 0 (#54 F11). A sidecar that saw epoch 1 answers 503 until the \
+                    operator publishes the lock anew; one that has not may grant under epoch 0 \
+                    until then, below earlier tokens (the restore window)",
+            expect: Expect::Fails(&[WINDOW]),
+        },
+        Run {
+            spec: rebuilt("bug: no epoch floor", older, rule, true, Some(Bug::NoEpochFloor)),
+            about: "the same, a sidecar taking settings under a lower epoch than it saw (the \
+                    engine before F11's fix): it grants below its own earlier tokens",
+            expect: Expect::Finds(FLOOR),
         },
         Run {
             spec: rebuilt(

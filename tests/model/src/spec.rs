@@ -77,6 +77,10 @@ pub enum Rebuild {
     /// `--bump-revision` (and `--mark-compacted`), large enough that its revisions continue
     /// above every one handed out before; without it, they continue from the snapshot's.
     Restore { bump_revision: bool },
+    /// Wiped, the operator moving the lock to a new epoch, then restored (with
+    /// `--bump-revision`) from a snapshot taken before the wipe: the older epoch's settings
+    /// come back (issue #54, F11, found by the seeded world).
+    WipeThenRestore,
 }
 
 /// How the operator chooses the token epoch when it publishes a lock's settings.
@@ -147,6 +151,10 @@ pub enum Bug {
     /// finding 2): after a restore with `--bump-revision`, a released hold is named as holding
     /// until its sidecar's orphan sweep removes it.
     ReturnedUndetected,
+    /// A sidecar takes settings under a lower token epoch than it has seen the lock under
+    /// (the engine before issue #54's F11 fix): after a restore from a snapshot older than the
+    /// lock's latest epoch, it grants under the older one, below its own earlier tokens.
+    NoEpochFloor,
     /// A release's copy that finds its key gone answers `lost` without reading the receipt
     /// (the engine before receipts, issue #40's finding 3): a release its own first copy made
     /// is answered 410.

@@ -158,6 +158,9 @@ pub struct Rebuilt {
     /// A grant went below an earlier token between a restore and the operator's reconcile of
     /// it (kept, and the run goes on).
     pub window_broken: bool,
+    /// A client was granted under a lower token epoch than its sidecar had seen the lock under
+    /// (kept, and the run goes on: the property [`crate::props::FLOOR`]).
+    pub floor_broken: bool,
     /// A grant was made after etcd's wipe or restore.
     pub granted_after: bool,
     /// The DistributedLock was deleted and created again (once, in the runs that do).

@@ -83,6 +83,10 @@ pub struct Client {
     pub phase: Phase,
     /// The settings its sidecar cached.
     pub cache: Cached,
+    /// The highest token epoch its sidecar has taken the lock's settings under since it last
+    /// found the lock undeclared: the floor below which it grants nothing (issue #54, F11;
+    /// the engine's settings cache keeps it).
+    pub seen: u8,
     /// Those of the other lock of a multi-lock acquire.
     pub also_cache: Option<Cached>,
     /// Acquires it has yet to make.
