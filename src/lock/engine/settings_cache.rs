@@ -4,14 +4,38 @@
 //! costs one read of its settings when next used; nothing else depends on an entry being
 //! there. Eviction goes by use, in ordered maps, so the engine's requests stay the same for the
 //! same history (the seeded world replays them).
+//!
+//! A kept lock's token epoch is also a floor (issue #54, F11): settings read under a lower
+//! epoch are refused, since etcd restored from a snapshot taken before the lock's latest epoch
+//! would have the sidecar grant below tokens it handed out before; the operator publishes the
+//! lock under a new epoch within moments. Only a lower epoch that stays [`FLOOR_PATIENCE`] is
+//! taken: a lock deleted while etcd was wiped and declared again has lost its history (no
+//! rule can help there, docs/design.md, "Fencing"), and refusing it for good would stop it.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio::time::Instant;
 
 use crate::lock::protocol::names::LockId;
 use crate::lock::txn::settings::Declared;
 
 /// How many locks' settings a sidecar keeps: far more than the locks one pod uses at a time.
 pub(crate) const CAPACITY: usize = 4096;
+
+/// How long settings under a lower token epoch than a kept lock's are refused before they are
+/// taken: far longer than the operator takes to publish a restored lock anew.
+pub(crate) const FLOOR_PATIENCE: Duration = Duration::from_secs(60);
+
+/// What became of settings read from etcd.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Admitted {
+    /// Kept.
+    Kept,
+    /// Refused: under a lower epoch than the lock's kept settings, `seen`.
+    WentBack { seen: u32 },
+    /// Kept although under a lower epoch than `seen`, refused for [`FLOOR_PATIENCE`] already.
+    GaveUp { seen: u32 },
+}
 
 /// Settings by lock, the least recently used forgotten past the capacity.
 pub(crate) struct SettingsCache {
@@ -20,6 +44,8 @@ pub(crate) struct SettingsCache {
     entries: BTreeMap<LockId, (Declared, u64)>,
     /// The locks by when they were last used.
     by_use: BTreeMap<u64, LockId>,
+    /// Locks whose settings were refused for a lower epoch, since when.
+    went_back: BTreeMap<LockId, Instant>,
     /// The count of uses so far: the next use's stamp.
     uses: u64,
 }
@@ -37,6 +63,7 @@ impl SettingsCache {
             capacity: capacity.max(1),
             entries: BTreeMap::new(),
             by_use: BTreeMap::new(),
+            went_back: BTreeMap::new(),
             uses: 0,
         }
     }
@@ -56,9 +83,26 @@ impl SettingsCache {
         self.entries.get(lock).map(|(d, _)| d)
     }
 
+    /// Keeps `found` as `lock`'s settings, unless they are under a lower token epoch than the
+    /// kept ones and have not been for [`FLOOR_PATIENCE`] (see the module's comment).
+    pub fn admit(&mut self, lock: &LockId, found: &Declared) -> Admitted {
+        let seen = self.peek(lock).map_or(0, |d| d.settings.epoch);
+        if seen <= found.settings.epoch {
+            self.insert(lock.clone(), found.clone());
+            return Admitted::Kept;
+        }
+        let since = *self.went_back.entry(lock.clone()).or_insert_with(Instant::now);
+        if since.elapsed() < FLOOR_PATIENCE {
+            return Admitted::WentBack { seen };
+        }
+        self.insert(lock.clone(), found.clone());
+        Admitted::GaveUp { seen }
+    }
+
     /// Keeps `declared` as `lock`'s settings, forgetting the lock used longest ago if the
     /// cache is full.
     pub fn insert(&mut self, lock: LockId, declared: Declared) {
+        self.went_back.remove(&lock);
         let stamp = self.stamp();
         if let Some((_, used)) = self.entries.insert(lock.clone(), (declared, stamp)) {
             self.by_use.remove(&used);
@@ -67,11 +111,13 @@ impl SettingsCache {
         while self.entries.len() > self.capacity {
             let (_, oldest) = self.by_use.pop_first().expect("an entry per lock");
             self.entries.remove(&oldest);
+            self.went_back.remove(&oldest);
         }
     }
 
     /// Forgets `lock`'s settings.
     pub fn remove(&mut self, lock: &LockId) {
+        self.went_back.remove(lock);
         if let Some((_, used)) = self.entries.remove(lock) {
             self.by_use.remove(&used);
         }
@@ -114,6 +160,29 @@ mod tests {
         cache.remove(&lock(0));
         assert!(cache.get(&lock(0)).is_none());
         assert_eq!((cache.len(), cache.by_use.len()), (2, 2));
+    }
+
+    fn under(epoch: u32) -> Declared {
+        let mut d = Declared::undeclared();
+        d.settings.epoch = epoch;
+        d
+    }
+
+    /// Finding F11 of issue #54: etcd restored from a snapshot older than a lock's epoch.
+    #[tokio::test(start_paused = true)]
+    async fn settings_under_a_lower_epoch_are_refused_until_a_higher_one_or_a_minute() {
+        let mut cache = SettingsCache::default();
+        assert_eq!(cache.admit(&lock(0), &under(2)), Admitted::Kept);
+        assert_eq!(cache.admit(&lock(0), &under(1)), Admitted::WentBack { seen: 2 });
+        tokio::time::advance(FLOOR_PATIENCE / 2).await;
+        assert_eq!(cache.admit(&lock(0), &under(1)), Admitted::WentBack { seen: 2 });
+        assert_eq!(cache.admit(&lock(0), &under(3)), Admitted::Kept, "published anew");
+        assert_eq!(cache.admit(&lock(0), &under(0)), Admitted::WentBack { seen: 3 });
+        tokio::time::advance(FLOOR_PATIENCE).await;
+        assert_eq!(cache.admit(&lock(0), &under(0)), Admitted::GaveUp { seen: 3 });
+        assert_eq!(cache.peek(&lock(0)).map(|d| d.settings.epoch), Some(0));
+        cache.remove(&lock(0));
+        assert!(cache.went_back.is_empty());
     }
 
     /// Finding F9 of issue #54: a standalone sidecar kept the defaults of every name touched.

@@ -38,9 +38,9 @@ use super::events;
 use super::hold::Hold;
 use super::receipts::ReceiptSlots;
 use super::registry::Registry;
-use super::settings_cache::SettingsCache;
+use super::settings_cache::{Admitted, SettingsCache};
 use crate::lock::clock;
-use crate::lock::error::LockError;
+use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::link::Link;
 use crate::lock::etcd::session::{Resumed, Sessions};
 use crate::lock::etcd::{Etcd, Stats};
@@ -184,6 +184,9 @@ impl Engine {
         self.remember(lock, found)
     }
 
+    /// Keeps settings `found` in etcd as `lock`'s: refused (503) if under a lower token epoch
+    /// than this sidecar saw the lock under (#54 F11, `settings_cache.rs`); a lock not found is
+    /// forgotten (and refused but by a standalone sidecar, which serves it with defaults).
     pub(in crate::lock) fn remember(
         &self,
         lock: &LockId,
@@ -198,8 +201,27 @@ impl Engine {
                 return Err(LockError::NotFound(lock.clone()));
             }
         };
-        cache.insert(lock.clone(), d.clone());
-        Ok(d)
+        let found = d.settings.epoch;
+        match cache.admit(lock, &d) {
+            Admitted::Kept => Ok(d),
+            Admitted::WentBack { seen } => Err(Unavailable::EpochWentBack {
+                lock: lock.clone(),
+                seen,
+                found,
+            }
+            .into()),
+            Admitted::GaveUp { seen } => {
+                warn!(
+                    lock = %lock,
+                    seen,
+                    found,
+                    "taking settings under a lower token epoch than this sidecar saw, refused for \
+                     a minute: the lock's history was lost (deleted while etcd was wiped?); its \
+                     tokens now lie below ones handed out before"
+                );
+                Ok(d)
+            }
+        }
     }
 
     pub(in crate::lock) fn publish(&self, hold: &Hold, kind: EventKind, reason: Option<String>) {

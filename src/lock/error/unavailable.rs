@@ -72,6 +72,23 @@ pub enum Unavailable {
     )]
     EntryChanging(u32),
 
+    /// A lock's settings in etcd are under a lower token epoch than this sidecar has seen
+    /// them under: etcd was restored from a snapshot taken before the lock's latest epoch
+    /// (#54 F11). Granting under it would hand out tokens below earlier ones; the operator
+    /// publishes the lock under a new epoch within moments.
+    #[error(
+        "the settings of {lock} went back from token epoch {seen} to {found} (etcd restored from \
+         an older snapshot); the operator publishes it anew within moments: retry"
+    )]
+    EpochWentBack {
+        /// The lock.
+        lock: LockId,
+        /// The highest epoch this sidecar saw the lock under.
+        seen: u32,
+        /// The epoch etcd has now.
+        found: u32,
+    },
+
     /// Enqueueing a request panicked (a bug, logged) before etcd answered.
     #[error("enqueueing this request failed on a bug (see the sidecar's log); retry")]
     EnqueuePanicked,

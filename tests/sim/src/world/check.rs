@@ -49,14 +49,26 @@ pub struct Checker {
     restores: Vec<Instant>,
     /// Per lock, the token of the hold whose end a client was told last.
     last_over: BTreeMap<String, i64>,
+    /// Per pod and lock, the highest token epoch its sidecar granted under since etcd's last
+    /// wipe (which may make a sidecar find the lock undeclared, and forget it).
+    floors: BTreeMap<(String, String), u32>,
     /// Checks made.
     pub checks: u64,
 }
 
 impl Checker {
     /// A grant answered to `holder` on a lock whose `maxHolders` never exceeded `max`: checks
-    /// the limit, the modes and the token's rise; returns the first broken rule.
-    pub fn granted(&mut self, etcd: &Etcd, holder: &str, g: &Grant, max: u32) -> Result<(), String> {
+    /// the limit, the modes, the token's rise and its sidecar's epoch floor; returns the first
+    /// broken rule. `window`: etcd was restored and the operator has not yet published the lock
+    /// again, when a token may fall (the snapshot may predate the lock's latest epoch, #54
+    /// F11), but never below an epoch the granting sidecar granted under.
+    pub fn granted(
+        &mut self,
+        etcd: &Etcd,
+        holder: &str,
+        g: &Grant,
+        (max, window): (u32, bool),
+    ) -> Result<(), String> {
         let lock = g.lock.name.clone();
         let new = Held {
             lock: lock.clone(),
@@ -75,8 +87,10 @@ impl Checker {
             }
         }
         self.holds.retain(|h| !h.ended);
+        self.floor(holder, &lock, Token::from_raw(new.token).epoch())?;
         self.checks += 1;
-        if let Some((token, by)) = self.top.get(&lock).filter(|(t, _)| *t >= new.token) {
+        let fell = self.top.get(&lock).filter(|(t, _)| *t >= new.token && !window);
+        if let Some((token, by)) = fell {
             return Err(format!(
                 "fencing: {holder} granted {lock} with token {} after {by}'s hold of token {token} was over",
                 new.token
@@ -103,6 +117,27 @@ impl Checker {
             ));
         }
         Ok(())
+    }
+
+    /// Checks and raises the epoch floor of `holder`'s sidecar for `lock` at a grant under
+    /// `epoch`.
+    fn floor(&mut self, holder: &str, lock: &str, epoch: u32) -> Result<(), String> {
+        let pod = holder.split('c').next().unwrap_or(holder).to_string();
+        let floor = self.floors.entry((pod, lock.to_string())).or_default();
+        self.checks += 1;
+        if epoch < *floor {
+            return Err(format!(
+                "epoch floor: {holder} granted {lock} under epoch {epoch}, its sidecar having granted under {floor}"
+            ));
+        }
+        *floor = epoch;
+        Ok(())
+    }
+
+    /// etcd was wiped: a sidecar may find its locks undeclared meanwhile, and forget their
+    /// epochs.
+    pub fn wiped(&mut self) {
+        self.floors.clear();
     }
 
     /// The hold of `token` ended: released, or told lost.

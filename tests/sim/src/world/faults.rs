@@ -33,7 +33,7 @@ const BUMP: i64 = 1_000_000;
 
 /// Injects faults until `until`; leaves every pod running.
 pub async fn run(mut rng: Rng, world: World, etcd: Arc<Etcd>, nets: Vec<Net>, until: Instant) {
-    let mut snapshot = (etcd.snapshot(), 0);
+    let mut snapshot = etcd.snapshot();
     loop {
         sleep(Duration::from_millis(rng.between(1_000, 6_000))).await;
         if Instant::now() >= until {
@@ -58,22 +58,16 @@ pub async fn run(mut rng: Rng, world: World, etcd: Arc<Etcd>, nets: Vec<Net>, un
             _ => {
                 world.fault("wipe", "etcd wiped".into());
                 etcd.wipe();
+                world.with(|s| s.check.wiped());
             }
         }
-        snapshot = (etcd.snapshot(), world.with(|s| s.renewals));
+        snapshot = etcd.snapshot();
     }
 }
 
-/// Restores `etcd` from `snapshot`, taken when the operator had renewed epochs `renewals`
-/// times; but not, unless the world allows it, from before a lock's latest epoch (F11).
-fn restore(world: &World, etcd: &Etcd, (snapshot, renewals): &(Snapshot, u64)) {
+/// Restores `etcd` from `snapshot`, which may predate a lock's latest epoch (F11).
+fn restore(world: &World, etcd: &Etcd, snapshot: &Snapshot) {
     let r = etcd.inspect(|s| s.store.revision());
-    let (now, older) = world.with(|s| (s.renewals, s.older_epochs));
-    if now != *renewals && !older {
-        return world.log(format!(
-            "restore at {r} left out: its snapshot predates an epoch (F11)"
-        ));
-    }
     etcd.restore(snapshot, BUMP, true);
     world.with(|s| {
         s.returned.fill(true);

@@ -52,11 +52,9 @@ const LOCKS: [LockSpec; 2] = [
 ];
 
 /// Seeds that found a bug in the engine, kept out of the default run until it is fixed;
-/// `PODLOCK_WORLD_KNOWN=1` replays them with what they need (docs/design.md, "The seeded
-/// world"). F11: a restore from a snapshot taken before a lock's latest epoch makes its tokens
-/// fall until the operator publishes it again; the default run restores no such snapshot
-/// until it is fixed (`PODLOCK_WORLD_F11=1` does).
-const KNOWN: &[u64] = &[4, 53, 60, 183, 185];
+/// `PODLOCK_WORLD_KNOWN=1` replays them (docs/design.md, "The seeded world"). None now: F11's
+/// seeds (4, 53, 60, 183, 185) pass since sidecars keep an epoch floor.
+const KNOWN: &[u64] = &[];
 
 // Which branch of an unbiased `select!` Tokio polls first, and which of a `watch` channel's
 // queues a waiter joins, are drawn from the runtime's generator, which only
@@ -99,7 +97,6 @@ impl Outcome {
 pub fn run() -> Result<(), String> {
     source::check()?;
     let known = std::env::var("PODLOCK_WORLD_KNOWN").is_ok_and(|v| v == "1");
-    let older = known || std::env::var("PODLOCK_WORLD_F11").is_ok_and(|v| v == "1");
     let seeds: Vec<u64> = if known {
         KNOWN.to_vec()
     } else {
@@ -113,7 +110,7 @@ pub fn run() -> Result<(), String> {
     let keep_going = std::env::var("PODLOCK_WORLD_KEEP_GOING").is_ok_and(|v| v == "1");
     let started = Instant::now();
     let (mut checks, mut faults, mut failed) = (0, BTreeMap::new(), vec![]);
-    let each = |i, seed| judge(seed, (i as u64) < twice, (show, older));
+    let each = |i, seed| judge(seed, (i as u64) < twice, show);
     for out in pool::map(&seeds, (threads, keep_going), each) {
         match out {
             Ok(out) => {
@@ -140,9 +137,8 @@ pub fn run() -> Result<(), String> {
 }
 
 /// Runs `seed` (and again if `twice`): its outcome, or the report of the rule it broke.
-/// `older`: restores may use snapshots from before a lock's latest epoch (F11).
-fn judge(seed: u64, twice: bool, (show, older): (bool, bool)) -> Result<Outcome, String> {
-    let out = run_seed(seed, older);
+fn judge(seed: u64, twice: bool, show: bool) -> Result<Outcome, String> {
+    let out = run_seed(seed);
     if show {
         println!("sim world: seed {seed}'s trace:\n{}", out.trace.join("\n"));
     }
@@ -150,14 +146,14 @@ fn judge(seed: u64, twice: bool, (show, older): (bool, bool)) -> Result<Outcome,
         return Err(report(seed, failure, &out.trace));
     }
     if twice {
-        replays(seed, &out, older)?;
+        replays(seed, &out)?;
     }
     Ok(out)
 }
 
 /// Runs `seed` again: a failure if it does not run as `first` did.
-fn replays(seed: u64, first: &Outcome, older: bool) -> Result<(), String> {
-    let again = run_seed(seed, older);
+fn replays(seed: u64, first: &Outcome) -> Result<(), String> {
+    let again = run_seed(seed);
     if again.hash() == first.hash() {
         return Ok(());
     }
@@ -165,7 +161,7 @@ fn replays(seed: u64, first: &Outcome, older: bool) -> Result<(), String> {
     Err(report(seed, "two runs of the seed differ", &lines))
 }
 
-fn run_seed(seed: u64, older: bool) -> Outcome {
+fn run_seed(seed: u64) -> Outcome {
     let mut builder = tokio::runtime::Builder::new_current_thread();
     builder.enable_time().start_paused(true);
     builder.rng_seed(tokio::runtime::RngSeed::from_bytes(&seed.to_le_bytes()));
@@ -177,7 +173,7 @@ fn run_seed(seed: u64, older: bool) -> Outcome {
         let wall = std::time::UNIX_EPOCH + std::time::Duration::from_secs(WALL_START);
         podlock::lock::clock::run_on_tokio(wall);
         let etcd = Arc::new(Etcd::start(Config::default()));
-        let world = World::new(etcd.clone(), older);
+        let world = World::new(etcd.clone());
         let _logs = logs::capture(&world);
         seed::run(seed, &world, etcd).await;
         world.with(|s| Outcome {

@@ -91,10 +91,7 @@ impl Operator {
             .publish(&id, &want, "", state.settings_revision, renew)
             .await?;
         if ended.is_some() {
-            self.world.with(|s| {
-                s.returned[i] = false;
-                s.renewals += u64::from(renew);
-            });
+            self.world.with(|s| s.returned[i] = false);
         }
         let why = choice.renewal.map(|r| format!(": {r}")).unwrap_or_default();
         self.world.log(format!(

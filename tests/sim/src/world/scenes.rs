@@ -43,7 +43,7 @@ pub fn run() -> Result<(), String> {
         fastrand::seed(1);
         let (trace, failure) = runtime.block_on(async {
             let etcd = Arc::new(Etcd::start(Config::default()));
-            let world = World::new(etcd.clone(), false);
+            let world = World::new(etcd.clone());
             let _logs = logs::capture(&world);
             let failure = play(world.clone(), etcd).await.err();
             (world.with(|s| std::mem::take(&mut s.trace)), failure)

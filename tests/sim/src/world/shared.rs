@@ -30,18 +30,13 @@ pub struct Shared {
     /// Per lock: etcd brought back keys that had ended (a restore), and the operator has not
     /// yet published the lock again (what its watch would tell it).
     pub returned: Vec<bool>,
-    /// How many times the operator moved a lock to a new epoch.
-    pub renewals: u64,
-    /// Restores may use a snapshot taken before a lock's latest epoch (finding F11).
-    pub older_epochs: bool,
     etcd: Arc<Etcd>,
     start: Instant,
 }
 
 impl World {
-    /// A world over `etcd`, its locks declared with their first `maxHolders`; `older_epochs`:
-    /// see [`Shared::older_epochs`].
-    pub fn new(etcd: Arc<Etcd>, older_epochs: bool) -> Self {
+    /// A world over `etcd`, its locks declared with their first `maxHolders`.
+    pub fn new(etcd: Arc<Etcd>) -> Self {
         World(Arc::new(Mutex::new(Shared {
             trace: Vec::new(),
             check: Checker::default(),
@@ -49,8 +44,6 @@ impl World {
             failure: None,
             max_holders: LOCKS.iter().map(|l| l.max_holders).collect(),
             returned: vec![false; LOCKS.len()],
-            renewals: 0,
-            older_epochs,
             etcd,
             start: Instant::now(),
         })))
@@ -89,7 +82,8 @@ impl World {
                 "{holder} granted {} token {} lease {:x}",
                 g.lock.name, g.fencing_token, g.lease_id
             ));
-            let r = s.check.granted(&s.etcd, holder, g, s.max_holders[lock]);
+            let window = s.returned[lock];
+            let r = (s.check).granted(&s.etcd, holder, g, (s.max_holders[lock], window));
             s.judge(r);
         });
     }
