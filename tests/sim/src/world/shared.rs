@@ -4,6 +4,7 @@
 
 use super::LOCKS;
 use super::check::{Checker, Ended};
+use super::steps::Ops;
 use crate::etcd::Etcd;
 use podlock::lock::Grant;
 use std::collections::BTreeMap;
@@ -34,7 +35,9 @@ pub struct Shared {
     pub renewals: u64,
     /// Restores may use a snapshot taken before a lock's latest epoch (finding F11).
     pub older_epochs: bool,
-    etcd: Arc<Etcd>,
+    /// What the operator's steps share (`steps.rs`).
+    pub ops: Ops,
+    pub(super) etcd: Arc<Etcd>,
     start: Instant,
 }
 
@@ -51,6 +54,7 @@ impl World {
             returned: vec![false; LOCKS.len()],
             renewals: 0,
             older_epochs,
+            ops: Ops::new(LOCKS.len()),
             etcd,
             start: Instant::now(),
         })))
@@ -92,6 +96,7 @@ impl World {
             let r = s.check.granted(&s.etcd, holder, g, s.max_holders[lock]);
             s.judge(r);
         });
+        super::ends::timed(self, holder, g);
     }
 
     /// `holder` was told its hold of `token` ended: its release was answered, or `lost` came.
