@@ -22,13 +22,13 @@ pub async fn run(mut rng: Rng, world: World, store: Store, stop: Instant) {
     let clocks = Clocks::default();
     while Instant::now() < stop {
         let mut next = Duration::from_millis(rng.between(200, 2_000));
-        for i in 0..LOCKS.len() {
+        for (i, l) in LOCKS.iter().enumerate() {
             if world.with(|s| s.ops.deleted[i]) {
                 continue;
             }
             match enforce(&world, &store, &clocks, i).await {
                 Ok(due) => next = due.map_or(next, |due| next.min(due)),
-                Err(e) => world.log(format!("operator: deadlines of {}: {e}", LOCKS[i].name)),
+                Err(e) => world.log(format!("operator: deadlines of {}: {e}", l.name)),
             }
         }
         dead::sweep(&world, &store).await;

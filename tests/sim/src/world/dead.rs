@@ -19,8 +19,9 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 use tokio::time::sleep;
 
-/// How long after the revocation no key of the dead pod may be left: two backstop rounds.
-const GONE: Duration = Duration::from_secs(4);
+/// How long after the revocation no key of the dead pod may be left: less than a lease TTL,
+/// so that the lease's expiry alone would not do.
+const GONE: Duration = Duration::from_secs(1);
 
 /// How long after the revocation a waiter whose key holds must have been told so: its
 /// longest wait and the engine's answer bound.
