@@ -25,13 +25,13 @@ use crate::lock::{Entry, LockId, QueueEntry};
 pub struct Clocks(Mutex<HashMap<LockId, HashMap<i64, SystemTime>>>);
 
 impl Clocks {
-    /// When each of `held` (the lock's timed holders now) began: its recorded grant, else a
-    /// lease TTL after this operator first saw it hold (see the module's doc). Forgets the
-    /// lock's holds that are gone.
-    pub(crate) fn started(&self, lock: &LockId, held: &[QueueEntry]) -> Vec<SystemTime> {
+    /// When each of `held` (the lock's timed holders, read `now`) began: its recorded grant,
+    /// else a lease TTL after this operator first saw it hold (see the module's doc). Forgets
+    /// the lock's holds that are gone. Public for the seeded world (tests/sim), whose operator
+    /// ends holds past their deadline by this clock, on its own simulated time.
+    pub fn started(&self, lock: &LockId, held: &[QueueEntry], now: SystemTime) -> Vec<SystemTime> {
         let mut all = self.0.lock().unwrap();
         let seen = all.remove(lock).unwrap_or_default();
-        let now = SystemTime::now();
         let firsts: HashMap<i64, SystemTime> = (held.iter())
             .map(|e| (e.revision, seen.get(&e.revision).copied().unwrap_or(now)))
             .collect();

@@ -2,7 +2,7 @@
 
 mod admission;
 mod backoff;
-mod clocks;
+pub mod clocks;
 mod context;
 mod controller;
 mod etcd_auth;
@@ -35,7 +35,7 @@ use context::Context;
 use controller::lead;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 pub use reconcile::FINALIZER;
-pub use reconcile::release;
+pub use reconcile::{annotated, deadline, release};
 
 /// Flags of `podlock operator`.
 #[derive(Debug, Clone, Args)]

@@ -43,7 +43,7 @@ pub async fn enforce(
     timed: Vec<QueueEntry>,
 ) -> Result<Option<Duration>, Error> {
     let now = SystemTime::now();
-    let begun = ctx.deadlines.started(lock, &timed);
+    let begun = ctx.deadlines.started(lock, &timed, now);
     let mut next: Option<Duration> = None;
     for (held, begun) in timed.iter().zip(begun) {
         let Some(entry) = held.entry.as_ref().filter(|e| e.pod.cluster == ctx.cluster) else {
@@ -62,8 +62,9 @@ pub async fn enforce(
 
 /// When the operator ends a hold with `entry` that began at `begun`, and why: its maximum
 /// hold time's deadline and [`GRACE`] (its sidecar ends it at the deadline), or a yield
-/// request's deadline, whichever comes first.
-fn due(entry: &Entry, begun: SystemTime) -> Option<(SystemTime, Ending)> {
+/// request's deadline, whichever comes first. Public for the seeded world (tests/sim), whose
+/// operator decides by it.
+pub fn due(entry: &Entry, begun: SystemTime) -> Option<(SystemTime, Ending)> {
     let max_hold = (entry.max_hold_seconds > 0).then(|| {
         let at = begun + Duration::from_secs(entry.max_hold_seconds.into()) + GRACE;
         (at, Ending::Deadline)

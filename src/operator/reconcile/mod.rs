@@ -1,7 +1,7 @@
 //! The reconciler: publishes each DistributedLock's settings to etcd, mirrors its queue into
 //! `status`, and deletes its etcd keys when the object is deleted (finalizer).
 
-mod annotated;
+pub mod annotated;
 pub mod deadline;
 pub(super) mod holder_service;
 mod publish;

@@ -151,6 +151,12 @@ impl Checker {
         }
     }
 
+    /// Whether some client was told it holds `token` of `lock` (its hold may have ended).
+    pub fn was_granted(&self, lock: &str, token: i64) -> bool {
+        let key = (lock.to_string(), token);
+        self.over.contains_key(&key) || (self.holds.iter()).any(|h| h.lock == lock && h.token == token)
+    }
+
     /// The token of `lock`'s hold whose end a client was told last.
     pub fn last_over(&self, lock: &str) -> Option<i64> {
         self.last_over.get(lock).copied()

@@ -4,17 +4,24 @@
 //! (a line per step) is hashed; some seeds run twice and their hashes must agree. See
 //! docs/design.md, "The seeded world".
 
+mod admin;
+mod backstop;
 mod check;
 mod client;
+mod dead;
+mod ends;
 mod faults;
 mod logs;
 mod net;
 mod operator;
 mod pool;
+mod relock;
 pub mod scenes;
 mod seed;
 mod shared;
 mod source;
+mod steps;
+mod yields;
 
 use crate::etcd::{Config, Etcd};
 use shared::World;

@@ -15,6 +15,8 @@ use tonic::transport::{Channel, Endpoint};
 #[derive(Default)]
 struct State {
     paused: bool,
+    /// The pod died: nothing moves, for good.
+    dead: bool,
     /// Answers wait; requests go on.
     deaf: bool,
     /// Bumped by each break: a wire born before it is reset.
@@ -56,6 +58,11 @@ impl Net {
         s.parked.drain(..).for_each(Waker::wake);
     }
 
+    /// Cuts the pod off for good (it died): nothing moves, whatever comes after.
+    pub fn kill(&self) {
+        self.0.lock().unwrap().dead = true;
+    }
+
     /// Resets every connection open now; new ones work.
     pub fn break_all(&self) {
         let mut s = self.0.lock().unwrap();
@@ -70,7 +77,7 @@ impl Net {
         if s.generation != born {
             return Some(Poll::Ready(Err(io::ErrorKind::ConnectionReset.into())));
         }
-        if s.paused || (read && s.deaf) {
+        if s.dead || s.paused || (read && s.deaf) {
             s.parked.push(cx.waker().clone());
             return Some(Poll::Pending);
         }

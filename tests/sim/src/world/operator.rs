@@ -56,8 +56,12 @@ impl Operator {
                     .log(format!("operator: {} spec maxHolders {max}", LOCKS[i].name));
             }
             for (i, l) in LOCKS.iter().enumerate() {
-                if let Err(e) = self.reconcile(i).await {
-                    self.world.log(format!("operator: {}: {e}", l.name));
+                if !super::relock::declared(&self.world, i, &mut self.status[i]) {
+                    continue;
+                }
+                match self.reconcile(i).await {
+                    Ok(()) => super::relock::published(&self.world, i),
+                    Err(e) => self.world.log(format!("operator: {}: {e}", l.name)),
                 }
             }
         }

@@ -7,12 +7,15 @@
 use super::client::Client;
 use super::net::Net;
 use super::operator::{Operator, TTL};
-use super::{LOCKS, NAMESPACE, World, faults};
+use super::steps::{self, PodHandle};
+use super::{LOCKS, NAMESPACE, World, faults, yields};
 use crate::etcd::Etcd;
 use crate::rng::Rng;
 use podlock::lock::{Engine, EventKind, PodRef, Store};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep, timeout};
 
 /// How long clients keep acquiring.
@@ -29,12 +32,15 @@ pub struct Pod {
     pub engine: Engine,
     /// Its connections to etcd.
     pub net: Net,
+    /// The reader of its events.
+    pub events: AbortHandle,
 }
 
 /// Runs `seed` to its end on the current (paused, single-threaded) runtime.
 pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
     let mut rng = Rng::new(seed);
     let store = Store::new(etcd.client().await);
+    let steps_store = store.clone();
     let mut operator = Operator::new(rng.fork(), world.clone(), store);
     for (i, l) in LOCKS.iter().enumerate() {
         if let Err(e) = operator.reconcile(i).await {
@@ -47,8 +53,9 @@ pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
     }
     let until = Instant::now() + ACTIVE;
     let peers: Vec<Engine> = pods.iter().map(|p| p.engine.clone()).collect();
-    let mut clients = Vec::new();
+    let (mut clients, mut handles) = (Vec::new(), Vec::new());
     for (p, pod) in pods.iter().enumerate() {
+        let mut tasks = vec![pod.events.clone()];
         for c in 0..rng.between(1, 3) {
             let client = Client {
                 id: format!("p{p}c{c}"),
@@ -57,11 +64,19 @@ pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
                 rng: rng.fork(),
                 world: world.clone(),
             };
-            clients.push(tokio::spawn(client.run(until)));
+            let task = tokio::spawn(client.run(until));
+            tasks.push(task.abort_handle());
+            clients.push(task);
         }
+        handles.push(PodHandle {
+            net: pod.net.clone(),
+            tasks,
+        });
     }
     let nets: Vec<Net> = pods.iter().map(|p| p.net.clone()).collect();
     let faults = tokio::spawn(faults::run(rng.fork(), world.clone(), etcd.clone(), nets, until));
+    let stop = until + WIND_DOWN + QUIET;
+    steps::start(&mut rng, world, steps_store, handles, (until, stop));
     let operator = tokio::spawn(operator.run(until));
     for c in clients {
         if timeout(ACTIVE + WIND_DOWN, c).await.is_err() {
@@ -84,10 +99,12 @@ pub(super) async fn start_pod(p: u64, etcd: &Arc<Etcd>, world: &World) -> Pod {
         cluster: String::new(),
     };
     let engine = Engine::new(client, Vec::new(), pod, false);
-    let (mut events, world) = (engine.subscribe(None), world.clone());
-    tokio::spawn(async move {
+    let (mut events, world, own) = (engine.subscribe(None), world.clone(), engine.clone());
+    let events = tokio::spawn(async move {
         while let Some(e) = events.recv().await {
-            if e.kind == EventKind::Lost {
+            if e.kind == EventKind::Yield {
+                yields::heard(&own, &world, e);
+            } else if e.kind == EventKind::Lost {
                 let why = e.reason.unwrap_or_default();
                 world.log(format!(
                     "{} lost {} token {}: {why}",
@@ -97,7 +114,8 @@ pub(super) async fn start_pod(p: u64, etcd: &Arc<Etcd>, world: &World) -> Pod {
             }
         }
     });
-    Pod { engine, net }
+    let events = events.abort_handle();
+    Pod { engine, net, events }
 }
 
 /// What must be gone once all is quiet: every queue key (a release's receipt lives on its
@@ -113,11 +131,22 @@ async fn left_over(world: &World, etcd: &Etcd, pods: &[Pod]) {
     if !keys.is_empty() {
         world.fail(format!("queue keys left once all was quiet: {keys:?}"));
     }
-    for p in pods {
+    // A dead pod's engine reaches nothing: the operator revoked its leases.
+    let dead = world.with(|s| s.ops.dead.clone());
+    for (_, p) in pods.iter().enumerate().filter(|(i, _)| !dead.contains(i)) {
         p.engine.shutdown().await;
     }
     sleep(Duration::from_secs(TTL.into())).await;
-    let leases: Vec<i64> = etcd.inspect(|s| s.leases.ids().collect());
+    // A release note (a forced end's, `txn/release_note.rs`) lives on a lease of its own that
+    // ends a minute later, longer than a TTL.
+    let note = |ttl: i64, keys: &BTreeSet<Vec<u8>>| {
+        ttl > i64::from(TTL) && keys.iter().all(|k| k.windows(11).any(|w| w == b"/.released/"))
+    };
+    let leases: Vec<i64> = etcd.inspect(|s| {
+        (s.leases.ids())
+            .filter(|id| !s.leases.get(*id).is_some_and(|l| note(l.ttl, &l.keys)))
+            .collect()
+    });
     if !leases.is_empty() {
         world.fail(format!("leases left after every sidecar stopped: {leases:x?}"));
     }

@@ -4,6 +4,7 @@
 
 use super::LOCKS;
 use super::check::{Checker, Ended};
+use super::steps::Ops;
 use crate::etcd::Etcd;
 use podlock::lock::Grant;
 use std::collections::BTreeMap;
@@ -30,7 +31,9 @@ pub struct Shared {
     /// Per lock: etcd brought back keys that had ended (a restore), and the operator has not
     /// yet published the lock again (what its watch would tell it).
     pub returned: Vec<bool>,
-    etcd: Arc<Etcd>,
+    /// What the operator's steps share (`steps.rs`).
+    pub ops: Ops,
+    pub(super) etcd: Arc<Etcd>,
     start: Instant,
 }
 
@@ -44,6 +47,7 @@ impl World {
             failure: None,
             max_holders: LOCKS.iter().map(|l| l.max_holders).collect(),
             returned: vec![false; LOCKS.len()],
+            ops: Ops::new(LOCKS.len()),
             etcd,
             start: Instant::now(),
         })))
@@ -86,6 +90,7 @@ impl World {
             let r = (s.check).granted(&s.etcd, holder, g, (s.max_holders[lock], window));
             s.judge(r);
         });
+        super::ends::timed(self, holder, g);
     }
 
     /// `holder` was told its hold of `token` ended: its release was answered, or `lost` came.
