@@ -7,12 +7,16 @@
 mod check;
 mod client;
 mod faults;
+mod leftovers;
+mod liveness;
 mod logs;
 mod net;
+mod observer;
 mod operator;
 mod pool;
 pub mod scenes;
 mod seed;
+mod sets;
 mod shared;
 mod source;
 
@@ -35,8 +39,9 @@ struct LockSpec {
     shared: bool,
 }
 
-/// A reader-writer lock, then a semaphore whose `maxHolders` the operator changes.
-const LOCKS: [LockSpec; 2] = [
+/// A reader-writer lock, a semaphore whose `maxHolders` the operator changes, and a mutex
+/// (a third lock for multi-lock sets to overlap on).
+const LOCKS: [LockSpec; 3] = [
     LockSpec {
         name: "rw",
         max_holders: 1,
@@ -49,7 +54,16 @@ const LOCKS: [LockSpec; 2] = [
         heartbeat: 3,
         shared: false,
     },
+    LockSpec {
+        name: "mx",
+        max_holders: 1,
+        heartbeat: 0,
+        shared: false,
+    },
 ];
+
+/// The index in `LOCKS` of the semaphore, whose `maxHolders` the operator changes.
+const SEMAPHORE: usize = 1;
 
 /// Seeds that found a bug in the engine, kept out of the default run until it is fixed;
 /// `PODLOCK_WORLD_KNOWN=1` replays them with what they need (docs/design.md, "The seeded

@@ -7,12 +7,13 @@
 use super::client::Client;
 use super::net::Net;
 use super::operator::{Operator, TTL};
-use super::{LOCKS, NAMESPACE, World, faults};
+use super::{LOCKS, NAMESPACE, World, faults, leftovers, liveness, observer};
 use crate::etcd::Etcd;
 use crate::rng::Rng;
-use podlock::lock::{Engine, EventKind, PodRef, Store};
+use podlock::lock::{DEADLINE, Engine, EventKind, PodRef, Store};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::oneshot;
 use tokio::time::{Instant, sleep, timeout};
 
 /// How long clients keep acquiring.
@@ -63,13 +64,17 @@ pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
     let nets: Vec<Net> = pods.iter().map(|p| p.net.clone()).collect();
     let faults = tokio::spawn(faults::run(rng.fork(), world.clone(), etcd.clone(), nets, until));
     let operator = tokio::spawn(operator.run(until));
+    let (live, observer) = (oneshot::channel(), oneshot::channel());
+    let live_task = tokio::spawn(liveness::run(world.clone(), etcd.clone(), live.1));
+    let observer_task = tokio::spawn(observer::run(rng.fork(), world.clone(), peers, observer.1));
     for c in clients {
         if timeout(ACTIVE + WIND_DOWN, c).await.is_err() {
             world.fail("a client was still acquiring or holding long after the end".into());
         }
     }
-    let _ = (faults.await, operator.await);
+    let _ = (live.0.send(()), faults.await, operator.await, live_task.await);
     sleep(QUIET).await;
+    let _ = (observer.0.send(()), observer_task.await);
     left_over(world, &etcd, &pods).await;
 }
 
@@ -94,6 +99,9 @@ pub(super) async fn start_pod(p: u64, etcd: &Arc<Etcd>, world: &World) -> Pod {
                     e.holder_id, e.lock.name, e.fencing_token
                 ));
                 world.released(&e.holder_id, &e.lock.name, e.fencing_token);
+                if why == DEADLINE {
+                    world.with(|s| s.deadline_ends.insert((e.lock.name, e.fencing_token)));
+                }
             }
         }
     });
@@ -113,6 +121,7 @@ async fn left_over(world: &World, etcd: &Etcd, pods: &[Pod]) {
     if !keys.is_empty() {
         world.fail(format!("queue keys left once all was quiet: {keys:?}"));
     }
+    leftovers::quiet(world, pods).await;
     for p in pods {
         p.engine.shutdown().await;
     }
@@ -122,4 +131,5 @@ async fn left_over(world: &World, etcd: &Etcd, pods: &[Pod]) {
         world.fail(format!("leases left after every sidecar stopped: {leases:x?}"));
     }
     world.with(|s| s.check.checks += 2);
+    leftovers::stopped(world, etcd, pods).await;
 }
