@@ -128,7 +128,9 @@ impl Watch {
         self.log(format!("told holders {holders:?} at revision {}", now.revision));
         let losses = losses(&self.world);
         if losses != self.losses {
-            (self.seen.clear(), self.top = 0, self.losses = losses);
+            self.seen.clear();
+            self.top = 0;
+            self.losses = losses;
         }
         for (holder, token) in &holders {
             self.held_then(holder, *token, asked);

@@ -1,8 +1,9 @@
 //! One seed's world: the simulated etcd, the operator (`operator.rs`) that declares the locks,
 //! keeps them published and changes a semaphore's `maxHolders` underneath, sidecar engines
-//! each on connections of its own, their clients, and the faults; then, once every client is
-//! done and all is quiet, what must be left: no queue key, and after the sidecars stop, no
-//! lease.
+//! each on connections of its own, their clients, an observer (`observer.rs`), the waiter
+//! liveness checker (`liveness.rs`) and the faults; then, once every client is done and all is
+//! quiet, what must be left: no queue key and what `leftovers.rs` allows, and after the
+//! sidecars stop, no lease.
 
 use super::client::Client;
 use super::net::Net;

@@ -69,7 +69,8 @@ pub fn granted(s: &mut Shared, holder: &str, asked: &[usize], g: &Grant) -> Resu
     let members = members(g);
     let mut named: Vec<usize> = members.iter().map(|(i, _)| *i).collect();
     let mut wanted = asked.to_vec();
-    (named.sort(), wanted.sort());
+    named.sort();
+    wanted.sort();
     s.check.checks += 1;
     if named != wanted {
         return Err(format!(
