@@ -70,7 +70,7 @@ const SEMAPHORE: usize = 1;
 /// world"). F11: a restore from a snapshot taken before a lock's latest epoch makes its tokens
 /// fall until the operator publishes it again; the default run restores no such snapshot
 /// until it is fixed (`PODLOCK_WORLD_F11=1` does).
-const KNOWN: &[u64] = &[4, 53, 60, 183, 185];
+const KNOWN: &[u64] = &[4, 60, 183, 185];
 
 // Which branch of an unbiased `select!` Tokio polls first, and which of a `watch` channel's
 // queues a waiter joins, are drawn from the runtime's generator, which only
