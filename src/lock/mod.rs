@@ -28,8 +28,8 @@ mod refusal;
 mod store;
 mod txn;
 
-pub use engine::Engine;
 pub use engine::max_hold::{REQUEST_MAX_HOLD, WARNING_FIELD};
+pub use engine::{Engine, Footprint};
 pub use error::{LockError, Unavailable};
 pub use etcd::Stats;
 pub use etcd::link::Link;

@@ -4,6 +4,7 @@
 //! holder id), and the subscribers to their events. The engine's verbs live in the wings above.
 
 pub(super) mod events;
+mod footprint;
 pub(super) mod hold;
 pub(super) mod max_hold;
 pub(super) mod receipts;
@@ -11,4 +12,5 @@ pub(super) mod registry;
 mod settings_cache;
 mod state;
 
+pub use footprint::Footprint;
 pub use state::Engine;

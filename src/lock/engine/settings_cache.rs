@@ -124,7 +124,6 @@ impl SettingsCache {
     }
 
     /// How many locks it keeps.
-    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.len()
     }

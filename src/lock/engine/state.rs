@@ -133,6 +133,11 @@ impl Engine {
         cache.peek(lock).map_or(1, |d| d.settings.max_holders)
     }
 
+    /// How many locks' settings it keeps.
+    pub(super) fn cached_settings(&self) -> usize {
+        self.0.declared.lock().unwrap().len()
+    }
+
     /// The etcd client with its counters.
     pub(crate) fn etcd(&self) -> &Etcd {
         &self.0.etcd

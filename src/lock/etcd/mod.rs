@@ -59,6 +59,9 @@ pub struct Stats {
     pub watch_events: AtomicU64,
     /// Watches created (one per key watched).
     pub watches: AtomicU64,
+    /// Watch streams of [`Etcd::watch_keys`] open now (a wait's, an observer's): each holds
+    /// its watches on etcd until dropped. The feeds' shared stream is not counted.
+    pub open_streams: AtomicU64,
 }
 
 /// An etcd client with counters, which sends each new request and watch to a member that

@@ -58,6 +58,8 @@ impl Etcd {
             self.stats.watches.fetch_add(1, Ordering::Relaxed);
             stream.watch(t.key.clone(), t.options()).await?;
         }
+        // Counted from here on; `KeyWatch`'s drop counts it closed.
+        self.stats.open_streams.fetch_add(1, Ordering::Relaxed);
         let mut watch = KeyWatch {
             stream,
             stats: self.stats.clone(),
@@ -191,6 +193,12 @@ pub struct KeyWatch {
     fired: bool,
     /// The changes delivered and not yet taken ([`KeyWatch::take_events`]).
     events: Vec<etcd_client::Event>,
+}
+
+impl Drop for KeyWatch {
+    fn drop(&mut self) {
+        self.stats.open_streams.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl KeyWatch {

@@ -57,6 +57,15 @@ impl Feeds {
         })
     }
 
+    /// How many feeds it keeps (followed or lingering), and how many of them are followed.
+    pub(in crate::lock) fn count(&self) -> (usize, usize) {
+        let shared = self.shared.lock().unwrap();
+        let followed = (shared.feeds.values())
+            .filter(|f| f.followers.load(Ordering::Relaxed) > 0)
+            .count();
+        (shared.feeds.len(), followed)
+    }
+
     /// The feed of `lock` and `lease`, made (and its stream opened) if there is none.
     async fn feed(self: &Arc<Self>, lock: &LockId, lease: i64) -> Result<Arc<Feed>, LockError> {
         let (feed, open) = {

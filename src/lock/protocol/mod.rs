@@ -13,6 +13,7 @@ mod position;
 pub(super) mod token;
 
 pub use self::entry::Ask;
+use self::entry::Entry;
 pub use self::entry::Mode;
 pub(super) use self::position::Standing;
 pub use self::position::{Ahead, Position};
@@ -66,6 +67,20 @@ impl Queued {
         handed: false,
         set: false,
     };
+
+    /// What the rule of who holds reads of a queue key's `entry` (`None`: the key's value is
+    /// not an entry).
+    pub fn of(entry: Option<&Entry>) -> Queued {
+        match entry {
+            Some(e) => Queued {
+                ask: e.ask(),
+                recorded: e.is_granted(),
+                handed: e.handed,
+                set: !e.with.is_empty(),
+            },
+            None => Queued::FOREIGN,
+        }
+    }
 }
 
 /// How many of a queue's leading keys hold, the whole queue given in order: the one rule of

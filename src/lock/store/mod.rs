@@ -75,7 +75,7 @@ fn holding(kvs: &[etcd_client::KeyValue], max_holders: u32) -> Vec<QueueEntry> {
     let entries: Vec<(Option<QueueEntry>, Queued)> = (kvs.iter())
         .filter_map(QueueEntry::of)
         .map(|e| {
-            let q = queue::queued(e.entry.as_ref());
+            let q = Queued::of(e.entry.as_ref());
             (e.entry.is_some().then_some(e), q)
         })
         .collect();

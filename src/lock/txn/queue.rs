@@ -286,19 +286,6 @@ pub(in crate::lock) fn held<T>(entries: &[(T, Queued)], max_holders: u32) -> usi
     protocol::holders(&queue, max_holders)
 }
 
-/// What the rule of who holds reads of an entry (`None`: the key's value is not an entry).
-pub(in crate::lock) fn queued(entry: Option<&Entry>) -> Queued {
-    match entry {
-        Some(e) => Queued {
-            ask: e.ask(),
-            recorded: e.is_granted(),
-            handed: e.handed,
-            set: !e.with.is_empty(),
-        },
-        None => Queued::FOREIGN,
-    }
-}
-
 /// The keys of a queue range in its order, each as holders are shown (`None`: not an entry,
 /// or a revision no token carries) and as the rule of who holds reads it.
 pub(in crate::lock) fn decode(kvs: &[etcd_client::KeyValue]) -> Vec<(Option<HolderInfo>, Queued)> {
@@ -313,7 +300,7 @@ pub(in crate::lock) fn decode_with<T>(
     (kvs.iter())
         .map(|kv| {
             let entry = Entry::decode(kv.value());
-            let (q, extra) = (queued(entry.as_ref()), more(kv, entry.as_ref()));
+            let (q, extra) = (Queued::of(entry.as_ref()), more(kv, entry.as_ref()));
             ((entry.and_then(|e| e.holder(kv.create_revision())), q), extra)
         })
         .unzip()

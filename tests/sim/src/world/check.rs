@@ -188,15 +188,20 @@ impl Checker {
         let Some((at, holder)) = ended.filter(|_| current) else {
             return Ok(());
         };
-        let now = Instant::now();
         let other = !holder.starts_with(&format!("p{via}c"));
-        let window = (self.restores.iter()).any(|r| *r >= at && now <= *r + RESTORE_WINDOW);
-        if other && window {
+        if other && self.restored_since(at) {
             return Ok(());
         }
         Err(format!(
             "fence: {lock} token {token} answered current through pod-{via} after {holder}'s hold had ended"
         ))
+    }
+
+    /// Whether etcd was restored after `at`, within the restore window of now: a hold that
+    /// ended at `at` may have come back.
+    pub fn restored_since(&self, at: Instant) -> bool {
+        let now = Instant::now();
+        (self.restores.iter()).any(|r| *r >= at && now <= *r + RESTORE_WINDOW)
     }
 
     /// An acquire answered after `took`, having asked to wait `wait`.

@@ -3,7 +3,7 @@
 //! downstream system checks its token, or the last token of the lock whose hold ended,
 //! through any sidecar (the fence check).
 
-use super::{LOCKS, World};
+use super::{LOCKS, World, sets};
 use crate::rng::Rng;
 use podlock::lock::{AcquireRequest, Engine, Grant, LockId, Mode};
 use std::time::Duration;
@@ -32,17 +32,22 @@ impl Client {
         while Instant::now() < until {
             sleep(self.ms(0, 1_500)).await;
             let lock = self.rng.below(LOCKS.len() as u64) as usize;
-            let req = self.request(lock);
-            let (wait, asked) = (req.wait, Instant::now());
+            let mut req = self.request(lock);
+            sets::widen(&mut self.rng, &mut req, lock);
+            let (wait, asked, locks) = (req.wait, Instant::now(), sets::locks_of(&req));
             self.world.log(format!(
                 "{} acquire {} wait {wait:?} {:?}×{}",
-                self.id, LOCKS[lock].name, req.mode, req.permits
+                self.id,
+                sets::names(&locks),
+                req.mode,
+                req.permits
             ));
+            self.world.asking(&self.id);
             let answer = self.engine.acquire(req).await;
-            self.world.answered(&self.id, asked.elapsed(), wait);
+            (self.world).answered(&self.id, asked.elapsed(), wait, answer.is_ok());
             match answer {
                 Ok(g) => {
-                    self.world.granted(&self.id, lock, &g);
+                    self.world.granted(&self.id, &locks, &g);
                     self.hold(&g).await;
                 }
                 Err(e) => self.world.log(format!("{} refused: {e}", self.id)),
@@ -67,8 +72,8 @@ impl Client {
             deadline_warning_seconds: None,
             container: None,
             mode: if shared { Mode::Shared } else { Mode::Exclusive },
-            // Two permits only on the semaphore: on the reader-writer lock it is refused at once.
-            permits: if lock > 0 {
+            // Two permits only on the semaphore: on a mutex it is refused at once.
+            permits: if LOCKS[lock].max_holders > 1 {
                 self.rng.between(1, 2) as u32
             } else {
                 1
@@ -103,7 +108,7 @@ impl Client {
             .release_token(&g.lock, &self.id, g.fencing_token)
             .await
         {
-            Ok(()) => self.world.released(&self.id, &g.lock.name, g.fencing_token),
+            Ok(()) => self.world.released_grant(&self.id, g),
             Err(e) => self
                 .world
                 .log(format!("{} release {}: {e}", self.id, g.fencing_token)),

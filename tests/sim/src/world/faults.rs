@@ -39,8 +39,9 @@ pub async fn run(mut rng: Rng, world: World, etcd: Arc<Etcd>, nets: Vec<Net>, un
         if Instant::now() >= until {
             return;
         }
-        let pod = rng.below(nets.len() as u64) as usize;
-        match *rng.pick(&KINDS) {
+        let (pod, kind) = (rng.below(nets.len() as u64) as usize, *rng.pick(&KINDS));
+        world.disturbed(kind, pod);
+        match kind {
             kind @ ("pause" | "break" | "compact" | "break+compact" | "leader") => {
                 wire_or_etcd(kind, &mut rng, &world, &etcd, (&nets, pod)).await
             }

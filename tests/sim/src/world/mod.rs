@@ -11,13 +11,17 @@ mod client;
 mod dead;
 mod ends;
 mod faults;
+mod leftovers;
+mod liveness;
 mod logs;
 mod net;
+mod observer;
 mod operator;
 mod pool;
 mod relock;
 pub mod scenes;
 mod seed;
+mod sets;
 mod shared;
 mod source;
 mod steps;
@@ -42,8 +46,9 @@ struct LockSpec {
     shared: bool,
 }
 
-/// A reader-writer lock, then a semaphore whose `maxHolders` the operator changes.
-const LOCKS: [LockSpec; 2] = [
+/// A reader-writer lock, a semaphore whose `maxHolders` the operator changes, and a mutex
+/// (a third lock for multi-lock sets to overlap on).
+const LOCKS: [LockSpec; 3] = [
     LockSpec {
         name: "rw",
         max_holders: 1,
@@ -56,7 +61,16 @@ const LOCKS: [LockSpec; 2] = [
         heartbeat: 3,
         shared: false,
     },
+    LockSpec {
+        name: "mx",
+        max_holders: 1,
+        heartbeat: 0,
+        shared: false,
+    },
 ];
+
+/// The index in `LOCKS` of the semaphore, whose `maxHolders` the operator changes.
+const SEMAPHORE: usize = 1;
 
 /// Seeds that found a bug in the engine, kept out of the default run until it is fixed;
 /// `PODLOCK_WORLD_KNOWN=1` replays them (docs/design.md, "The seeded world"). None now: F11's

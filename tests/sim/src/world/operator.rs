@@ -5,7 +5,7 @@
 //! `maxHolders`. It reconciles every lock every 0.2 to 2 s, so it notices a restore or a wipe
 //! within that (the operator's etcd watch asks for a reconcile within about 150 ms).
 
-use super::{LOCKS, LockSpec, NAMESPACE, World};
+use super::{LOCKS, LockSpec, NAMESPACE, SEMAPHORE, World};
 use crate::rng::Rng;
 use podlock::lock::protocol::epoch::{self, Known};
 use podlock::lock::{LockError, LockId, Settings, Store, Token};
@@ -47,8 +47,7 @@ impl Operator {
         while Instant::now() < until {
             sleep(Duration::from_millis(self.rng.between(200, 2_000))).await;
             if self.rng.one_in(5) {
-                // Lock 0 is the reader-writer lock, whose `maxHolders` stays 1.
-                let i = 1 + self.rng.below(LOCKS.len() as u64 - 1) as usize;
+                let i = SEMAPHORE;
                 self.spec[i] = self.rng.between(1, 3) as u32;
                 let max = self.spec[i];
                 self.world.with(|s| s.max_holders[i] = s.max_holders[i].max(max));

@@ -1,20 +1,22 @@
 //! One seed's world: the simulated etcd, the operator (`operator.rs`) that declares the locks,
 //! keeps them published and changes a semaphore's `maxHolders` underneath, sidecar engines
-//! each on connections of its own, their clients, and the faults; then, once every client is
-//! done and all is quiet, what must be left: no queue key, and after the sidecars stop, no
-//! lease.
+//! each on connections of its own, their clients, an observer (`observer.rs`), the waiter
+//! liveness checker (`liveness.rs`) and the faults; then, once every client is done and all is
+//! quiet, what must be left: no queue key and what `leftovers.rs` allows, and after the
+//! sidecars stop, no lease.
 
 use super::client::Client;
 use super::net::Net;
 use super::operator::{Operator, TTL};
 use super::steps::{self, PodHandle};
-use super::{LOCKS, NAMESPACE, World, faults, yields};
+use super::{LOCKS, NAMESPACE, World, faults, leftovers, liveness, observer, yields};
 use crate::etcd::Etcd;
 use crate::rng::Rng;
-use podlock::lock::{Engine, EventKind, PodRef, Store};
+use podlock::lock::{DEADLINE, Engine, EventKind, PodRef, Store};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::oneshot;
 use tokio::task::AbortHandle;
 use tokio::time::{Instant, sleep, timeout};
 
@@ -78,13 +80,17 @@ pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
     let stop = until + WIND_DOWN + QUIET;
     steps::start(&mut rng, world, steps_store, handles, (until, stop));
     let operator = tokio::spawn(operator.run(until));
+    let (live, observer) = (oneshot::channel(), oneshot::channel());
+    let live_task = tokio::spawn(liveness::run(world.clone(), etcd.clone(), live.1));
+    let observer_task = tokio::spawn(observer::run(rng.fork(), world.clone(), peers, observer.1));
     for c in clients {
         if timeout(ACTIVE + WIND_DOWN, c).await.is_err() {
             world.fail("a client was still acquiring or holding long after the end".into());
         }
     }
-    let _ = (faults.await, operator.await);
+    let _ = (live.0.send(()), faults.await, operator.await, live_task.await);
     sleep(QUIET).await;
+    let _ = (observer.0.send(()), observer_task.await);
     left_over(world, &etcd, &pods).await;
 }
 
@@ -111,6 +117,9 @@ pub(super) async fn start_pod(p: u64, etcd: &Arc<Etcd>, world: &World) -> Pod {
                     e.holder_id, e.lock.name, e.fencing_token
                 ));
                 world.released(&e.holder_id, &e.lock.name, e.fencing_token);
+                if why == DEADLINE {
+                    world.with(|s| s.deadline_ends.insert((e.lock.name, e.fencing_token)));
+                }
             }
         }
     });
@@ -131,6 +140,7 @@ async fn left_over(world: &World, etcd: &Etcd, pods: &[Pod]) {
     if !keys.is_empty() {
         world.fail(format!("queue keys left once all was quiet: {keys:?}"));
     }
+    leftovers::quiet(world, pods).await;
     // A dead pod's engine reaches nothing: the operator revoked its leases.
     let dead = world.with(|s| s.ops.dead.clone());
     for (_, p) in pods.iter().enumerate().filter(|(i, _)| !dead.contains(i)) {
@@ -151,4 +161,5 @@ async fn left_over(world: &World, etcd: &Etcd, pods: &[Pod]) {
         world.fail(format!("leases left after every sidecar stopped: {leases:x?}"));
     }
     world.with(|s| s.check.checks += 2);
+    leftovers::stopped(world, etcd, pods).await;
 }

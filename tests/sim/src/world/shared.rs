@@ -2,12 +2,13 @@
 //! failure. Every actor runs on the one thread of the seed's runtime; the lock is never
 //! contended, only needed because engine tasks must be `Send`.
 
-use super::LOCKS;
 use super::check::{Checker, Ended};
+use super::liveness::Waits;
 use super::steps::Ops;
+use super::{LOCKS, sets};
 use crate::etcd::Etcd;
 use podlock::lock::Grant;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -33,6 +34,10 @@ pub struct Shared {
     pub returned: Vec<bool>,
     /// What the operator's steps share (`steps.rs`).
     pub ops: Ops,
+    /// The holds told `lost` at their maximum hold time, by lock and token.
+    pub deadline_ends: BTreeSet<(String, i64)>,
+    /// The waiters the liveness checker follows.
+    pub live: Waits,
     pub(super) etcd: Arc<Etcd>,
     start: Instant,
 }
@@ -48,6 +53,8 @@ impl World {
             max_holders: LOCKS.iter().map(|l| l.max_holders).collect(),
             returned: vec![false; LOCKS.len()],
             ops: Ops::new(LOCKS.len()),
+            deadline_ends: BTreeSet::new(),
+            live: Waits::default(),
             etcd,
             start: Instant::now(),
         })))
@@ -71,23 +78,24 @@ impl World {
         });
     }
 
-    /// An acquire was answered.
-    pub fn answered(&self, holder: &str, took: Duration, wait: Duration) {
+    /// An acquire was answered, `granted` or not.
+    pub fn answered(&self, holder: &str, took: Duration, wait: Duration, granted: bool) {
         self.with(|s| {
             let r = s.check.answered(took, wait);
             s.judge(r.map_err(|e| format!("{holder}: {e}")));
+            let r = s.live.answered(holder, granted);
+            s.judge(r);
         });
     }
 
-    /// `holder` was granted `g` on `LOCKS[lock]`.
-    pub fn granted(&self, holder: &str, lock: usize, g: &Grant) {
+    /// `holder` was granted `g` on the locks `asked` (indexes in `LOCKS`: one, or a set's).
+    pub fn granted(&self, holder: &str, asked: &[usize], g: &Grant) {
         self.with(|s| {
             s.log(format!(
                 "{holder} granted {} token {} lease {:x}",
                 g.lock.name, g.fencing_token, g.lease_id
             ));
-            let window = s.returned[lock];
-            let r = (s.check).granted(&s.etcd, holder, g, (s.max_holders[lock], window));
+            let r = sets::granted(s, holder, asked, g);
             s.judge(r);
         });
         super::ends::timed(self, holder, g);
@@ -136,12 +144,12 @@ impl World {
 }
 
 impl Shared {
-    fn log(&mut self, line: String) {
+    pub(super) fn log(&mut self, line: String) {
         let t = self.start.elapsed().as_millis();
         self.trace.push(format!("{:>4}.{:03} {line}", t / 1000, t % 1000));
     }
 
-    fn judge(&mut self, r: Result<(), String>) {
+    pub(super) fn judge(&mut self, r: Result<(), String>) {
         if let Err(e) = r {
             self.log(format!("BROKEN {e}"));
             self.failure.get_or_insert(e);
