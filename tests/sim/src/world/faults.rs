@@ -58,6 +58,7 @@ pub async fn run(mut rng: Rng, world: World, etcd: Arc<Etcd>, nets: Vec<Net>, un
             _ => {
                 world.fault("wipe", "etcd wiped".into());
                 etcd.wipe();
+                world.with(|s| s.rebuilds += 1);
             }
         }
         snapshot = (etcd.snapshot(), world.with(|s| s.renewals));
@@ -77,6 +78,7 @@ fn restore(world: &World, etcd: &Etcd, (snapshot, renewals): &(Snapshot, u64)) {
     etcd.restore(snapshot, BUMP, true);
     world.with(|s| {
         s.returned.fill(true);
+        s.rebuilds += 1;
         s.check.restored();
     });
     world.fault("restore", format!("from the snapshot before, at revision {r}"));

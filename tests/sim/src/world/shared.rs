@@ -32,6 +32,8 @@ pub struct Shared {
     pub returned: Vec<bool>,
     /// How many times the operator moved a lock to a new epoch.
     pub renewals: u64,
+    /// How many times etcd was restored or wiped.
+    pub rebuilds: u64,
     /// Restores may use a snapshot taken before a lock's latest epoch (finding F11).
     pub older_epochs: bool,
     etcd: Arc<Etcd>,
@@ -50,6 +52,7 @@ impl World {
             max_holders: LOCKS.iter().map(|l| l.max_holders).collect(),
             returned: vec![false; LOCKS.len()],
             renewals: 0,
+            rebuilds: 0,
             older_epochs,
             etcd,
             start: Instant::now(),
@@ -99,6 +102,16 @@ impl World {
         self.with(|s| {
             s.log(format!("{holder} over {lock} token {token}"));
             s.check.ended(lock, token);
+        });
+    }
+
+    /// `holder`'s release of `g` was answered `released` (or `lost`); etcd had been restored or
+    /// wiped `rebuilds` times when it was asked.
+    pub fn release_answered(&self, (holder, g): (&str, &Grant), released: bool, rebuilds: u64) {
+        self.with(|s| {
+            s.check.checks += 1;
+            let r = super::receipts::check(&s.etcd, (holder, g), released, s.rebuilds != rebuilds);
+            s.judge(r);
         });
     }
 
