@@ -18,7 +18,8 @@ fn main() -> std::process::ExitCode {
     };
     let parts = part("diff", diff::run)
         .and_then(|()| part("world", world::run))
-        .and_then(|()| part("scenes", world::scenes::run));
+        .and_then(|()| part("scenes", world::scenes::run))
+        .and_then(|()| part("bugs", world::bugs::run));
     match parts {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

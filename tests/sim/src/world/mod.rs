@@ -4,6 +4,7 @@
 //! (a line per step) is hashed; some seeds run twice and their hashes must agree. See
 //! docs/design.md, "The seeded world".
 
+pub mod bugs;
 mod check;
 mod client;
 mod faults;
@@ -11,6 +12,7 @@ mod logs;
 mod net;
 mod operator;
 mod pool;
+mod receipts;
 pub mod scenes;
 mod seed;
 mod shared;
