@@ -17,9 +17,12 @@ const FOUND: &[(Bug, u64)] = &[
     (Bug::ReceiptIgnored, 500),
     (Bug::GoneIsReleased, 500),
     (Bug::ReceiptPerLease, 500),
-    // F12 needs a pause at a hold's deadline while another pod checks its token: seed 720.
-    (Bug::FenceIgnoresDeadline, 1_000),
 ];
+
+/// Bugs the world finds, but after more seeds than the default run affords (about 40 s more):
+/// hunted when `PODLOCK_BUGS` names them. F12 needs a pod cut off at a hold's deadline while
+/// another pod checks its token: seed 720.
+const SLOW: &[(Bug, u64)] = &[(Bug::FenceIgnoresDeadline, 1_000)];
 
 /// The bugs re-introduced in the engine that the world does not find yet (docs/design.md says
 /// why, bug by bug): hunted only when `PODLOCK_BUGS` names them, up to `PODLOCK_BUGS_CAP`
@@ -37,7 +40,7 @@ const MISSED: &[Bug] = &[
     Bug::ReturnedUndetected,
 ];
 
-/// Runs every bug of [`FOUND`], or those of [`FOUND`] and [`MISSED`] named in `PODLOCK_BUGS`
+/// Runs every bug of [`FOUND`], or those of [`FOUND`], [`SLOW`] and [`MISSED`] named in `PODLOCK_BUGS`
 /// (comma-separated), each until a seed finds it (`PODLOCK_BUGS_CAP` seeds at most, if set);
 /// fails with the bugs no seed found.
 pub fn run() -> Result<(), String> {
@@ -46,9 +49,7 @@ pub fn run() -> Result<(), String> {
     let missed = MISSED.iter().map(|&b| (b, 2_000));
     let bugs: Vec<(Bug, u64)> = match names.is_empty() {
         true => FOUND.to_vec(),
-        false => FOUND
-            .iter()
-            .copied()
+        false => (FOUND.iter().chain(SLOW).copied())
             .chain(missed)
             .filter(|(b, _)| named(b))
             .collect(),
