@@ -14,6 +14,7 @@
 //! engine is an `impl Engine` in the file of its wing; none imports this module.
 
 mod acquire;
+pub mod bugs;
 pub mod clock;
 mod engine;
 mod error;

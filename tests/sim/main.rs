@@ -2,7 +2,9 @@
 //! real etcd (`tests/sim/diff/mod.rs`), and podlock's engine run against it in a seeded world
 //! (`tests/sim/src/world/mod.rs`), and in scripted scenes of the findings it reproduces step by
 //! step (`tests/sim/src/world/scenes.rs`); docs/design.md, "The simulated etcd", "The seeded world"
-//! and "Scenes". `PODLOCK_SIM_PART=diff`, `world` or `scenes` runs one part alone.
+//! and "Scenes"; and known bugs turned back on in the engine, each until a seed finds it
+//! (`tests/sim/src/world/bugs.rs`). `PODLOCK_SIM_PART=diff`, `world`, `scenes` or `bugs` runs
+//! one part alone.
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -18,7 +20,8 @@ fn main() -> std::process::ExitCode {
     };
     let parts = part("diff", diff::run)
         .and_then(|()| part("world", world::run))
-        .and_then(|()| part("scenes", world::scenes::run));
+        .and_then(|()| part("scenes", world::scenes::run))
+        .and_then(|()| part("bugs", world::bugs::run));
     match parts {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

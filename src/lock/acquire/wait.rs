@@ -35,6 +35,7 @@ use tokio::time::{Instant, sleep_until, timeout_at};
 use tracing::warn;
 
 use crate::critical_path::{self, Point};
+use crate::lock::bugs::{self, Bug};
 use crate::lock::engine::Engine;
 use crate::lock::error::LockError;
 use crate::lock::etcd::watch::{KeyWatch, Target};
@@ -377,7 +378,8 @@ async fn standing(
         // let it in by the keys ahead. A waiter that reads rather than sees the write on its
         // feed (its watch was made again, or it read after the settings changed) learns it
         // here, and holds as if the read had let it in, with the keys read behind it.
-        let handed = Entry::decode(own.value()).is_some_and(|e| e.handed && !e.is_granted());
+        let handed = Entry::decode(own.value()).is_some_and(|e| e.handed && !e.is_granted())
+            && !bugs::on(Bug::ReadIgnoresHanded);
         let standing = |position| Standing {
             chain: if position == Position::Holder {
                 behind.clone()
@@ -392,7 +394,7 @@ async fn standing(
         match config.kvs().first().map(Declared::from_kv).transpose()? {
             // Compared by value too: a settings value read from an etcd since wiped or
             // restored can have the revision of the new etcd's.
-            Some(now) if now != *declared => *declared = now,
+            Some(now) if now != *declared && !bugs::on(Bug::StaleLimit) => *declared = now,
             None if declared.revision != 0 => return Ok(gone(rev)), // lock deleted
             _ if handed => return Ok(standing(Position::Holder)),
             _ => {

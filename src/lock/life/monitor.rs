@@ -15,6 +15,7 @@ use tokio::time::{Instant, sleep, sleep_until};
 use tracing::{Instrument, info, info_span, warn};
 
 use super::deadline;
+use crate::lock::bugs::{self, Bug};
 use crate::lock::engine::Engine;
 use crate::lock::engine::hold::Hold;
 use crate::lock::error::LockError;
@@ -123,6 +124,9 @@ pub(crate) const KEY_DELETED: &str = "its key was deleted (lock deleted or hold 
 /// feed (see `feed/`), from the confirmed revision; a feed that started later, or one
 /// followed again after it broke, is caught up with a read.
 async fn key_deleted(engine: &Engine, hold: &Hold) -> &'static str {
+    if bugs::on(Bug::NoKeyWatch) {
+        return std::future::pending().await;
+    }
     let (etcd, ticket) = (engine.etcd(), &hold.ticket);
     let mut told = None;
     loop {

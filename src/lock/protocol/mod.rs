@@ -17,6 +17,7 @@ use self::entry::Entry;
 pub use self::entry::Mode;
 pub(super) use self::position::Standing;
 pub use self::position::{Ahead, Position};
+use crate::lock::bugs::{self, Bug};
 
 impl Ahead {
     /// A key read without its value ([`keys_needed`] said none was needed), or whose value is
@@ -137,7 +138,9 @@ pub fn wakes(pos: &Position, max_holders: u32) -> Vec<(Vec<u8>, WakeOn)> {
     match pos {
         Position::FirstWaiter(holders) => each(holders, WakeOn::Deletion),
         // Behind a key still waiting in a semaphore: its grant record moves this one up too.
-        Position::Waiter(pred) if max_holders > 1 => vec![(pred.clone(), WakeOn::Any)],
+        Position::Waiter(pred) if max_holders > 1 && !bugs::on(Bug::PredecessorDeletionOnly) => {
+            vec![(pred.clone(), WakeOn::Any)]
+        }
         Position::Waiter(pred) => vec![(pred.clone(), WakeOn::Deletion)],
         Position::BehindUngranted(key) => vec![(key.clone(), WakeOn::Any)],
         Position::BehindOtherMode(key) => vec![(key.clone(), WakeOn::Deletion)],

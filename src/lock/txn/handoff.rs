@@ -48,6 +48,7 @@ use super::queue::Ticket;
 use super::receipt;
 use super::settings::Declared;
 use crate::critical_path::{self, Point};
+use crate::lock::bugs::{self, Bug};
 use crate::lock::error::LockError;
 use crate::lock::etcd::{self, Etcd};
 use crate::lock::protocol::Ask;
@@ -222,6 +223,7 @@ fn hand_on(lock: &LockId, (ticket, slot): (&Ticket, u32), chain: &Chain) -> Txn 
                 CompareOp::Equal,
                 ticket.revision,
             )],
+            Guard::SettingsUnchanged if bugs::on(Bug::HandoffUnguarded) => vec![],
             Guard::SettingsUnchanged => chain.declared.unchanged(&lock.config_key()),
             Guard::SuccessorUntouched => vec![Compare::mod_revision(
                 first.key.as_str(),

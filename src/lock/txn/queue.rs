@@ -22,11 +22,12 @@ use etcd_client::{
 };
 
 use super::settings::Declared;
+use crate::lock::bugs::{self, Bug};
 use crate::lock::error::LockError;
 use crate::lock::etcd::{self, Etcd, Sent};
 use crate::lock::protocol::entry::{Entry, HolderInfo};
 use crate::lock::protocol::names::LockId;
-use crate::lock::protocol::{self, Ahead, Ask, Position, Queued, Standing};
+use crate::lock::protocol::{self, Ahead, Ask, Mode, Position, Queued, Standing};
 
 /// A contender's key in a queue.
 #[derive(Debug, Clone)]
@@ -362,9 +363,11 @@ impl Ahead {
         match Entry::decode(kv.value()) {
             Some(e) => Ahead {
                 key: kv.key().to_vec(),
-                granted: e.is_granted(),
-                mode: e.mode,
-                permits: e.permits,
+                granted: e.is_granted()
+                    || bugs::on(Bug::GrantPastUngranted)
+                    || (e.handed && bugs::on(Bug::HandedCountsAsGranted)),
+                mode: seen(e.ask()).mode,
+                permits: seen(e.ask()).permits,
             },
             None => Ahead::without_value(kv.key().to_vec()),
         }
@@ -374,8 +377,27 @@ impl Ahead {
 /// The position of a key asking `ask` with `ahead` before it, read from etcd nearest first (as
 /// many as [`protocol::keys_needed`] says); `more` if further keys are ahead of those.
 pub(in crate::lock) fn of_keys(ahead: &[KeyValue], more: bool, max_holders: u32, ask: Ask) -> Position {
-    let ahead: Vec<Ahead> = ahead.iter().map(Ahead::of).collect();
-    protocol::position(&ahead, more, max_holders, ask)
+    let ahead: Vec<Ahead> = (ahead.iter().map(Ahead::of))
+        .filter(|a| a.granted || !bugs::on(Bug::SmallerPasses))
+        .collect();
+    protocol::position(&ahead, more, max_holders, seen(ask))
+}
+
+/// What a key asks, as the rule sees it: as it asks, but with the bugs that count permits as
+/// one or every key as exclusive (`bugs.rs`).
+fn seen(ask: Ask) -> Ask {
+    Ask {
+        mode: if bugs::on(Bug::IgnoreModes) {
+            Mode::Exclusive
+        } else {
+            ask.mode
+        },
+        permits: if bugs::on(Bug::CountNotWeight) {
+            1
+        } else {
+            ask.permits
+        },
+    }
 }
 
 /// Whether the key `pos` waits behind, if it is [`Position::BehindUngranted`], is a grant

@@ -5,6 +5,7 @@ use etcd_client::{Compare, CompareOp, DeleteOptions, KeyValue, Txn, TxnOp, TxnOp
 use serde::{Deserialize, Serialize};
 use std::sync::Arc;
 
+use crate::lock::bugs::{self, Bug};
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::Etcd;
 use crate::lock::protocol::keys;
@@ -158,7 +159,7 @@ impl Declared {
     /// revision, and for a declared lock its value.
     pub fn unchanged(&self, config: &str) -> Vec<Compare> {
         let mut same = vec![Compare::mod_revision(config, CompareOp::Equal, self.revision)];
-        if self.revision != 0 {
+        if self.revision != 0 && !bugs::on(Bug::GuardByRevision) {
             same.push(Compare::value(config, CompareOp::Equal, self.value.to_vec()));
         }
         same
@@ -236,7 +237,7 @@ pub async fn publish(
         TxnOp::put(config.as_str(), value, None),
         TxnOp::delete(lock.retired_key(), None),
     ];
-    if renew {
+    if renew && !bugs::on(Bug::BumpKeepsQueue) {
         let all = DeleteOptions::new().with_prefix();
         ops.push(TxnOp::delete(lock.queue_prefix(), Some(all)));
     }

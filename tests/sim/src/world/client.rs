@@ -5,7 +5,7 @@
 
 use super::{LOCKS, World, sets};
 use crate::rng::Rng;
-use podlock::lock::{AcquireRequest, Engine, Grant, LockId, Mode};
+use podlock::lock::{AcquireRequest, Engine, Grant, LockError, LockId, Mode};
 use std::time::Duration;
 use tokio::time::{Instant, sleep};
 
@@ -103,15 +103,18 @@ impl Client {
             }
         }
         sleep(end.saturating_duration_since(Instant::now())).await;
-        match self
-            .engine
+        let rebuilds = self.world.with(|s| s.rebuilds);
+        let answer = (self.engine)
             .release_token(&g.lock, &self.id, g.fencing_token)
-            .await
-        {
+            .await;
+        match &answer {
             Ok(()) => self.world.released_grant(&self.id, g),
             Err(e) => self
                 .world
                 .log(format!("{} release {}: {e}", self.id, g.fencing_token)),
+        }
+        if let Ok(()) | Err(LockError::Lost { .. }) = answer {
+            (self.world).release_answered((&self.id, g), answer.is_ok(), rebuilds);
         }
     }
 

@@ -63,7 +63,10 @@ pub async fn run(mut rng: Rng, world: World, etcd: Arc<Etcd>, nets: Vec<Net>, un
             _ => {
                 world.fault("wipe", "etcd wiped".into());
                 etcd.wipe();
-                world.with(|s| s.check.wiped());
+                world.with(|s| {
+                    s.check.wiped();
+                    s.rebuilds += 1;
+                });
             }
         }
         snapshot = etcd.snapshot();
@@ -76,6 +79,7 @@ fn restore(world: &World, etcd: &Etcd, snapshot: &Snapshot) {
     etcd.restore(snapshot, BUMP, true);
     world.with(|s| {
         s.returned.fill(true);
+        s.rebuilds += 1;
         s.check.restored();
     });
     world.fault("restore", format!("from the snapshot before, at revision {r}"));

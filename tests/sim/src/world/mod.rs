@@ -6,6 +6,7 @@
 
 mod admin;
 mod backstop;
+pub mod bugs;
 mod check;
 mod client;
 mod dead;
@@ -18,6 +19,7 @@ mod net;
 mod observer;
 mod operator;
 mod pool;
+mod receipts;
 mod relock;
 pub mod scenes;
 mod seed;

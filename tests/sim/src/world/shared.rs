@@ -38,6 +38,8 @@ pub struct Shared {
     pub deadline_ends: BTreeSet<(String, i64)>,
     /// The waiters the liveness checker follows.
     pub live: Waits,
+    /// How many times etcd was restored or wiped.
+    pub rebuilds: u64,
     pub(super) etcd: Arc<Etcd>,
     start: Instant,
 }
@@ -55,6 +57,7 @@ impl World {
             ops: Ops::new(LOCKS.len()),
             deadline_ends: BTreeSet::new(),
             live: Waits::default(),
+            rebuilds: 0,
             etcd,
             start: Instant::now(),
         })))
@@ -106,6 +109,16 @@ impl World {
         self.with(|s| {
             s.log(format!("{holder} over {lock} token {token}"));
             s.check.ended(lock, token);
+        });
+    }
+
+    /// `holder`'s release of `g` was answered `released` (or `lost`); etcd had been restored or
+    /// wiped `rebuilds` times when it was asked.
+    pub fn release_answered(&self, (holder, g): (&str, &Grant), released: bool, rebuilds: u64) {
+        self.with(|s| {
+            s.check.checks += 1;
+            let r = super::receipts::check(&s.etcd, (holder, g), released, s.rebuilds != rebuilds);
+            s.judge(r);
         });
     }
 
