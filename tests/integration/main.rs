@@ -44,6 +44,7 @@ mod requests;
 mod restarts;
 mod restored_fence;
 mod settings_change;
+mod sidecar_missing;
 mod setup_script;
 mod stalled_member;
 mod startup;
