@@ -25,7 +25,7 @@ fn rule_groups() -> serde_yaml::Value {
 }
 
 /// Waits until the operator's metrics show `line`.
-async fn reports(op: &Operator, line: &str) {
+pub(crate) async fn reports(op: &Operator, line: &str) {
     reports_within(op, line, Duration::from_secs(10)).await;
 }
 

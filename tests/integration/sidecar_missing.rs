@@ -13,6 +13,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::common::kube::{ControlPlane, Operator, set_status, with_crd};
 use crate::common::{free_port, wait_until};
+use crate::dashboards::reports;
 use crate::force_release::{event, events_of};
 use crate::injection::webhook_ready;
 
@@ -64,12 +65,6 @@ async fn warnings_on(plane: &ControlPlane, ns: &str, name: &str) -> Vec<Event> {
         .collect()
 }
 
-/// Waits until the operator's metrics show `line`.
-async fn reports(op: &Operator, line: &str) {
-    let seen = wait_until(Duration::from_secs(10), || async { op.metrics().await.contains(line) }).await;
-    seen.unwrap_or_else(|e| panic!("no {line} ({e}):\n{}", op.log()));
-}
-
 #[tokio::test]
 async fn sidecar_missing_is_a_warning_on_the_pod_and_its_owners_once_and_a_metric() {
     let plane = with_crd();
@@ -98,18 +93,29 @@ async fn sidecar_missing_is_a_warning_on_the_pod_and_its_owners_once_and_a_metri
     let pod_name = pod.metadata.name.clone().unwrap();
     let replica_set = pod.metadata.owner_references.as_ref().unwrap()[0].name.clone();
 
-    for (kind, name) in [("Pod", &pod_name), ("ReplicaSet", &replica_set), ("Deployment", &"web".to_string())] {
+    for (kind, name) in [
+        ("Pod", &pod_name),
+        ("ReplicaSet", &replica_set),
+        ("Deployment", &"web".to_string()),
+    ] {
         let (type_, message) = event(plane, &ns, name, REASON).await;
         assert_eq!(type_, "Warning", "{kind} {name}");
         for says in [pod_name.as_str(), "failurePolicy", "docs/troubleshooting.md"] {
-            assert!(message.contains(says), "{kind} {name}: {message:?} does not say {says:?}");
+            assert!(
+                message.contains(says),
+                "{kind} {name}: {message:?} does not say {says:?}"
+            );
         }
     }
     eprintln!(
         "Warning Events on the pod and its owners {:.1} s after the Deployment was created",
         created.elapsed().unwrap().as_secs_f64()
     );
-    reports(&op, &format!("podlock_pods_without_sidecar{{namespace=\"{ns}\"}} 1")).await;
+    reports(
+        &op,
+        &format!("podlock_pods_without_sidecar{{namespace=\"{ns}\"}} 1"),
+    )
+    .await;
     assert_eq!(events_of(plane, &ns, "kept"), vec![], "the pod with its sidecar");
 
     // Once per pod: the pod changing (its status, as a kubelet writes it) warns no more.
@@ -130,5 +136,9 @@ async fn sidecar_missing_is_a_warning_on_the_pod_and_its_owners_once_and_a_metri
     })
     .await;
     gone.expect("the Deployment's pod deleted");
-    reports(&op, &format!("podlock_pods_without_sidecar{{namespace=\"{ns}\"}} 0")).await;
+    reports(
+        &op,
+        &format!("podlock_pods_without_sidecar{{namespace=\"{ns}\"}} 0"),
+    )
+    .await;
 }
