@@ -255,6 +255,9 @@ pub struct OperatorMetrics {
     /// `podlock_webhook_admissions_total{kind,outcome}`: admission requests the webhook
     /// answered; `outcome` is `changed`, `unchanged`, `warned` or `denied`.
     pub admissions: IntCounterVec,
+    /// `podlock_pods_without_sidecar{namespace}`: pods that asked for the sidecar and run
+    /// without it (the leader counts them; a namespace that had some stays at 0).
+    pub pods_without_sidecar: prometheus::IntGaugeVec,
 }
 
 impl OperatorMetrics {
@@ -314,6 +317,17 @@ impl OperatorMetrics {
                 "podlock_webhook_admissions_total",
                 "Admission requests the webhook answered, by kind and outcome",
                 &["kind", "outcome"],
+            ),
+            pods_without_sidecar: registered(
+                &registry,
+                prometheus::IntGaugeVec::new(
+                    Opts::new(
+                        "podlock_pods_without_sidecar",
+                        "Pods that asked for the podlock sidecar and run without it (the webhook was not reached), by namespace",
+                    ),
+                    &["namespace"],
+                )
+                .unwrap(),
             ),
             registry,
         }

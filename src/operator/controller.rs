@@ -1,6 +1,7 @@
 //! The leader's work: the DistributedLock controller (reconcile on a spec, finalizer or
 //! annotation change, on an etcd change of the lock, and on a resync), pod liveness, the etcd
-//! watch that feeds both, the status writer, each namespace's credentials Secret, and, first,
+//! watch that feeds both, pods that run without the sidecar they asked for, the status
+//! writer, each namespace's credentials Secret, and, first,
 //! the clean-up of locks deleted while no operator led.
 
 use futures::StreamExt;
@@ -15,6 +16,7 @@ use tracing::{info, warn};
 use super::context::{self, Context};
 use super::liveness;
 use super::reconcile::{self, error_policy, reconcile, release};
+use super::sidecar_missing;
 use crate::crd::DistributedLock;
 use crate::lock::{LockId, Store};
 use k8s_openapi::api::core::v1::Service;
@@ -75,6 +77,7 @@ pub(super) async fn lead(ctx: Arc<Context>, namespace: Option<String>, credentia
     tokio::select! {
         _ = pump => {}
         _ = liveness => {}
+        _ = sidecar_missing::run(ctx.clone(), namespace.clone()) => {}
         _ = controller => {}
         _ = ctx.isolation.keep_secrets(&ctx.client, credentials_check) => {}
         _ = ctx.status.clone().run() => {}

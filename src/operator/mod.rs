@@ -16,6 +16,7 @@ mod owner;
 mod readiness;
 mod reconcile;
 mod reconcile_error;
+mod sidecar_missing;
 mod status;
 
 use axum::Router;

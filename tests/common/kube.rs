@@ -232,11 +232,10 @@ impl Operator {
     }
 
     async fn launch(kubeconfig: &std::path::Path, ns: &str, etcd: &str, extra: &[&str]) -> Self {
-        let configuration = format!("podlock-{ns}");
-        let configuration: &[&str] = if extra.contains(&"--webhook-configuration") {
-            &[]
-        } else {
-            &["--webhook-configuration", &configuration]
+        // A flag given in `extra` replaces the default below (clap refuses one given twice).
+        let default = |flag: &'static str, value: String| match extra.contains(&flag) {
+            true => vec![],
+            false => vec![flag.to_string(), value],
         };
         let logs = tempfile::Builder::new()
             .prefix("podlock-operator-")
@@ -244,16 +243,14 @@ impl Operator {
             .unwrap();
         let listen = format!("127.0.0.1:{}", free_port());
         let hook = format!("127.0.0.1:{}", free_port());
+        let configuration = default("--webhook-configuration", format!("podlock-{ns}"));
+        let url = default("--webhook-url", format!("https://{hook}/mutate"));
         let child = spawn_dying_with_parent(
             Command::new(super::podlock_bin())
                 .args(["operator", "--etcd-endpoints", etcd, "--listen", &listen])
                 .args(["--leader-election-namespace", ns])
-                .args([
-                    "--webhook-listen",
-                    &hook,
-                    "--webhook-url",
-                    &format!("https://{hook}/mutate"),
-                ])
+                .args(["--webhook-listen", &hook])
+                .args(url)
                 .args(configuration)
                 .args(["--operator-namespace", ns])
                 .args(["--sidecar-image", "podlock:test"])

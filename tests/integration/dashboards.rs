@@ -25,7 +25,7 @@ fn rule_groups() -> serde_yaml::Value {
 }
 
 /// Waits until the operator's metrics show `line`.
-async fn reports(op: &Operator, line: &str) {
+pub(crate) async fn reports(op: &Operator, line: &str) {
     reports_within(op, line, Duration::from_secs(10)).await;
 }
 
@@ -39,6 +39,13 @@ async fn reports_within(op: &Operator, line: &str, limit: Duration) {
 async fn every_query_names_metrics_the_binaries_export() {
     let plane = with_crd();
     let ns = plane.namespace("dashboards");
+    // A pod that asked for the sidecar, created before the operator (and its webhook) was
+    // there: the operator finds it at its start, and podlock_pods_without_sidecar has a series.
+    let missed = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "missed", "namespace": ns, "annotations": {"podlock.io/inject": "true"}},
+        "spec": {"containers": [{"name": "app", "image": "app:1"}]}});
+    let (ok, _, err) = plane.kubectl_stdin(&["apply", "-f", "-"], &missed.to_string());
+    assert!(ok, "{err}");
     let op = Operator::start(plane, &ns).await;
     let lock = format!(
         "apiVersion: podlock.io/v1alpha1\nkind: DistributedLock\nmetadata: {{name: work, namespace: {ns}}}\nspec: {{}}\n"
@@ -68,6 +75,8 @@ async fn every_query_names_metrics_the_binaries_export() {
     assert_eq!(a.metric("podlock_hold_seconds_count").await, 1.0);
     assert!(b.metric("podlock_hold_age_seconds").await > 0.0);
 
+    let without_sidecar = format!("podlock_pods_without_sidecar{{namespace=\"{ns}\"}} 1");
+    reports(&op, &without_sidecar).await;
     let mut scraped = op.metrics().await;
     for s in [&a, &*b] {
         scraped.push_str(s.get("/metrics").await.1.as_str().unwrap());
@@ -242,6 +251,28 @@ fn the_stuck_waiters_alert_leaves_a_set_waiting_for_a_busy_lock_alone() {
         {"eval_time": "2m30s", "alertname": "PodlockWaitersStuck", "exp_alerts": [{
             "exp_labels": {"severity": "warning", "namespace": "stuck", "lock": "solo"},
             "exp_annotations": annotations(&groups, "PodlockWaitersStuck", &labels),
+        }]},
+    ]);
+    eprintln!("{}", promtool_test(&groups, series, tests).trim());
+}
+
+/// Issue #55, item 3: pods that asked for the sidecar and run without it fire after a minute,
+/// per namespace; a namespace whose count is back at 0 does not.
+#[test]
+fn the_missing_sidecar_alert_fires_per_namespace_after_a_minute() {
+    let groups = rule_groups();
+    let gauge = |ns: &str, values: &str| {
+        let series = format!("podlock_pods_without_sidecar{{namespace=\"{ns}\"}}");
+        json!({"series": series, "values": values})
+    };
+    // "a": two pods without their sidecar from 30 s on; "b": one for 30 s, then recreated.
+    let series = json!([gauge("a", "0 0 2x12"), gauge("b", "0 1 1 0x11")]);
+    let labels = [("namespace", "a")];
+    let tests = json!([
+        {"eval_time": "1m15s", "alertname": "PodlockPodsWithoutSidecar", "exp_alerts": []},
+        {"eval_time": "1m45s", "alertname": "PodlockPodsWithoutSidecar", "exp_alerts": [{
+            "exp_labels": {"severity": "warning", "namespace": "a"},
+            "exp_annotations": annotations(&groups, "PodlockPodsWithoutSidecar", &labels),
         }]},
     ]);
     eprintln!("{}", promtool_test(&groups, series, tests).trim());

@@ -45,6 +45,7 @@ mod restarts;
 mod restored_fence;
 mod settings_change;
 mod setup_script;
+mod sidecar_missing;
 mod stalled_member;
 mod startup;
 mod status_size;

@@ -151,11 +151,16 @@ tolerations: {{- toYaml . | nindent 2 }}
 - apiGroups: [podlock.io]
   resources: [distributedlocks/status]
   verbs: [get, patch]
-# Pod liveness: watch pods with podlock sidecars and read one by name. RBAC cannot narrow a
-# watch by label, so this is every pod; it is read-only.
+# Pod liveness: watch pods with podlock sidecars and read one by name; and pods that asked for
+# the sidecar and run without it (a metadata watch of the pods without the sidecar label). RBAC
+# cannot narrow a watch by label, so this is every pod; it is read-only.
 - apiGroups: [""]
   resources: [pods]
   verbs: [get, list, watch]
+# A pod without its sidecar is warned about on its Deployment too: its ReplicaSet names it.
+- apiGroups: [apps]
+  resources: [replicasets]
+  verbs: [get]
 # spec.holderService: a Service without a selector and its EndpointSlice per lock that asks
 # for one, made by server-side apply (create and patch), watched by label, removed when no
 # longer asked for. The operator never takes over one it did not make (owner reference).

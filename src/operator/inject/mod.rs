@@ -135,6 +135,18 @@ fn inject(tpl: &SidecarTemplate, namespace_injects: bool, pod: &Value) -> Result
     })
 }
 
+/// Whether `pod` (in `namespace`) asked for the sidecar by its annotation and runs without it
+/// where the webhook would have given it one: what the API server creates when it cannot reach
+/// the webhook and `failurePolicy: Ignore` lets the pod through. The webhook's own rules, so
+/// that the operator never warns about a pod the webhook leaves alone on purpose.
+pub fn missed(namespace: &str, pod: &Value) -> bool {
+    namespace != "kube-system"
+        && !is_operator(pod)
+        && asks(pod, false)
+        && !has_sidecar(pod)
+        && pod.pointer("/spec/hostNetwork") != Some(&Value::Bool(true))
+}
+
 /// Whether the operator's own label is on `object` or on its pod template.
 fn is_operator(object: &Value) -> bool {
     ["/metadata", "/spec/template/metadata"].iter().any(|meta| {

@@ -244,6 +244,27 @@ fn leaves_alone_what_it_must() {
     assert!(apply(&by_hand, "Pod", true, "app").is_none());
 }
 
+/// `missed` is the webhook's own rule turned round: each pod it would inject and that has no
+/// sidecar was missed, and no pod it leaves alone on purpose.
+#[test]
+fn a_pod_missed_is_one_the_webhook_would_have_injected() {
+    let annotated = pod(json!({INJECT: "true"}));
+    assert!(missed("app", &annotated), "asked, and no sidecar");
+    assert!(!missed("app", &injected_pod(&tpl())), "injected");
+    assert!(!missed("app", &pod(json!({}))), "did not ask");
+    assert!(!missed("app", &pod(json!({INJECT: "false"}))), "asked not to");
+    assert!(!missed("kube-system", &annotated));
+    let mut by_hand = annotated.clone();
+    by_hand["spec"]["containers"][1]["name"] = json!(SIDECAR_CONTAINER);
+    assert!(!missed("app", &by_hand), "a sidecar written by hand");
+    let mut host = annotated.clone();
+    host["spec"]["hostNetwork"] = json!(true);
+    assert!(!missed("app", &host), "hostNetwork pods get none");
+    let mut op = annotated;
+    op["metadata"]["labels"] = json!({OPERATOR_LABEL.0: OPERATOR_LABEL.1});
+    assert!(!missed("app", &op), "the operator's own");
+}
+
 /// The sidecar `tpl` injects into an annotated pod.
 fn injected_sidecar(tpl: &SidecarTemplate) -> Value {
     injected_pod(tpl)["spec"]["initContainers"][0].clone()
