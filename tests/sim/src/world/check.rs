@@ -140,6 +140,11 @@ impl Checker {
         self.floors.clear();
     }
 
+    /// `lock` was deleted: a sidecar may find it undeclared meanwhile, and forget its epoch.
+    pub fn deleted(&mut self, lock: &str) {
+        self.floors.retain(|(_, l), _| l != lock);
+    }
+
     /// The hold of `token` ended: released, or told lost.
     pub fn ended(&mut self, lock: &str, token: i64) {
         let holder = (self.holds.iter().find(|h| h.lock == lock && h.token == token))
@@ -149,6 +154,20 @@ impl Checker {
         for h in (self.holds.iter_mut()).filter(|h| h.lock == lock && h.token == token) {
             h.ended = true;
         }
+    }
+
+    /// The locks and tokens of the hold of `holder` that `token` of `lock` belongs to: that one,
+    /// and the other locks of its set (their tokens of the same revision).
+    pub fn hold_of(&self, holder: &str, (lock, token): (&str, i64)) -> Vec<(String, i64)> {
+        let revision = Token::from_raw(token).revision();
+        let mut all: Vec<(String, i64)> = (self.holds.iter())
+            .filter(|h| h.holder == holder && !h.ended && Token::from_raw(h.token).revision() == revision)
+            .map(|h| (h.lock.clone(), h.token))
+            .collect();
+        if !all.iter().any(|(l, t)| l == lock && *t == token) {
+            all.push((lock.to_string(), token));
+        }
+        all
     }
 
     /// Whether some client was told it holds `token` of `lock` (its hold may have ended).

@@ -55,11 +55,14 @@ pub async fn run(mut rng: Rng, world: World, etcd: Arc<Etcd>, nets: Vec<Net>, un
                 }
                 nets[pod].deafen(false);
             }
-            "restore" => restore(&world, &etcd, &snapshot),
-            _ if world.with(|s| s.ops.unpublished.contains(&true)) => {
-                // Nothing would remember the lock's tokens (see `relock.rs`).
-                world.log("wipe left out: a lock is deleted, or not yet published again".into());
+            kind if world.with(|s| s.ops.unpublished.contains(&true)) => {
+                // Nothing would remember the lock's tokens (see `relock.rs`): etcd loses the
+                // epoch its removal kept, and no status has it.
+                world.log(format!(
+                    "{kind} left out: a lock is deleted, or not yet published again"
+                ));
             }
+            "restore" => restore(&world, &etcd, &snapshot),
             _ => {
                 world.fault("wipe", "etcd wiped".into());
                 etcd.wipe();

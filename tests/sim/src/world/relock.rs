@@ -28,6 +28,8 @@ pub async fn delete(rng: &mut Rng, world: &World, store: &Store) {
     world.with(|s| {
         s.ops.deleted[i] = true;
         s.ops.unpublished[i] = true;
+        s.check.deleted(LOCKS[i].name);
+        s.rebuilds += 1; // its release receipts go with it (F9)
     });
     // etcd lost the lock (wiped, not yet published again): its removal keeps no epoch.
     let lost = (store.lock_state(&id, LOCKS[i].max_holders).await).is_ok_and(|s| s.settings.is_none());

@@ -38,7 +38,8 @@ pub struct Shared {
     pub deadline_ends: BTreeSet<(String, i64)>,
     /// The waiters the liveness checker follows.
     pub live: Waits,
-    /// How many times etcd was restored or wiped.
+    /// How many times etcd was restored or wiped, or a lock deleted: each takes release
+    /// receipts away.
     pub rebuilds: u64,
     pub(super) etcd: Arc<Etcd>,
     start: Instant,
@@ -115,11 +116,24 @@ impl World {
     /// `holder`'s release of `g` was answered `released` (or `lost`); etcd had been restored or
     /// wiped `rebuilds` times when it was asked.
     pub fn release_answered(&self, (holder, g): (&str, &Grant), released: bool, rebuilds: u64) {
+        // A set's release is answered `lost` when any of its locks was lost, whatever its
+        // transaction did to the others: its receipts say nothing of the answer.
+        if !g.locks.is_empty() {
+            return;
+        }
         self.with(|s| {
             s.check.checks += 1;
             let r = super::receipts::check(&s.etcd, (holder, g), released, s.rebuilds != rebuilds);
             s.judge(r);
         });
+    }
+
+    /// `holder`'s release of its hold of `token` of `lock` was answered: that hold, a whole
+    /// set's if it is one, ended.
+    pub fn released_hold(&self, holder: &str, lock: &str, token: i64) {
+        for (lock, token) in self.with(|s| s.check.hold_of(holder, (lock, token))) {
+            self.released(holder, &lock, token);
+        }
     }
 
     /// A token of `lock` to check: `own`, or (now and then) the last one whose hold ended;

@@ -31,7 +31,7 @@ pub fn heard(engine: &Engine, world: &World, e: HoldEvent) {
     tokio::spawn(async move {
         sleep(after).await;
         match engine.release_token(&e.lock, &holder, token).await {
-            Ok(()) => world.released(&holder, &e.lock.name, token),
+            Ok(()) => world.released_hold(&holder, &e.lock.name, token),
             Err(e) => world.log(format!("{holder} release {token} (yielding): {e}")),
         }
     });
