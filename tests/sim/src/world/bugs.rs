@@ -79,7 +79,8 @@ pub fn run() -> Result<(), String> {
 /// returns whether a seed did.
 fn hunt(bug: Bug, cap: u64, threads: usize) -> bool {
     let started = Instant::now();
-    let seeds: Vec<u64> = (1..=cap).collect();
+    // A seed that breaks a rule with no bug on (`KNOWN`) proves nothing of `bug`.
+    let seeds: Vec<u64> = (1..=cap).filter(|s| !super::KNOWN.contains(s)).collect();
     let each = |_, seed| with_bug(bug, seed);
     let outcomes = pool::map(&seeds, (threads, false), each);
     let secs = started.elapsed().as_secs_f64();
