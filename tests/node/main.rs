@@ -13,7 +13,6 @@ mod holder_service;
 mod interrupt;
 mod isolation;
 mod lifecycle;
-mod missed_injection;
 mod multi;
 mod network_policy;
 mod uninstall;
@@ -153,7 +152,6 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     lifecycle::helm_upgrade_reaches_new_pods(&node);
     lifecycle::an_app_ignoring_sigterm_keeps_its_hold_until_killed(&node);
     lifecycle::sidecar_kill_ends_the_hold(&node);
-    missed_injection::a_pod_the_webhook_missed_is_warned_about_within_seconds(&node);
     workload::remove(&node).await;
     helm_test::helm_test_fails_naming_etcd_while_it_is_down(&node);
     uninstall_and_install_again(&node);
