@@ -270,11 +270,13 @@ impl OperatorMetrics {
                 IntCounterVec::new(Opts::new(name, help), labels).unwrap(),
             )
         };
-        let per_lock = |name: &str, help: &str| {
-            let gauges = prometheus::IntGaugeVec::new(Opts::new(name, help), &["namespace", "lock"]);
+        let gauges = |name: &str, help: &str, labels: &[&str]| {
+            let gauges = prometheus::IntGaugeVec::new(Opts::new(name, help), labels);
             registered(&registry, gauges.unwrap())
         };
+        let per_lock = |name: &str, help: &str| gauges(name, help, &["namespace", "lock"]);
         let gauge = |name: &str, help: &str| registered(&registry, IntGauge::new(name, help).unwrap());
+        let stage = |name: &str, help: &str| registered(&registry, status_stage(name, help));
         OperatorMetrics {
             reconcile_total: vec(
                 "podlock_reconcile_total",
@@ -287,19 +289,13 @@ impl OperatorMetrics {
                 "podlock_operator_status_writes_pending",
                 "Locks whose latest status waits to be written (at most one write each)",
             ),
-            status_trigger: registered(
-                &registry,
-                status_stage(
-                    "podlock_operator_status_trigger_seconds",
-                    "Time from an etcd change of a lock to the start of the reconciliation that reads it",
-                ),
+            status_trigger: stage(
+                "podlock_operator_status_trigger_seconds",
+                "Time from an etcd change of a lock to the start of the reconciliation that reads it",
             ),
-            status_wait: registered(
-                &registry,
-                status_stage(
-                    "podlock_operator_status_wait_seconds",
-                    "Time a lock's latest status waited to be written, from first offered to its PATCH",
-                ),
+            status_wait: stage(
+                "podlock_operator_status_wait_seconds",
+                "Time a lock's latest status waited to be written, from first offered to its PATCH",
             ),
             lock_holders: per_lock("podlock_lock_holders", "Holders of a lock"),
             lock_waiters: per_lock("podlock_lock_waiters", "Waiters of a lock"),
@@ -318,16 +314,10 @@ impl OperatorMetrics {
                 "Admission requests the webhook answered, by kind and outcome",
                 &["kind", "outcome"],
             ),
-            pods_without_sidecar: registered(
-                &registry,
-                prometheus::IntGaugeVec::new(
-                    Opts::new(
-                        "podlock_pods_without_sidecar",
-                        "Pods that asked for the podlock sidecar and run without it (the webhook was not reached), by namespace",
-                    ),
-                    &["namespace"],
-                )
-                .unwrap(),
+            pods_without_sidecar: gauges(
+                "podlock_pods_without_sidecar",
+                "Pods that asked for the podlock sidecar and run without it (the webhook was not reached), by namespace",
+                &["namespace"],
             ),
             registry,
         }
