@@ -40,6 +40,7 @@ token=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 child "$BIN/etcd" --name default --data-dir "$dir/etcd" \
   --listen-client-urls "$etcd" --advertise-client-urls "$etcd" \
   --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" --initial-cluster "default=$peer" \
+  --feature-gates=LeaseCheckpoint=true,LeaseCheckpointPersist=true \
   >"$dir/etcd.log" 2>&1
 until curl -sf "$etcd/health" >/dev/null; do sleep 0.1; done
 

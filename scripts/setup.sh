@@ -40,7 +40,7 @@
 # reused while their version matches. Prints the cache's bin directory on the last line.
 set -euo pipefail
 
-ETCD_VERSION="${ETCD_VERSION:-v3.5.17}"
+ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.13.1}"

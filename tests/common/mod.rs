@@ -23,7 +23,13 @@ pub mod store;
 pub use rebuild::Rebuild;
 pub use sidecar::Sidecar;
 
+/// What every etcd of the tests runs with beside its addresses: lease checkpoints on and kept
+/// (as the chart's bundled etcd), so a leader change does not give a long lease its whole TTL
+/// again (docs/operations.md, "etcd").
+pub const ETCD_FEATURE_GATES: &str = "--feature-gates=LeaseCheckpoint=true,LeaseCheckpointPersist=true";
+
 /// Where `scripts/setup.sh` puts etcd and the Kubernetes binaries.
+
 pub fn bin_dir() -> PathBuf {
     let cache = std::env::var("PODLOCK_CACHE")
         .map(PathBuf::from)
@@ -240,6 +246,7 @@ impl EtcdServer {
                     &self.initial_cluster,
                     "--initial-cluster-token",
                     "podlock-test",
+                    ETCD_FEATURE_GATES,
                 ])
                 .stdout(Stdio::null())
                 .stderr(log_file(self.dir.path(), "etcd.log")),

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use crate::certs::make_certificate;
 use crate::common::kube::{Operator, with_crd};
-use crate::common::{Sidecar, bin_dir, free_port, spawn_dying_with_parent, wait_until};
+use crate::common::{ETCD_FEATURE_GATES, Sidecar, bin_dir, free_port, spawn_dying_with_parent, wait_until};
 use crate::isolation::credentials;
 
 /// A one-member etcd serving clients over TLS with the certificate in `dir` (killed on drop
@@ -38,7 +38,7 @@ async fn tls_etcd(dir: &Path) -> (Child, String, Client) {
                 "--initial-advertise-peer-urls",
                 &peer,
             ])
-            .args(["--initial-cluster", &format!("tls={peer}")])
+            .args(["--initial-cluster", &format!("tls={peer}"), ETCD_FEATURE_GATES])
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     );
