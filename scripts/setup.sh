@@ -13,6 +13,9 @@
 #   ShellCheck        Debian's shellcheck, with which scripts/test.sh lints every shell script
 #   etcd, etcdctl     built from the Go module go.etcd.io/etcd (server/v3, etcdctl/v3)
 #   etcdutl           the same module's etcdutl/v3 (the backup and restore tests' snapshots)
+#   etcd-v3.5.17, etcd-v3.5.36  the etcd servers an upgrade passes through on its way to
+#                     ETCD_VERSION: the chart's previous etcd and the newest 3.5 patch, which etcd
+#                     requires before 3.6 (the version-warning and upgrade tests)
 #   Porcupine         the Go module github.com/anishathalye/porcupine, downloaded for the safety
 #                     run's linearizability checker (tests/linearizability/, built by the test)
 #   schemathesis      from PyPI in a venv of its own, pinned: it fuzzes the sidecar's API from
@@ -41,6 +44,7 @@
 set -euo pipefail
 
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
+PRIOR_ETCD_VERSIONS="${PRIOR_ETCD_VERSIONS:-v3.5.17 v3.5.36}"
 KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.13.1}"
@@ -152,6 +156,9 @@ build_go_cmd() {
 wanted etcd && build_go_cmd etcd go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3
 wanted etcdctl && build_go_cmd etcdctl go.etcd.io/etcd/etcdctl/v3 go.etcd.io/etcd/etcdctl/v3
 wanted etcdutl test && build_go_cmd etcdutl go.etcd.io/etcd/etcdutl/v3 go.etcd.io/etcd/etcdutl/v3
+for v in $PRIOR_ETCD_VERSIONS; do
+  wanted "etcd-$v" test && build_go_cmd "etcd-$v" go.etcd.io/etcd/server/v3 go.etcd.io/etcd/server/v3 "$v"
+done
 if wanted porcupine test; then
   step "the linearizability checker's Go modules (tests/linearizability/go.mod)"
   (cd "$(dirname "$0")/../tests/linearizability" && go mod download)
