@@ -6,6 +6,7 @@
 pub(super) mod link;
 pub(super) mod members;
 pub(super) mod session;
+pub(super) mod silence;
 pub(super) mod watch;
 
 use etcd_client::{Client, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn, TxnOpResponse, TxnResponse};

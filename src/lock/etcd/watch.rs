@@ -9,6 +9,7 @@ use tokio::time::timeout;
 use tracing::debug;
 
 use super::members::Members;
+use super::silence::Silence;
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::{Etcd, Stats};
 
@@ -43,6 +44,8 @@ impl Etcd {
         // gives one (the watch's own silence check starts only once it is open).
         let clients = self.link.current();
         let (member, client) = clients.pick();
+        let mut silence = Silence::new(client.clone(), first.key.clone());
+        targets.iter().for_each(|t| silence.asked(t.from));
         let mut client = client.watch_client();
         let open = client.watch(first.key.clone(), first.options());
         let Ok(opened) = timeout(2 * WATCH_SILENCE, open).await else {
@@ -65,6 +68,7 @@ impl Etcd {
             stats: self.stats.clone(),
             members: clients.members.clone(),
             member,
+            silence,
             start_revision: 0,
             fired: false,
             events: vec![],
@@ -159,6 +163,11 @@ impl Target {
         &self.key
     }
 
+    /// The revision its watch starts at (`None`: from now).
+    pub(in crate::lock) fn start(&self) -> Option<i64> {
+        self.from
+    }
+
     fn options(&self) -> Option<WatchOptions> {
         Some(self.watch_options())
     }
@@ -188,6 +197,8 @@ pub struct KeyWatch {
     /// Told when the member serving the stream (`member`) is found silent.
     members: Arc<Members>,
     member: Option<usize>,
+    /// Whether a silence of the member is etcd's rule (a watch starts ahead of it).
+    silence: Silence,
     /// The largest revision at which a watch was created.
     pub start_revision: i64,
     fired: bool,
@@ -212,6 +223,7 @@ impl KeyWatch {
         let resp = loop {
             match timeout(WATCH_SILENCE, self.stream.message()).await {
                 Ok(message) => break message?,
+                Err(_) if asked && self.silence.explained(&self.stats).await => asked = false,
                 Err(_) if asked => {
                     self.members.suspect(self.member, "a watch on it went silent");
                     return Err(LockError::Unavailable(Unavailable::MemberStalled {
@@ -227,6 +239,7 @@ impl KeyWatch {
         };
         let resp =
             resp.ok_or_else(|| LockError::from(Unavailable::WatchEnded("it closed the stream".into())))?;
+        self.silence.heard(resp.header().map_or(0, |h| h.revision()));
         if resp.canceled() {
             return Err(LockError::from(Unavailable::WatchEnded(format!(
                 "cancelled: {}",
@@ -279,6 +292,7 @@ impl KeyWatch {
     /// [`KeyWatch::changed`].
     pub async fn also(&mut self, target: &Target) -> Result<(), LockError> {
         self.stats.watches.fetch_add(1, Ordering::Relaxed);
+        self.silence.asked(target.from);
         let key = target.key.clone();
         Ok(self.stream.watch(key, target.options()).await?)
     }

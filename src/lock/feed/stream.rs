@@ -24,6 +24,7 @@ use super::kept::{Command, Feed};
 use crate::lock::etcd::Stats;
 use crate::lock::etcd::link::Link;
 use crate::lock::etcd::members::Members;
+use crate::lock::etcd::silence::Silence;
 use crate::lock::etcd::watch::WATCH_SILENCE;
 
 /// What the stream's task asks of the directory of the feeds it serves.
@@ -74,6 +75,7 @@ struct Opened {
     stream: WatchStream,
     members: Arc<Members>,
     member: Option<usize>,
+    silence: Silence,
 }
 
 /// A feed the stream serves: its watch ids, and how many etcd confirmed.
@@ -120,6 +122,8 @@ impl Mux {
         };
         let clients = link.current();
         let (member, client) = clients.pick();
+        let mut silence = Silence::new(client.clone(), first.targets[0].key().to_vec());
+        first.targets.iter().for_each(|t| silence.asked(t.start()));
         let mut requests = self.serve(first);
         let (key, options) = requests.remove(0);
         let mut watches = client.watch_client();
@@ -135,6 +139,7 @@ impl Mux {
             stream,
             members,
             member,
+            silence,
         })
     }
 
@@ -145,6 +150,7 @@ impl Mux {
             mut stream,
             members,
             member,
+            mut silence,
         }: Opened,
         feeds: &Weak<dyn Directory>,
         generation: u64,
@@ -159,7 +165,10 @@ impl Mux {
                 biased;
                 command = commands.recv() => {
                     let sent = match command {
-                        Some(Command::Open(feed)) => send(&mut stream, self.serve(feed)).await,
+                        Some(Command::Open(feed)) => {
+                            feed.targets.iter().for_each(|t| silence.asked(t.start()));
+                            send(&mut stream, self.serve(feed)).await
+                        }
                         Some(Command::Progress) => progress(&mut stream).await,
                         None => return "the feeds are gone".into(),
                     };
@@ -170,19 +179,25 @@ impl Mux {
                 message = stream.message() => {
                     (heard, asked) = (Instant::now(), None);
                     match message {
-                        Ok(Some(resp)) => self.handle(resp),
+                        Ok(Some(resp)) => {
+                            silence.heard(resp.header().map_or(0, |h| h.revision()));
+                            self.handle(resp)
+                        }
                         Ok(None) => return "etcd closed the watch stream".into(),
                         Err(e) => return format!("the watch stream failed: {e}").into(),
                     }
                 }
                 _ = sleep_until(check_at) => {
-                    if asked.is_some() {
+                    if asked.is_none() {
+                        if let Err(e) = progress(&mut stream).await {
+                            return e;
+                        }
+                        asked = Some(Instant::now());
+                    } else if silence.explained(&self.stats).await {
+                        (heard, asked) = (Instant::now(), None);
+                    } else {
                         return stalled(&members, member);
                     }
-                    if let Err(e) = progress(&mut stream).await {
-                        return e;
-                    }
-                    asked = Some(Instant::now());
                 }
                 _ = sweep.tick() => {
                     let Some(feeds) = feeds.upgrade() else { return "the feeds are gone".into() };

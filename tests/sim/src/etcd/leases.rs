@@ -1,5 +1,7 @@
 //! Leases on the simulated clock, as etcd's lessor keeps them on its leader: a TTL, an expiry
-//! that a keepalive moves, the keys attached.
+//! that a keepalive moves, the keys attached, and the lease checkpoints a new leader starts
+//! from (etcd 3.6 with `--feature-gates=LeaseCheckpoint=true,LeaseCheckpointPersist=true`, as
+//! the chart runs it).
 
 use super::errors::EtcdError;
 use std::collections::{BTreeMap, BTreeSet};
@@ -9,12 +11,19 @@ use tokio::time::Instant;
 /// etcd's `MaxLeaseTTL`: a grant beyond it is refused.
 const MAX_LEASE_TTL: i64 = 9_000_000_000;
 
+/// etcd's lease checkpoint interval (`defaultLeaseCheckpointInterval`, no flag sets it): a lease
+/// with more than this left is checkpointed this long after its last refresh, and again while
+/// it has more left.
+const CHECKPOINT_INTERVAL: Duration = Duration::from_secs(300);
+
 /// One lease.
 #[derive(Clone, Debug)]
 pub struct Lease {
     /// Its TTL in seconds, as granted (raised to the minimum).
     pub ttl: i64,
     expiry: Instant,
+    /// When it was last granted, renewed or given its TTL by a new leader.
+    refreshed: Instant,
     /// The keys attached to it.
     pub keys: BTreeSet<Vec<u8>>,
 }
@@ -26,7 +35,25 @@ impl Lease {
     }
 
     fn refresh(&mut self, now: Instant, extend: Duration) {
-        self.expiry = now + extend + Duration::from_secs(self.ttl as u64);
+        self.refresh_for(now, extend, Duration::from_secs(self.ttl as u64));
+    }
+
+    fn refresh_for(&mut self, now: Instant, extend: Duration, left: Duration) {
+        (self.expiry, self.refreshed) = (now + extend + left, now);
+    }
+
+    /// What a new leader at `now` gives it: the time left at its latest checkpoint, or, never
+    /// checkpointed (a TTL of at most [`CHECKPOINT_INTERVAL`], as podlock's), its whole TTL.
+    fn promoted(&self, now: Instant) -> Duration {
+        let (mut left, mut at) = (Duration::from_secs(self.ttl as u64), self.refreshed);
+        // A checkpoint is scheduled only while more than the interval is left.
+        while self.expiry.saturating_duration_since(at) > CHECKPOINT_INTERVAL
+            && at + CHECKPOINT_INTERVAL <= now
+        {
+            at += CHECKPOINT_INTERVAL;
+            left = self.expiry.saturating_duration_since(at);
+        }
+        left
     }
 }
 
@@ -76,6 +103,7 @@ impl Leases {
         let mut lease = Lease {
             ttl: ttl.max(self.min_ttl),
             expiry: now,
+            refreshed: now,
             keys: BTreeSet::new(),
         };
         lease.refresh(now, Duration::ZERO);
@@ -142,12 +170,12 @@ impl Leases {
             .collect()
     }
 
-    /// A new leader's lessor: every lease gets its whole TTL again, plus `extend` (etcd's
-    /// `Promote` with the election timeout), since without lease checkpointing the remaining
-    /// TTLs were never replicated.
+    /// A new leader's lessor: every lease gets what was left at its latest checkpoint, else its
+    /// whole TTL, plus `extend` (etcd's `Promote` with the election timeout).
     pub fn promote(&mut self, now: Instant, extend: Duration) {
         for lease in self.map.values_mut() {
-            lease.refresh(now, extend);
+            let left = lease.promoted(now);
+            lease.refresh_for(now, extend, left);
         }
     }
 }

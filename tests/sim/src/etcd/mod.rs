@@ -178,7 +178,8 @@ impl Etcd {
         self.shared.update(|s| s.store.compact(revision))
     }
 
-    /// A leader change: a new raft term, and every lease's TTL starts again.
+    /// A leader change: a new raft term, and every lease's TTL starts again (from its latest
+    /// checkpoint, if it had one).
     pub fn change_leader(&self) {
         self.shared
             .update(|s| s.change_leader(tokio::time::Instant::now()));

@@ -106,7 +106,7 @@ impl PbKvService for Api {
     type RangeStreamStream = Boxed<PbRangeStreamResponse>;
 
     async fn range_stream(&self, _: Request<PbRangeRequest>) -> Answer<Boxed<PbRangeStreamResponse>> {
-        // etcd 3.5, the version the chart ships, has no RangeStream.
+        // etcd 3.6, the version the chart ships, has no RangeStream (3.7 has).
         Err(Status::unimplemented(
             "unknown method RangeStream for service etcdserverpb.KV",
         ))

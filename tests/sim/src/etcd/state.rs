@@ -8,7 +8,7 @@ use etcd_client::proto::{PbKeyValue, PbResponseHeader};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// How the simulated etcd is set up; the defaults are a single etcd 3.5 member's.
+/// How the simulated etcd is set up; the defaults are a single etcd 3.6 member's.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// The smallest lease TTL granted, in seconds (etcd: 1.5 election timeouts, rounded up).
@@ -135,7 +135,8 @@ impl State {
         kvs
     }
 
-    /// A leader change: a new term, and every lease's TTL starts again (no lease checkpoints).
+    /// A leader change: a new term, and every lease's TTL starts again from its latest
+    /// checkpoint, if it had one.
     pub fn change_leader(&mut self, now: Instant) {
         self.raft_term += 1;
         self.leases.promote(now, self.config.election_timeout);

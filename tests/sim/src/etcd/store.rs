@@ -198,7 +198,7 @@ impl Store {
             !history.is_empty()
         });
         // A watch from the compacted revision still gets its events, deletions included
-        // (checked against etcd 3.5 by the `sim` test).
+        // (checked against etcd by the `sim` test).
         self.events
             .retain(|e| e.kv.as_ref().is_some_and(|kv| kv.mod_revision >= revision));
     }

@@ -163,13 +163,11 @@ fn compare_kv(c: &PbCompare, target: PbCompareTarget, kv: &etcd_client::proto::P
     }
 }
 
-/// etcd's `checkRequests` on the taken branches, puts first, then ranges.
+/// etcd 3.6's `checkTxn` on the taken branches: each put and range in order, the first refusal
+/// answered (etcd 3.5 checked every put before any range).
 fn check(state: &State, r: &PbTxnRequest, path: &Path) -> Result<(), EtcdError> {
     walk_taken(r, path, &mut |op| match op {
         PbTxnOpRequest::RequestPut(p) => kv::check_txn_put(state, p),
-        _ => Ok(()),
-    })?;
-    walk_taken(r, path, &mut |op| match op {
         // etcd's checkRange: unlike a range on its own, a negative revision is "compacted"
         // once any compaction ran (it is below the compacted revision, at least 0).
         PbTxnOpRequest::RequestRange(q) if q.revision < 0 && q.revision < state.store.compacted() => {

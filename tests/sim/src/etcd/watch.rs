@@ -38,6 +38,9 @@ impl PbWatchService for WatchService {
 /// One watcher of a stream.
 struct Watcher {
     range: KeyRange,
+    /// The revision asked for, 0 for "from now": etcd 3.6 answers no progress request for a
+    /// watcher whose start is still ahead of its revision (etcd's `progressIfSync`).
+    start: i64,
     /// The first revision whose events it has not been sent.
     next: i64,
     prev_kv: bool,
@@ -124,6 +127,7 @@ impl Watchers {
                 };
                 let watcher = Watcher {
                     range: KeyRange::new(&c.key, &c.range_end),
+                    start: c.start_revision,
                     next: start,
                     prev_kv: c.prev_kv,
                     filters: c.filters,
@@ -142,10 +146,12 @@ impl Watchers {
             },
             Some(PbWatchRequestUnion::ProgressRequest(_)) => {
                 // etcd answers once for the whole stream, once every watch is synced: not at
-                // all without a watch, nor with one a compaction cancelled. Every other watch
-                // here is caught up once delivered to, as this is answered after.
+                // all without a watch, nor with one a compaction cancelled or one that starts
+                // past the current revision. Every other watch here is caught up once
+                // delivered to, as this is answered after.
                 let mut out = self.deliver(s);
-                if !self.by_id.is_empty() && self.by_id.values().all(|w| !w.compacted) {
+                let current = s.store.revision();
+                if !self.by_id.is_empty() && self.by_id.values().all(|w| w.answers_progress(current)) {
                     out.push(response(s, INVALID_WATCH_ID));
                 }
                 out
@@ -228,8 +234,9 @@ impl Watchers {
     /// event since the last tick is told the current revision.
     fn progress_tick(&mut self, s: &State) -> Vec<PbWatchResponse> {
         let mut out = self.deliver(s);
+        let current = s.store.revision();
         for (&id, w) in self.by_id.iter_mut().filter(|(_, w)| !w.compacted) {
-            if w.progress_notify && w.quiet {
+            if w.progress_notify && w.quiet && w.answers_progress(current) {
                 out.push(response(s, id));
             }
             w.quiet = true;
@@ -247,6 +254,11 @@ fn events(s: &State, watch_id: i64, events: Vec<PbEvent>) -> PbWatchResponse {
 }
 
 impl Watcher {
+    /// Whether etcd would tell this watcher its progress at revision `current`.
+    fn answers_progress(&self, current: i64) -> bool {
+        !self.compacted && current >= self.start
+    }
+
     fn wants(&self, e: &PbEvent) -> bool {
         let Some(kv) = &e.kv else { return false };
         let filtered = |f: WatchFilterType| self.filters.contains(&(f as i32));

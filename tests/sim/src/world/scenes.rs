@@ -21,10 +21,16 @@ use tokio::time::{sleep, timeout};
 type Play = fn(World, Arc<Etcd>) -> Pin<Box<dyn Future<Output = Result<(), String>>>>;
 
 /// The scenes, by name.
-const SCENES: &[(&str, Play)] = &[(
-    "a limit raised before a waiter's new feed starts (#54 F1)",
-    |world, etcd| Box::pin(limit_raised_before_a_new_feed(world, etcd)),
-)];
+const SCENES: &[(&str, Play)] = &[
+    (
+        "a limit raised before a waiter's new feed starts (#54 F1)",
+        |world, etcd| Box::pin(limit_raised_before_a_new_feed(world, etcd)),
+    ),
+    (
+        "a waiter on a quiet etcd 3.6 keeps its watches (#55 F15)",
+        |world, etcd| Box::pin(quiet_waiter_keeps_its_watches(world, etcd)),
+    ),
+];
 
 /// Scenes that fail on the engine as it is, kept out of the default run until it is fixed;
 /// `PODLOCK_SCENES_KNOWN=1` plays them too.
@@ -140,6 +146,57 @@ async fn limit_raised_before_a_new_feed(world: World, etcd: Arc<Etcd>) -> Result
     // x holds one slot of 2, and c is next in the queue.
     let_in(&world, "c (b released, one slot free)", c, LET_IN).await?;
     Ok(())
+}
+
+/// #55 F15. etcd 3.6 answers no progress request on a stream while one of its watches starts
+/// past the current revision (`progressIfSync`, since 3.6.0), and a mutex waiter behind another
+/// waiter, in a process that follows the lock already, watches from the revision after its
+/// read: on a lock where nothing is written, etcd stays silent, and a waiter that takes that
+/// silence for a stalled member remakes its watches every second, accusing a healthy member
+/// each time. Here a holder and two waiters of one process sit on a quiet lock for `QUIET`.
+async fn quiet_waiter_keeps_its_watches(world: World, etcd: Arc<Etcd>) -> Result<(), String> {
+    const QUIET: Duration = Duration::from_secs(10);
+    let store = Store::new(etcd.client().await);
+    declare(&store, &MUTEX, 1)
+        .await
+        .map_err(|e| format!("declare: {e}"))?;
+    let lock = LockId::new(NAMESPACE, MUTEX.name).expect("a valid name");
+    let (holder, waiter) = (
+        start_pod(0, &etcd, &world).await,
+        start_pod(1, &etcd, &world).await,
+    );
+    let a = holder.engine.acquire(request(&lock, "a", Duration::ZERO));
+    a.await.map_err(|e| format!("a: {e}"))?;
+    world.log("a holds m".into());
+    let wait = |holder: &'static str| {
+        let (engine, req) = (waiter.engine.clone(), request(&lock, holder, QUIET * 2));
+        tokio::spawn(async move { engine.acquire(req).await })
+    };
+    let b = wait("b");
+    sleep(Duration::from_secs(1)).await;
+    let c = wait("c");
+    sleep(Duration::from_secs(1)).await;
+    let watches = || {
+        waiter
+            .engine
+            .stats()
+            .watches
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    let before = watches();
+    sleep(QUIET).await;
+    let made = watches() - before;
+    world.log(format!(
+        "b and c waited {QUIET:?} on a quiet etcd; their process made {made} watches"
+    ));
+    b.abort();
+    c.abort();
+    match made {
+        0 => Ok(()),
+        n => Err(format!(
+            "the waiter's process made {n} watches in {QUIET:?} on a lock where nothing was written"
+        )),
+    }
 }
 
 /// An exclusive acquire of one permit.
