@@ -196,6 +196,7 @@ impl Engine {
                     queue::remove(self.etcd(), &old).await?;
                 }
                 Err(LockError::LeaseNotFound(e)) => session.end(&format!("etcd: {e}")),
+                Err(LockError::Forbidden(_)) if self.sessions().poisoned(&session).await => {}
                 Err(e) => return Err(e),
             }
         }

@@ -196,6 +196,7 @@ impl Engine {
                     multi_lock::remove(self.etcd(), &old).await?;
                 }
                 Err(LockError::LeaseNotFound(e)) => placed.session.end(&format!("etcd: {e}")),
+                Err(LockError::Forbidden(_)) if self.sessions().poisoned(&placed.session).await => {}
                 Err(e) => return Err(e),
             }
         }

@@ -165,6 +165,22 @@ impl Sessions {
         self.by_ttl.lock().await.values().map(|s| s.id).collect()
     }
 
+    /// Whether etcd refused a put under `session` for its lease rather than for the key: since
+    /// etcd 3.6.11 a put with a lease needs access to every key already on it, and another etcd
+    /// user may attach a key of its own to a lease that carries none of ours (#55 F16). etcd
+    /// then refuses us the lease's keys too. Such a session carries nothing of this sidecar
+    /// (its keys would have kept the other user out), so it is ended and a new one taken.
+    pub async fn poisoned(&self, session: &Session) -> bool {
+        let refused = matches!(
+            self.etcd.lease_keys(session.id).await,
+            Err(LockError::Forbidden(_))
+        );
+        if refused {
+            session.end("etcd refuses its keys: another etcd user attached a key to its lease");
+        }
+        refused
+    }
+
     /// Revokes every lease: all holds and waits of this sidecar end at once.
     pub async fn close(&self) {
         let sessions: Vec<_> = std::mem::take(&mut *self.by_ttl.lock().await)
