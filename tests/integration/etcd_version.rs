@@ -8,7 +8,7 @@ use serde_json::json;
 use std::time::Duration;
 
 use crate::common::kube::{Operator, with_crd};
-use crate::common::{EtcdServer, Sidecar, bin_dir, wait_until};
+use crate::common::{EtcdServer, Sidecar, bin_dir, declare, wait_until};
 use crate::dashboards::reports;
 use crate::force_release::event;
 use podlock::lock::{FIXES, MINIMUM};
@@ -75,6 +75,7 @@ async fn a_sidecar_on_etcd_3_5_warns_naming_each_missing_fix_and_one_on_the_curr
     assert!(log.contains("meets podlock's minimum"), "{log}");
     assert!(!log.contains("below podlock's documented minimum"), "{log}");
     // Locks work on the old etcd all the same: the warning is no refusal.
+    declare(&old.endpoint, &["work"]);
     behind.must_acquire("work", json!({})).await;
 }
 
