@@ -98,4 +98,13 @@ async fn the_operator_on_etcd_3_5_warns_in_an_event_on_its_own_pod() {
     assert_eq!(kind, "Warning");
     names_every_missing_fix(&message);
     names_every_missing_fix(&op.log());
+    // On the Pod itself, uid and all, as `kubectl describe pod` finds its Events.
+    let json_of = |args: &[&str]| {
+        let (ok, out, err) = plane.kubectl(&[args, &["-n", &ns, "-o", "json"]].concat());
+        assert!(ok, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let pod_uid = json_of(&["get", "pod", "operator-0"])["metadata"]["uid"].clone();
+    let events = json_of(&["get", "events", "--field-selector", "reason=EtcdBelowMinimum"]);
+    assert_eq!(events["items"][0]["involvedObject"]["uid"], pod_uid, "{events}");
 }
