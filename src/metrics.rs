@@ -8,6 +8,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
+use crate::etcd_version::VersionGauges;
+
 /// The sidecar's metrics.
 #[derive(Clone)]
 pub struct SidecarMetrics {
@@ -38,6 +40,8 @@ pub struct SidecarMetrics {
     /// `podlock_hold_age_seconds{lock}`: how long this sidecar's oldest hold of the lock has
     /// lasted so far (no series while it holds none).
     pub hold_age: GaugeVec,
+    /// `podlock_etcd_version_info{version}`, `podlock_etcd_below_minimum`.
+    pub etcd_version: VersionGauges,
     /// When each open hold began, by lock and fencing token (for `hold_age`, `hold_seconds`).
     open_holds: Arc<Mutex<HashMap<(String, i64), Instant>>>,
 }
@@ -90,6 +94,7 @@ impl SidecarMetrics {
             handoffs: registered(&registry, handoffs),
             hold_seconds: registered(&registry, hold_seconds),
             hold_age: registered(&registry, hold_age),
+            etcd_version: VersionGauges::registered(&registry),
             open_holds: Arc::default(),
             registry,
         }
@@ -166,7 +171,10 @@ fn acquire_wait() -> HistogramVec {
 }
 
 /// `collector`, registered in `registry`.
-fn registered<C: prometheus::core::Collector + Clone + 'static>(registry: &Registry, collector: C) -> C {
+pub(crate) fn registered<C: prometheus::core::Collector + Clone + 'static>(
+    registry: &Registry,
+    collector: C,
+) -> C {
     registry.register(Box::new(collector.clone())).unwrap();
     collector
 }
@@ -258,6 +266,8 @@ pub struct OperatorMetrics {
     /// `podlock_pods_without_sidecar{namespace}`: pods that asked for the sidecar and run
     /// without it (the leader counts them; a namespace that had some stays at 0).
     pub pods_without_sidecar: prometheus::IntGaugeVec,
+    /// `podlock_etcd_version_info{version}`, `podlock_etcd_below_minimum`.
+    pub etcd_version: VersionGauges,
 }
 
 impl OperatorMetrics {
@@ -319,6 +329,7 @@ impl OperatorMetrics {
                 "Pods that asked for the podlock sidecar and run without it (the webhook was not reached), by namespace",
                 &["namespace"],
             ),
+            etcd_version: VersionGauges::registered(&registry),
             registry,
         }
     }

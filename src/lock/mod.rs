@@ -34,6 +34,7 @@ pub use engine::{Engine, Footprint};
 pub use error::{LockError, Unavailable};
 pub use etcd::Stats;
 pub use etcd::link::Link;
+pub use etcd::version::{FIXES, Fix, MINIMUM, Release, Said, VersionError, Versions};
 pub use messages::{
     AcquireRequest, EventKind, FenceCheck, Grant, HoldEvent, HolderSet, LocalEntry, LockDeleted, LockInfo,
     LockToken, Observed,

@@ -7,6 +7,7 @@ mod context;
 mod controller;
 mod etcd_auth;
 mod etcd_health;
+mod etcd_version;
 mod events;
 pub mod inject;
 pub mod isolation;
@@ -50,6 +51,10 @@ pub struct OperatorArgs {
     /// The operator's own namespace (default: the service account's, else `default`).
     #[arg(long, env = "PODLOCK_OPERATOR_NAMESPACE")]
     pub operator_namespace: Option<String>,
+    /// This replica's Pod, in `--operator-namespace` (the chart sets it from the downward API;
+    /// default: `HOSTNAME`): where the Warning Event of an etcd below podlock's minimum goes.
+    #[arg(long, env = "PODLOCK_POD_NAME")]
+    pub pod_name: Option<String>,
     /// A ClusterRole that owns what the operator creates (the webhook configuration and its
     /// Secret, the leader Lease, each namespace's etcd credentials Secret), so that deleting
     /// it, as `helm uninstall` does, deletes them.
@@ -111,6 +116,8 @@ pub async fn run(args: OperatorArgs) -> anyhow::Result<()> {
     tokio::spawn(etcd_health::watch(store.clone(), probed));
     let health = health_server(&args, store, metrics.clone(), ready.clone()).await?;
     let own_ns = (args.operator_namespace.clone()).unwrap_or_else(|| client.default_namespace().into());
+    let checked = etcd_version::run(ctx.clone(), own_ns.clone(), args.pod_name.clone());
+    tokio::spawn(checked);
     rustls::crypto::ring::default_provider().install_default().ok();
     let webhook = webhook(&client, &args, &own_ns, owner.clone(), &ctx, ready.clone()).await?;
     let leader_gauge = metrics.leader.clone();

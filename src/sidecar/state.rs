@@ -6,6 +6,7 @@ use tracing::warn;
 use super::args::SidecarArgs;
 use super::lost_reason;
 use super::reconnect;
+use crate::etcd_version;
 use crate::lock::{Engine, EventKind, PodRef};
 use crate::metrics::SidecarMetrics;
 
@@ -34,6 +35,13 @@ pub(super) async fn start(args: &SidecarArgs) -> anyhow::Result<(Engine, AppStat
     tokio::spawn(reconnect::run(engine.link().clone(), args.etcd.clone()));
     let metrics = SidecarMetrics::new();
     spawn_hold_metrics(&engine, &metrics);
+    // Beside the API, which serves meanwhile; a version below the minimum is a warning only.
+    let link = engine.link().clone();
+    let read = move || {
+        let link = link.clone();
+        async move { link.etcd_versions().await }
+    };
+    drop(etcd_version::spawn_checks(metrics.etcd_version.clone(), read));
     let state = AppState {
         engine: engine.clone(),
         metrics,

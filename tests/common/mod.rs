@@ -121,6 +121,8 @@ pub struct EtcdServer {
     initial_cluster: String,
     /// The network namespace it runs in (see [`netns::MemberNet`]); `None`: this machine's.
     netns: Option<String>,
+    /// An older release it runs (`etcd-vVERSION` of `scripts/setup.sh`); `None`: `etcd`.
+    release: Option<&'static str>,
     at: EtcdAt,
 }
 
@@ -138,6 +140,15 @@ impl EtcdServer {
         cluster.pop().unwrap()
     }
 
+    /// Starts a single member of an older release, `etcd-v{release}` (`scripts/setup.sh`
+    /// builds 3.5.17 and 3.5.36), without the feature gates, which 3.5 does not know.
+    pub async fn start_release(release: &'static str) -> Self {
+        let (client, peer) = (free_port(), free_port());
+        let url = |port| format!("http://127.0.0.1:{port}");
+        let at = |_| (url(client), url(peer), None);
+        Self::members(1, at, Some(release)).await.pop().unwrap()
+    }
+
     /// Starts an etcd cluster of `n` members on loopback and waits until every member serves.
     pub async fn cluster(n: usize) -> Vec<Self> {
         let at = |_| {
@@ -145,7 +156,7 @@ impl EtcdServer {
             let url = |port| format!("http://127.0.0.1:{port}");
             (url(client), url(peer), None)
         };
-        Self::members(n, at).await
+        Self::members(n, at, None).await
     }
 
     /// Starts an etcd cluster with a member in each namespace of `net`, so that one can be
@@ -159,11 +170,16 @@ impl EtcdServer {
                 Some(net.namespace(i)),
             )
         };
-        Self::members(n, at).await
+        Self::members(n, at, None).await
     }
 
-    /// Starts `n` members, member `i` at `at(i)`: (client URL, peer URL, namespace).
-    async fn members(n: usize, at: impl Fn(usize) -> (String, String, Option<String>)) -> Vec<Self> {
+    /// Starts `n` members of `release` (`None`: `etcd`), member `i` at `at(i)`: (client URL,
+    /// peer URL, namespace).
+    async fn members(
+        n: usize,
+        at: impl Fn(usize) -> (String, String, Option<String>),
+        release: Option<&'static str>,
+    ) -> Vec<Self> {
         let urls: Vec<_> = (0..n).map(at).collect();
         let initial_cluster = (urls.iter().enumerate())
             .map(|(i, (_, peer, _))| format!("m{i}={peer}"))
@@ -180,6 +196,7 @@ impl EtcdServer {
                 peer_url,
                 initial_cluster: initial_cluster.clone(),
                 netns,
+                release,
                 at: EtcdAt { endpoint: client },
             })
             .collect();
@@ -220,7 +237,12 @@ impl EtcdServer {
     fn spawn(&mut self) {
         assert!(self.child.is_none(), "etcd is running");
         let peer = &self.peer_url;
-        let etcd = bin_dir().join("etcd");
+        let etcd = match self.release {
+            Some(release) => bin_dir().join(format!("etcd-v{release}")),
+            None => bin_dir().join("etcd"),
+        };
+        // 3.5 refuses the feature gates it does not know.
+        let gates = self.release.is_none().then_some(ETCD_FEATURE_GATES);
         let mut command = match &self.netns {
             Some(ns) => {
                 let mut c = Command::new("ip");
@@ -245,8 +267,8 @@ impl EtcdServer {
                     &self.initial_cluster,
                     "--initial-cluster-token",
                     "podlock-test",
-                    ETCD_FEATURE_GATES,
                 ])
+                .args(gates)
                 .stdout(Stdio::null())
                 .stderr(log_file(self.dir.path(), "etcd.log")),
         );

@@ -278,6 +278,32 @@ fn the_missing_sidecar_alert_fires_per_namespace_after_a_minute() {
     eprintln!("{}", promtool_test(&groups, series, tests).trim());
 }
 
+/// Issue #55, item 1: any process that found etcd below podlock's minimum fires after a minute,
+/// once for the cluster (one etcd); the alert names the minimum the code checks against.
+#[test]
+fn the_etcd_below_minimum_alert_fires_once_after_a_minute_and_names_the_minimum() {
+    let groups = rule_groups();
+    let expected = annotations(&groups, "PodlockEtcdBelowMinimum", &[]);
+    let minimum = podlock::lock::MINIMUM.to_string();
+    for text in [&expected["summary"], &expected["description"]] {
+        assert!(
+            text.as_str().unwrap().contains(&minimum),
+            "{text:?} does not name {minimum}"
+        );
+    }
+    let gauge = |pod: &str, values: &str| json!({"series": format!("podlock_etcd_below_minimum{{pod=\"{pod}\"}}"), "values": values});
+    // Sidecar a (started on the old etcd) reports it from 30 s on; b and the operator never.
+    let series = json!([gauge("a", "0 0 1x12"), gauge("b", "0x14"), gauge("op-0", "0x14")]);
+    let tests = json!([
+        {"eval_time": "1m15s", "alertname": "PodlockEtcdBelowMinimum", "exp_alerts": []},
+        {"eval_time": "1m45s", "alertname": "PodlockEtcdBelowMinimum", "exp_alerts": [{
+            "exp_labels": {"severity": "warning"},
+            "exp_annotations": expected,
+        }]},
+    ]);
+    eprintln!("{}", promtool_test(&groups, series, tests).trim());
+}
+
 #[tokio::test]
 async fn the_operator_reports_whether_etcd_answers_with_its_quorum() {
     let plane = with_crd();

@@ -20,6 +20,7 @@ mod drain;
 mod edges;
 mod etcd_rebuild;
 mod etcd_tls;
+mod etcd_version;
 mod examples;
 mod failure_modes;
 mod fence;

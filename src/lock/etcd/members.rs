@@ -67,6 +67,11 @@ impl Members {
         }
     }
 
+    /// One client per member (none: a single endpoint), in the order of the endpoints.
+    pub fn each(&self) -> &[Client] {
+        &self.clients
+    }
+
     /// Marks member `i` (from [`pick`](Self::pick)) as silent: it is passed over for
     /// [`SUSPECT_FOR`]. Nothing for the balanced client.
     pub fn suspect(&self, i: Option<usize>, why: &str) {

@@ -1,12 +1,14 @@
 //! A thin wrapper over the etcd client that counts requests and watch events, so benchmarks
 //! can show that etcd work per release stays flat as a queue grows, and sends each request to a
 //! member that answers (see [`Members`](self::members::Members)). Watches are in
-//! [`watch`](self::watch).
+//! [`watch`](self::watch); etcd's version against podlock's minimum in
+//! [`version`](self::version).
 
 pub(super) mod link;
 pub(super) mod members;
 pub(super) mod session;
 pub(super) mod silence;
+pub(super) mod version;
 pub(super) mod watch;
 
 use etcd_client::{Client, GetOptions, GetResponse, LeaseTimeToLiveOptions, Txn, TxnOpResponse, TxnResponse};

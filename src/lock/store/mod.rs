@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::lock::error::LockError;
 use crate::lock::etcd::Etcd;
+use crate::lock::etcd::version::Versions;
 use crate::lock::protocol::Queued;
 use crate::lock::protocol::entry::rfc3339;
 use crate::lock::protocol::keys;
@@ -101,6 +102,11 @@ impl Store {
     /// A store on `client`.
     pub fn new(client: etcd_client::Client) -> Self {
         Store(Etcd::new(client))
+    }
+
+    /// The version of each etcd member (see [`Link::etcd_versions`](crate::lock::etcd::link::Link::etcd_versions)).
+    pub async fn etcd_versions(&self) -> Versions {
+        self.0.link().etcd_versions().await
     }
 
     /// Whether etcd answers within `within`.

@@ -235,3 +235,30 @@ fn the_operator_can_run_on_its_nodes_network() {
         "podlock-operator"
     );
 }
+
+/// Issue #55, item 1: the operator knows its own Pod (the downward API), where it puts the
+/// `EtcdBelowMinimum` Event; with `operator.watchNamespace` elsewhere, its own namespace's Role
+/// lets it read that Pod and write the Event.
+#[test]
+fn the_operator_knows_its_own_pod_and_may_warn_on_it() {
+    let docs = documents(&render(&[]));
+    let spec = &find(&docs, "Deployment", "podlock-operator")["spec"]["template"]["spec"];
+    let env = spec["containers"][0]["env"].as_array().unwrap();
+    let pod_name = env.iter().find(|e| e["name"] == "PODLOCK_POD_NAME");
+    let field = pod_name.map(|e| &e["valueFrom"]["fieldRef"]["fieldPath"]);
+    assert_eq!(field, Some(&serde_json::json!("metadata.name")), "{env:?}");
+    let docs = documents(&render(&["--set", "operator.watchNamespace=team-a"]));
+    let own = find(&docs, "Role", "podlock-operator");
+    assert_eq!(own["metadata"]["namespace"], "podlock");
+    let grants = |group: &str, resource: &str, verb: &str| {
+        (own["rules"].as_array().unwrap().iter()).any(|r| {
+            let has = |key: &str, v: &str| r[key].as_array().unwrap().iter().any(|x| x == v);
+            has("apiGroups", group)
+                && has("resources", resource)
+                && has("verbs", verb)
+                && r["resourceNames"].is_null()
+        })
+    };
+    assert!(grants("", "pods", "get"), "{own}");
+    assert!(grants("events.k8s.io", "events", "create"), "{own}");
+}
