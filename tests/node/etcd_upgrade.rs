@@ -32,7 +32,8 @@ pub fn first_image(node: &Node) -> String {
     path(node)[0].to_string()
 }
 
-/// Upgrades the bundled etcd along its path while a worker holds `work`; prints each hop's time.
+/// Upgrades the bundled etcd along its path while a worker holds `work`; prints each hop's time,
+/// from `helm upgrade` until every member and the cluster report the new version.
 pub fn the_bundled_etcd_upgrades_under_a_live_hold(node: &Node) {
     let path = path(node);
     let mut took = vec![];
@@ -41,18 +42,18 @@ pub fn the_bundled_etcd_upgrades_under_a_live_hold(node: &Node) {
         let (pod, token) = holder(node);
         let started = Instant::now();
         upgrade_to(node, image);
+        members_report(node, &pod, image.rsplit_once(":v").unwrap().1);
         took.push(format!("{image} in {:.1} s", started.elapsed().as_secs_f64()));
         assert_eq!(holder(node), (pod.clone(), token), "the hold changed on {image}");
         let answer = curl_fence(node, &pod, token);
         assert_eq!(answer["current"], true, "token {token} after {image}: {answer}");
-        members_report(node, &pod, image.rsplit_once(":v").unwrap().1);
         let t0 = SystemTime::now();
         let (ok, _, err) = node.kubectl(&["delete", "pod", "-n", "app", &pod, "--wait=false"]);
         assert!(ok, "delete {pod}: {err}");
         handed_on(node, &before, t0, &format!("on {image}, deleted {pod}"));
     }
     eprintln!(
-        "bundled etcd upgraded from {} with a hold kept (same token, current) and handed on after each hop: {}",
+        "bundled etcd upgraded from {} with a hold kept (same token, current) and handed on after each hop: to {}",
         path[0],
         took.join(", ")
     );
