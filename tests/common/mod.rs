@@ -29,7 +29,6 @@ pub use sidecar::Sidecar;
 pub const ETCD_FEATURE_GATES: &str = "--feature-gates=LeaseCheckpoint=true,LeaseCheckpointPersist=true";
 
 /// Where `scripts/setup.sh` puts etcd and the Kubernetes binaries.
-
 pub fn bin_dir() -> PathBuf {
     let cache = std::env::var("PODLOCK_CACHE")
         .map(PathBuf::from)
