@@ -8,11 +8,15 @@
 #                                entrypoint, user 65532:65532, no shell; glibc and CA
 #                                certificates from this Debian host instead of distroless
 #   localhost/pause:3.10         the pod sandbox (scripts/images/pause.c, static)
-#   localhost/etcd:ETCD_VERSION  the chart's bundled etcd: ~/.cache/podlock/bin/etcd
+#   localhost/etcd:ETCD_VERSION  the chart's bundled etcd: ~/.cache/podlock/bin/etcd (and etcdctl)
+#   localhost/etcd:PRIOR_VERSION each etcd an upgrade from the chart's previous one passes
+#                                through on its way to ETCD_VERSION (bin/etcd-PRIOR_VERSION, from
+#                                setup.sh with the test tools), when all of them are there
 #   localhost/podlock-demo-app:1 an app with a shell, httpd and curl (Debian's busybox-static, curl)
 #
 # Writes OUTDIR/NAME.tar per image and OUTDIR/images.env (PODLOCK_IMAGE=..., ETCD_IMAGE=...,
-# PAUSE_IMAGE=..., APP_IMAGE=...). Each image is rebuilt every run: that takes seconds.
+# PAUSE_IMAGE=..., APP_IMAGE=..., and ETCD_HOP_IMAGES=OLDEST,...,NEWEST: the upgrade path's
+# images, oldest first). Each image is rebuilt every run: that takes seconds.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=$(realpath -m "${1:?usage: images.sh OUTDIR [PODLOCK_BINARY]}")
@@ -48,11 +52,31 @@ gcc -static -Os -s -o "$work/pause" scripts/images/pause.c
 python3 scripts/oci-image.py "$out/pause.tar" localhost/pause:3.10 \
   --file "$work/pause:/pause" --entrypoint /pause --user 65535:65535
 
+# etcd_image NAME VERSION SERVER [OCI-IMAGE ARGS...]: localhost/etcd:VERSION as OUTDIR/NAME.tar.
+etcd_image() {
+  local name=$1 version=$2 server=$3
+  shift 3
+  step "localhost/etcd:$version from $server"
+  python3 scripts/oci-image.py "$out/$name.tar" "localhost/etcd:$version" "${base[@]}" \
+    --file "$server:/usr/local/bin/etcd" --libs-of /usr/local/bin/etcd \
+    --entrypoint /usr/local/bin/etcd --user 65532:65532 "$@"
+}
 etcd_version=$(cat "$BIN/.etcd.version")
-step "localhost/etcd:$etcd_version from $BIN/etcd"
-python3 scripts/oci-image.py "$out/etcd.tar" "localhost/etcd:$etcd_version" "${base[@]}" \
-  --file "$BIN/etcd:/usr/local/bin/etcd" --libs-of /usr/local/bin/etcd \
-  --file "$BIN/etcdctl:/usr/local/bin/etcdctl" --entrypoint /usr/local/bin/etcd --user 65532:65532
+etcd_image etcd "$etcd_version" "$BIN/etcd" --file "$BIN/etcdctl:/usr/local/bin/etcdctl"
+# The upgrade path from the chart's previous etcd (setup.sh's PRIOR_ETCD_VERSIONS, built with
+# the test tools): server only, as the chart's probes ask over HTTPS and nothing execs etcdctl
+# in a member before the path ends. Without every server (a --demo-only setup), none.
+# shellcheck disable=SC2016 # matches setup.sh's literal ${...}
+listed=$(sed -n 's/^PRIOR_ETCD_VERSIONS="${PRIOR_ETCD_VERSIONS:-\(.*\)}"$/\1/p' scripts/setup.sh)
+read -ra prior <<<"${PRIOR_ETCD_VERSIONS:-$listed}"
+hops=()
+for v in "${prior[@]}"; do
+  [ -x "$BIN/etcd-$v" ] || { step "no $BIN/etcd-$v: no images of the upgrade path"; prior=(); break; }
+done
+for v in "${prior[@]}"; do
+  etcd_image "etcd-$v" "$v" "$BIN/etcd-$v"
+  hops+=("localhost/etcd:$v")
+done
 
 step "localhost/podlock-demo-app:1 (busybox sh, httpd and curl)"
 applets=()
@@ -67,4 +91,7 @@ PAUSE_IMAGE=localhost/pause:3.10
 ETCD_IMAGE=localhost/etcd:$etcd_version
 APP_IMAGE=localhost/podlock-demo-app:1
 ENV
-step "wrote $out/{podlock,pause,etcd,podlock-demo-app}.tar"
+if [ ${#hops[@]} -gt 0 ]; then
+  (IFS=,; echo "ETCD_HOP_IMAGES=${hops[*]}") >>"$out/images.env"
+fi
+step "wrote $(cd "$out" && echo *.tar)"

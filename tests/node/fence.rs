@@ -8,7 +8,7 @@ use crate::common::node::Node;
 use crate::workload::settled;
 
 /// The first holder of `work` as its status shows it: its pod and token.
-fn holder(node: &Node) -> (String, i64) {
+pub fn holder(node: &Node) -> (String, i64) {
     let (_, out, _) = node.kubectl(&[
         "get",
         "dlock",
@@ -43,7 +43,7 @@ pub fn another_pod(node: &Node, holder: &str) -> String {
 }
 
 /// `GET $PODLOCK_ADDR/v1/locks/work/fence?token=TOKEN` with curl from `pod`'s app container.
-fn curl_fence(node: &Node, pod: &str, token: i64) -> Value {
+pub fn curl_fence(node: &Node, pod: &str, token: i64) -> Value {
     let script = format!("curl -s \"$PODLOCK_ADDR/v1/locks/work/fence?token={token}\"");
     let (ok, out, err) = node.kubectl(&["exec", "-n", "app", pod, "-c", "app", "--", "sh", "-c", &script]);
     assert!(ok, "curl in {pod}: {err}");

@@ -7,6 +7,7 @@
 mod common;
 
 mod deadline;
+mod etcd_upgrade;
 mod fence;
 mod helm_test;
 mod holder_service;
@@ -24,15 +25,16 @@ use common::node::Node;
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/podlock");
 
-/// Installs the chart with the local images; returns once the operator and etcd are Ready.
-fn install(node: &Node) {
+/// Installs the chart with the local images and the bundled etcd on `etcd_image`; returns once
+/// the operator and etcd are Ready.
+fn install(node: &Node, etcd_image: &str) {
     let (repo, tag) = node.images["PODLOCK_IMAGE"].rsplit_once(':').unwrap();
     let sets = [
         format!("image.repository={repo}"),
         format!("image.tag={tag}"),
         "image.pullPolicy=Never".into(),
         "etcd.bundled.enabled=true".into(),
-        format!("etcd.bundled.image={}", node.images["ETCD_IMAGE"]),
+        format!("etcd.bundled.image={etcd_image}"),
     ];
     let mut args = vec!["install", "podlock", CHART, "-n", "podlock", "--create-namespace"];
     args.extend(["--wait", "--timeout", "5m"]);
@@ -136,10 +138,12 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     };
     let (_, nodes, _) = node.kubectl(&["get", "nodes", "-o", "wide"]);
     eprintln!("{nodes}");
-    install(&node);
+    // On the chart's previous etcd, upgraded under a live hold once a worker holds.
+    install(&node, &etcd_upgrade::first_image(&node));
     assert_webhook_through_service(&node);
     let client = node.client().await;
     workload::deploy(&node).await;
+    etcd_upgrade::the_bundled_etcd_upgrades_under_a_live_hold(&node);
     isolation::a_namespace_cannot_touch_anothers_keys_nor_anyone_etcd_without_credentials(&node);
     network_policy::etcd_admits_only_this_releases_sidecars_and_the_operator(&node);
     holder_service::the_service_follows_the_holder(&node, &client).await;
@@ -164,7 +168,7 @@ fn uninstall_and_install_again(node: &Node) {
     let old_secret = uninstall::locks_held_in_two_namespaces(node);
     uninstall(node);
     uninstall::nothing_is_left_waiting_for_the_operator(node, &old_secret);
-    install(node);
+    install(node, &node.images["ETCD_IMAGE"]);
     uninstall::the_kept_namespace_locks_again(node);
     uninstall(node);
     uninstall::no_secret_of_podlocks_is_left(node, "the second helm uninstall");

@@ -339,3 +339,29 @@ fn existing_secrets_make_the_bundled_etcd_render_the_same_every_time() {
         "generated Secrets change at each render"
     );
 }
+
+/// Issue #55, item 1: the bundled etcd keeps lease checkpoints (on, and persisted) through an
+/// environment variable that etcd 3.6 reads as `--feature-gates` and the 3.5 images of an
+/// upgrade from the chart's previous etcd only log; no flag that either refuses to start on
+/// (`--feature-gates` in 3.5, `--experimental-enable-lease-checkpoint*` from 3.7).
+#[test]
+fn the_bundled_etcd_checkpoints_leases_through_a_variable_every_etcd_starts_with() {
+    let docs = documents(&render(&["--set", "etcd.bundled.enabled=true"]));
+    let etcd = &find(&docs, "StatefulSet", "podlock-etcd")["spec"]["template"]["spec"]["containers"][0];
+    let env = etcd["env"].as_array().unwrap();
+    let gates = env.iter().find(|e| e["name"] == "ETCD_FEATURE_GATES");
+    let gates = gates.expect("no ETCD_FEATURE_GATES")["value"].as_str().unwrap();
+    let gates: BTreeSet<&str> = gates.split(',').collect();
+    assert_eq!(
+        gates,
+        BTreeSet::from(["LeaseCheckpoint=true", "LeaseCheckpointPersist=true"])
+    );
+    let args = etcd["args"].as_array().unwrap();
+    let refused = ["--feature-gates", "--experimental-enable-lease-checkpoint"];
+    assert!(
+        !args
+            .iter()
+            .any(|a| refused.iter().any(|r| a.as_str().unwrap().starts_with(r))),
+        "a flag some etcd of the upgrade refuses: {args:?}"
+    );
+}
