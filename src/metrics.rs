@@ -8,8 +8,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::etcd_version::VersionGauges;
-
 /// The sidecar's metrics.
 #[derive(Clone)]
 pub struct SidecarMetrics {
@@ -40,8 +38,6 @@ pub struct SidecarMetrics {
     /// `podlock_hold_age_seconds{lock}`: how long this sidecar's oldest hold of the lock has
     /// lasted so far (no series while it holds none).
     pub hold_age: GaugeVec,
-    /// `podlock_etcd_version_info{version}`, `podlock_etcd_below_minimum`.
-    pub etcd_version: VersionGauges,
     /// When each open hold began, by lock and fencing token (for `hold_age`, `hold_seconds`).
     open_holds: Arc<Mutex<HashMap<(String, i64), Instant>>>,
 }
@@ -94,7 +90,6 @@ impl SidecarMetrics {
             handoffs: registered(&registry, handoffs),
             hold_seconds: registered(&registry, hold_seconds),
             hold_age: registered(&registry, hold_age),
-            etcd_version: VersionGauges::registered(&registry),
             open_holds: Arc::default(),
             registry,
         }
@@ -109,6 +104,11 @@ impl SidecarMetrics {
             gauge.set(gauge.get().max(now.duration_since(*began).as_secs_f64()));
         }
         render(&self.registry)
+    }
+
+    /// The registry, for metrics a module of its own registers (`etcd_version.rs`).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// Notes that the hold of `lock` with fencing token `token` began now.
@@ -266,8 +266,6 @@ pub struct OperatorMetrics {
     /// `podlock_pods_without_sidecar{namespace}`: pods that asked for the sidecar and run
     /// without it (the leader counts them; a namespace that had some stays at 0).
     pub pods_without_sidecar: prometheus::IntGaugeVec,
-    /// `podlock_etcd_version_info{version}`, `podlock_etcd_below_minimum`.
-    pub etcd_version: VersionGauges,
 }
 
 impl OperatorMetrics {
@@ -329,7 +327,6 @@ impl OperatorMetrics {
                 "Pods that asked for the podlock sidecar and run without it (the webhook was not reached), by namespace",
                 &["namespace"],
             ),
-            etcd_version: VersionGauges::registered(&registry),
             registry,
         }
     }
@@ -337,6 +334,11 @@ impl OperatorMetrics {
     /// The registry's metrics in Prometheus text format.
     pub fn render(&self) -> String {
         render(&self.registry)
+    }
+
+    /// The registry, for metrics a module of its own registers (`etcd_version.rs`).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// Creates every labelled counter at 0 (reconciliations that succeeded or failed for one

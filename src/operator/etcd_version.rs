@@ -17,7 +17,7 @@ use std::sync::Arc;
 use tracing::info;
 
 use super::context::Context;
-use crate::etcd_version::spawn_checks;
+use crate::etcd_version::{VersionGauges, spawn_checks};
 
 /// The reason of the Warning Event.
 pub const REASON: &str = "EtcdBelowMinimum";
@@ -30,7 +30,8 @@ pub async fn run(ctx: Arc<Context>, namespace: String, name: Option<String>) {
         let store = store.clone();
         async move { store.etcd_versions().await }
     };
-    let mut warnings = spawn_checks(ctx.metrics.etcd_version.clone(), read);
+    let gauges = VersionGauges::registered(ctx.metrics.registry());
+    let mut warnings = spawn_checks(gauges, read);
     while let Some(warning) = warnings.recv().await {
         let Some(pod) = own_pod(&ctx.client, &namespace, name.as_deref()).await else {
             info!(pod = ?name, "no Pod of this operator found (--pod-name); the etcd version warning is in the log and metrics only");

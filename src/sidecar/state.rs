@@ -41,7 +41,8 @@ pub(super) async fn start(args: &SidecarArgs) -> anyhow::Result<(Engine, AppStat
         let link = link.clone();
         async move { link.etcd_versions().await }
     };
-    drop(etcd_version::spawn_checks(metrics.etcd_version.clone(), read));
+    let gauges = etcd_version::VersionGauges::registered(metrics.registry());
+    drop(etcd_version::spawn_checks(gauges, read));
     let state = AppState {
         engine: engine.clone(),
         metrics,

@@ -10,10 +10,10 @@ use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::Value;
 
-use crate::CHART;
 use crate::common::node::{Node, retry};
 use crate::fence::{curl_fence, holder};
 use crate::workload::{handed_on, settled};
+use crate::{etcd_members, helm_upgrade};
 
 /// The images of the upgrade path, oldest first, ending with the chart's etcd.
 fn path(node: &Node) -> Vec<&str> {
@@ -61,20 +61,7 @@ pub fn the_bundled_etcd_upgrades_under_a_live_hold(node: &Node) {
 
 /// `helm upgrade --reuse-values` to the bundled etcd `image`, waiting for every member.
 fn upgrade_to(node: &Node, image: &str) {
-    let set = format!("etcd.bundled.image={image}");
-    let (ok, out, err) = node.helm(&[
-        "upgrade",
-        "podlock",
-        CHART,
-        "-n",
-        "podlock",
-        "--reuse-values",
-        "--set",
-        &set,
-        "--wait",
-        "--timeout",
-        "5m",
-    ]);
+    let (ok, out, err) = helm_upgrade(node, &[&format!("etcd.bundled.image={image}")]);
     if !ok {
         let (_, pods, _) = node.kubectl(&["get", "pods", "-n", "podlock", "-o", "wide"]);
         let (_, log, _) = node.kubectl(&[
@@ -94,16 +81,7 @@ fn upgrade_to(node: &Node, image: &str) {
 /// which etcd's NetworkPolicy admits), names server `version` and its minor as the cluster's
 /// (which the leader raises once every member runs it).
 fn members_report(node: &Node, pod: &str, version: &str) {
-    let (_, members, _) = node.kubectl(&[
-        "get",
-        "pods",
-        "-n",
-        "podlock",
-        "-l",
-        "app.kubernetes.io/component=etcd",
-        "-o",
-        "jsonpath={.items[*].metadata.name}",
-    ]);
+    let members = etcd_members(node, "{.items[*].metadata.name}");
     let cluster = format!("{}.0", version.rsplit_once('.').unwrap().0);
     let script = members
         .split_whitespace()

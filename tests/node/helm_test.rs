@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use crate::common::node::{Node, retry};
+use crate::etcd_members;
 
 /// The test pod the chart runs (`templates/tests/operator-ready.yaml`).
 const TEST_POD: &str = "podlock-test-operator-ready";
@@ -36,16 +37,8 @@ fn scale_etcd(node: &Node, replicas: usize) {
     ]);
     assert!(ok, "scale etcd: {err}");
     let ready = retry(Duration::from_secs(300), || {
-        let (_, out, _) = node.kubectl(&[
-            "get",
-            "pods",
-            "-n",
-            "podlock",
-            "-l",
-            "app.kubernetes.io/component=etcd",
-            "-o",
-            "jsonpath={range .items[*]}{.status.containerStatuses[0].ready}{\"\\n\"}{end}",
-        ]);
+        let ready = "{range .items[*]}{.status.containerStatuses[0].ready}{\"\\n\"}{end}";
+        let out = etcd_members(node, ready);
         let (pods, ready) = (out.lines().count(), out.lines().filter(|l| *l == "true").count());
         (pods == replicas && ready == replicas)
             .then_some(())

@@ -25,6 +25,25 @@ use common::node::Node;
 
 const CHART: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/charts/podlock");
 
+/// `helm upgrade` of the release with its values kept and each of `sets` (`key=value`) over
+/// them, waiting up to 5 minutes for every pod.
+fn helm_upgrade(node: &Node, sets: &[&str]) -> (bool, String, String) {
+    let mut args = vec!["upgrade", "podlock", CHART, "-n", "podlock", "--reuse-values"];
+    for set in sets {
+        args.extend(["--set", set]);
+    }
+    args.extend(["--wait", "--timeout", "5m"]);
+    node.helm(&args)
+}
+
+/// The bundled etcd's member pods, as `kubectl get -o jsonpath=...` prints them.
+fn etcd_members(node: &Node, jsonpath: &str) -> String {
+    let selector = "app.kubernetes.io/component=etcd";
+    let output = format!("jsonpath={jsonpath}");
+    let args = ["get", "pods", "-n", "podlock", "-l", selector, "-o", &output];
+    node.kubectl(&args).1
+}
+
 /// Installs the chart with the local images and the bundled etcd on `etcd_image`; returns once
 /// the operator and etcd are Ready.
 fn install(node: &Node, etcd_image: &str) {

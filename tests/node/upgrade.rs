@@ -12,8 +12,8 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::CHART;
 use crate::common::node::{Node, retry};
+use crate::{CHART, helm_upgrade};
 
 /// The contending pods (each takes both locks).
 const CONTENDERS: usize = 3;
@@ -133,21 +133,8 @@ pub fn live_holds_survive_helm_upgrade(node: &Node, tag: &str) {
     let crd = format!("{CHART}/crds/distributedlock.yaml");
     let (ok, _, err) = node.kubectl(&["apply", "--server-side", "--force-conflicts", "-f", &crd]);
     assert!(ok, "kubectl apply of the CRD: {err}");
-    let (ok, out, err) = node.helm(&[
-        "upgrade",
-        "podlock",
-        CHART,
-        "-n",
-        "podlock",
-        "--reuse-values",
-        "--set",
-        &format!("image.tag={tag}"),
-        "--set",
-        "etcd.bundled.compactionRetention=2h",
-        "--wait",
-        "--timeout",
-        "5m",
-    ]);
+    let image = format!("image.tag={tag}");
+    let (ok, out, err) = helm_upgrade(node, &[&image, "etcd.bundled.compactionRetention=2h"]);
     assert!(ok, "helm upgrade: {out}{err}");
     let upgraded = start.elapsed();
     std::thread::sleep(Duration::from_secs(5));

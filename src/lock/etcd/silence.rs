@@ -9,10 +9,16 @@
 
 use etcd_client::{Client, GetOptions};
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 use tokio::time::timeout;
 
 use super::Stats;
-use super::watch::WATCH_SILENCE;
+
+/// How long a watch may be silent before etcd is asked whether it still serves it, and how long
+/// that answer may take (see `KeyWatch::next` and the feeds' stream). A stalled member is thus left within about
+/// twice this, inside the 1 s the contract allows for a `lost` notice and a handoff. It costs one
+/// small message on the watch's stream per silent interval.
+pub(in crate::lock) const WATCH_SILENCE: Duration = Duration::from_millis(400);
 
 /// One watch stream's starts and what it heard, and the member serving it.
 pub(in crate::lock) struct Silence {

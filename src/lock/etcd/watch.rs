@@ -9,15 +9,9 @@ use tokio::time::timeout;
 use tracing::debug;
 
 use super::members::Members;
-use super::silence::Silence;
+use super::silence::{Silence, WATCH_SILENCE};
 use crate::lock::error::{LockError, Unavailable};
 use crate::lock::etcd::{Etcd, Stats};
-
-/// How long a watch may be silent before etcd is asked whether it still serves it, and how long
-/// that answer may take (see [`KeyWatch::next`]). A stalled member is thus left within about
-/// twice this, inside the 1 s the contract allows for a `lost` notice and a handoff. It costs one
-/// small message on the watch's stream per silent interval.
-pub(in crate::lock) const WATCH_SILENCE: Duration = Duration::from_millis(400);
 
 /// How long etcd may take to answer a progress request on a stream whose watches are all on its
 /// synced path (see [`Etcd::watch_keys_synced`]); on loopback it answers within a millisecond.

@@ -24,8 +24,7 @@ use super::kept::{Command, Feed};
 use crate::lock::etcd::Stats;
 use crate::lock::etcd::link::Link;
 use crate::lock::etcd::members::Members;
-use crate::lock::etcd::silence::Silence;
-use crate::lock::etcd::watch::WATCH_SILENCE;
+use crate::lock::etcd::silence::{Silence, WATCH_SILENCE};
 
 /// What the stream's task asks of the directory of the feeds it serves.
 pub(super) trait Directory: Send + Sync {
@@ -179,24 +178,17 @@ impl Mux {
                 message = stream.message() => {
                     (heard, asked) = (Instant::now(), None);
                     match message {
-                        Ok(Some(resp)) => {
-                            silence.heard(resp.header().map_or(0, |h| h.revision()));
-                            self.handle(resp)
-                        }
+                        Ok(Some(resp)) => self.handle(resp, &mut silence),
                         Ok(None) => return "etcd closed the watch stream".into(),
                         Err(e) => return format!("the watch stream failed: {e}").into(),
                     }
                 }
                 _ = sleep_until(check_at) => {
-                    if asked.is_none() {
-                        if let Err(e) = progress(&mut stream).await {
-                            return e;
-                        }
-                        asked = Some(Instant::now());
-                    } else if silence.explained(&self.stats).await {
-                        (heard, asked) = (Instant::now(), None);
-                    } else {
-                        return stalled(&members, member);
+                    let serving = (&*members, member);
+                    match self.silent(&mut stream, &mut silence, asked.is_some(), serving).await {
+                        Ok(Some(at)) => asked = Some(at),
+                        Ok(None) => (heard, asked) = (Instant::now(), None),
+                        Err(e) => return e,
                     }
                 }
                 _ = sweep.tick() => {
@@ -210,6 +202,26 @@ impl Mux {
                 }
             }
         }
+    }
+
+    /// After [`WATCH_SILENCE`] without a message: asks etcd for the stream's progress, or,
+    /// asked already, finds the member stalled unless etcd's rule explains the silence (see
+    /// [`Silence`]). Returns when it asked (`None`: the wait starts over).
+    async fn silent(
+        &self,
+        stream: &mut WatchStream,
+        silence: &mut Silence,
+        asked: bool,
+        (members, member): (&Members, Option<usize>),
+    ) -> Result<Option<Instant>, Arc<str>> {
+        if !asked {
+            progress(stream).await?;
+            return Ok(Some(Instant::now()));
+        }
+        if silence.explained(&self.stats).await {
+            return Ok(None);
+        }
+        Err(stalled(members, member))
     }
 
     /// Takes `feed` on: the create requests of its watches, with their ids.
@@ -245,9 +257,11 @@ impl Mux {
         Ok(())
     }
 
-    /// Passes `resp` on to the feed it is for (an answer to a progress request: to all).
-    fn handle(&mut self, resp: WatchResponse) {
+    /// Passes `resp` on to the feed it is for (an answer to a progress request: to all), and
+    /// its revision to `silence`.
+    fn handle(&mut self, resp: WatchResponse, silence: &mut Silence) {
         let rev = resp.header().map_or(0, |h| h.revision());
+        silence.heard(rev);
         let id = resp.watch_id();
         if id == -1 && resp.events().is_empty() {
             self.served.iter().for_each(|s| s.feed.seen(rev));
