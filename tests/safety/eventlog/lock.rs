@@ -20,12 +20,20 @@ pub struct Key {
     handed: Option<i64>,
     pub admitted: Option<i64>,
     pub deleted: Option<i64>,
+    /// Brought back by a restore after the era before had deleted it: nobody's hold or wait
+    /// (its client was told it ended), until its sidecar or the operator removes it.
+    pub brought_back: bool,
 }
 
 impl Key {
     /// Whether it was handed its grant by a release.
     pub fn was_handed(&self) -> bool {
         self.handed.is_some()
+    }
+
+    /// Whether a client stands behind it: alive, and not brought back after it ended.
+    fn live(&self) -> bool {
+        self.deleted.is_none() && !self.brought_back
     }
 }
 
@@ -43,7 +51,7 @@ impl Lock {
     pub fn admit(&mut self, revision: i64) {
         let Some(limit) = self.limit else { return };
         let live: Vec<i64> = (self.keys.iter())
-            .filter(|(_, k)| k.deleted.is_none())
+            .filter(|(_, k)| k.live())
             .map(|(c, _)| *c)
             .collect();
         for (i, c) in live.iter().enumerate() {
@@ -65,7 +73,7 @@ impl Lock {
     /// as a limit in force would.
     pub fn bound_by_seeded_holders(&mut self, revision: i64) {
         let held: Vec<&Key> = (self.keys.values())
-            .filter(|k| k.deleted.is_none() && k.admitted.is_some() && !k.shared)
+            .filter(|k| k.live() && k.admitted.is_some() && !k.shared)
             .collect();
         let held = permits(&held);
         if self.limit.is_some_and(|l| held > l) {
@@ -84,7 +92,7 @@ impl Lock {
     /// What is wrong with the admitted keys at `revision`, if anything.
     pub fn check(&self, name: &str, revision: i64) -> Option<String> {
         let admitted: Vec<(&i64, &Key)> = (self.keys.iter())
-            .filter(|(_, k)| k.deleted.is_none() && k.admitted.is_some())
+            .filter(|(_, k)| k.live() && k.admitted.is_some())
             .collect();
         let oldest = admitted.iter().filter_map(|(_, k)| k.admitted).min()?;
         let before = self.limits.iter().rev().find(|(r, _)| *r <= oldest);
@@ -149,15 +157,19 @@ pub struct Era {
     created: HashMap<String, i64>,
     /// The keys (lock, create revision) that held when the era before ended.
     held_before: HashSet<(String, i64)>,
+    /// The keys (lock, create revision) the era before deleted.
+    ended_before: HashSet<(String, i64)>,
 }
 
 impl Era {
-    /// An era that follows `before`: a restore may bring back a key that waited when the
-    /// snapshot was taken and held when `before` ended, its client granted there. The grant
-    /// record its sidecar sent then can land in this era (sent again after the restore, its
-    /// guards met by the keys the snapshot brought back), behind the keys of holds released
-    /// after the snapshot that came back with it. Its admission is the earlier era's: the
-    /// record is no violation, and no admission here either (the key waits behind them).
+    /// An era that follows `before`. A restore brings back keys `before` deleted after the
+    /// snapshot (holds released, waits given up): nobody's, they hold no one back here
+    /// ([`Key::brought_back`]), as the holds of clients; a release whose hold goes on from
+    /// `before` hands its grant past them by the chain it read there. And it may bring back a
+    /// key that waited when the snapshot was taken and held when `before` ended, its client
+    /// granted there: the grant record its sidecar sent then can land in this era (sent again
+    /// after the restore, its guards met by the keys the snapshot brought back). Its admission
+    /// is the earlier era's: the record is no violation here.
     pub fn after(before: &Era) -> Era {
         let held = before.locks.iter().flat_map(|(name, lock)| {
             let live = lock
@@ -166,8 +178,13 @@ impl Era {
                 .filter(|(_, k)| k.admitted.is_some() && k.deleted.is_none());
             live.map(|(c, _)| (name.clone(), *c))
         });
+        let ended = before.locks.iter().flat_map(|(name, lock)| {
+            let gone = lock.keys.iter().filter(|(_, k)| k.deleted.is_some());
+            gone.map(|(c, _)| (name.clone(), *c))
+        });
         Era {
             held_before: held.collect(),
+            ended_before: ended.collect(),
             ..Era::default()
         }
     }
@@ -204,7 +221,11 @@ impl Era {
             handed: None,
             admitted: None,
             deleted: None,
+            brought_back: false,
         });
+        if e.seeded && self.ended_before.contains(&(name.to_string(), c)) {
+            k.brought_back = true;
+        }
         if v["handed"] == true && k.handed.is_none() && !e.seeded {
             k.handed = Some(e.revision);
             found.handed_slot = lock.limit.is_some_and(|l| l > 1);

@@ -19,7 +19,9 @@
 //!
 //! A fault that rebuilds etcd (wiped, or restored from a snapshot) starts a new era of
 //! revisions ([`record`]): each era is replayed on its own, a restored one from the keys etcd
-//! held when it came back, and a grant must fit a key of one era.
+//! held when it came back, and a grant must fit a key of one era. A key brought back that the
+//! era before had deleted is nobody's hold or wait (its client was told it ended): it admits
+//! and counts as no one, as the protocol model's *limit* counts the clients that hold.
 
 use serde_json::Value;
 use std::collections::HashSet;
@@ -85,6 +87,8 @@ pub struct Replay {
     pub handed: usize,
     /// Of those, keys of a semaphore (`maxHolders` above 1 when handed): a slot handed on.
     pub handed_slots: usize,
+    /// Keys a restore brought back after the era before had deleted them.
+    pub brought_back: usize,
     /// Grants that fit no key, asked for before an era ended with a token above its log's
     /// last revision: their events may have gone with a rebuilt etcd.
     pub unverifiable: usize,
@@ -123,6 +127,7 @@ pub fn replay(log: &Log) -> Replay {
     let keys = || (r.eras.iter()).flat_map(|e| e.locks.values().flat_map(|l| l.keys.values()));
     r.admitted = keys().filter(|k| k.admitted.is_some()).count();
     r.handed = keys().filter(|k| k.was_handed()).count();
+    r.brought_back = keys().filter(|k| k.brought_back).count();
     r
 }
 
@@ -131,14 +136,16 @@ impl Replay {
     pub fn summary(&self, events: usize, grants: usize) -> String {
         format!(
             "etcd's log: {events} events in {} eras over {} revisions replayed, {} queue keys \
-             admitted ({} handed their grant by a release, {} of them a semaphore's slot), \
-             {grants} grants found admitted in it ({} more asked for as a rebuilt etcd's log \
-             ended, their key or its admission beyond what the watch delivered); violations: {}",
+             admitted ({} handed their grant by a release, {} of them a semaphore's slot; {} \
+             brought back by a restore after they had ended, holding no one back), {grants} \
+             grants found admitted in it ({} more asked for as a rebuilt etcd's log ended, \
+             their key or its admission beyond what the watch delivered); violations: {}",
             self.eras.len(),
             self.revisions,
             self.admitted,
             self.handed,
             self.handed_slots,
+            self.brought_back,
             self.unverifiable,
             self.violations.len()
         )
