@@ -41,6 +41,9 @@ pub struct Hold {
     pub(in crate::lock) deadline: watch::Sender<Instant>,
     /// Cancelled when the hold ends, by release or loss.
     pub ended: CancellationToken,
+    /// Taken by a release of the hold (of its set, on the set's first lock) for as long as it
+    /// runs: a second release at once waits for the first's answer (#54 F14).
+    pub(in crate::lock) releasing: tokio::sync::Mutex<()>,
 }
 
 /// How a hold holds, decided with its grant and fixed for its life.
@@ -105,6 +108,7 @@ impl Hold {
             terms,
             deadline,
             ended: CancellationToken::new(),
+            releasing: tokio::sync::Mutex::new(()),
         }
     }
 

@@ -40,8 +40,22 @@ impl Engine {
         }
     }
 
-    /// Ends `hold` by release (see [`Engine::release`]), with the rest of its set.
+    /// Ends `hold` by release (see [`Engine::release`]), with the rest of its set. Releases of
+    /// one hold run one at a time (#54 F14, a client that releases on `yield` and again at its
+    /// own end): the second would find the key the first's copy deleted gone, with no receipt
+    /// of its own, and end the hold as lost before the first's answer came back; waiting, it
+    /// finds the hold released and says so (409), and the first is answered `released`.
     async fn end_released(&self, hold: Arc<Hold>) -> Result<(), LockError> {
+        let first = self.first_of_set(&hold);
+        let _one = first.releasing.lock().await;
+        let slot = (hold.lock.clone(), hold.holder_id.clone());
+        if !self
+            .registry()
+            .held(&slot)
+            .is_some_and(|h| Arc::ptr_eq(&h, &hold))
+        {
+            return Err(self.registry().ended(&hold));
+        }
         let (lock, holder) = (&hold.lock, hold.holder_id.as_str());
         let Some(members) = self.members(&hold) else {
             return Err(self.lose(&hold, SET_LOST).await);
@@ -95,6 +109,17 @@ impl Engine {
         debug!(lock = %lock, holder, token = hold.token(), "released");
         self.publish(&hold, EventKind::Released, None);
         Ok(())
+    }
+
+    /// The hold of the first lock of `hold`'s set, whose `releasing` stands for the set's
+    /// (a set may be released through any of its locks); `hold` itself for a single lock, or
+    /// if that hold has ended (then the set is lost, and its release says so).
+    fn first_of_set(&self, hold: &Arc<Hold>) -> Arc<Hold> {
+        let first = hold.terms.set.first().and_then(|(lock, token)| {
+            let slot = (lock.clone(), hold.holder_id.clone());
+            self.registry().held(&slot).filter(|m| m.fencing == *token)
+        });
+        first.unwrap_or_else(|| hold.clone())
     }
 
     /// The holds of `hold`'s set that this sidecar still holds, `hold` first (just `hold` for

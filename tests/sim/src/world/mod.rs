@@ -75,11 +75,10 @@ const LOCKS: [LockSpec; 3] = [
 const SEMAPHORE: usize = 1;
 
 /// Seeds that found a bug in the engine, left out of the default run until it is fixed;
-/// `PODLOCK_WORLD_KNOWN=1` replays them (docs/design.md, "The seeded world"). F11's seeds (4,
-/// 53, 60, 183, 185) pass since sidecars keep an epoch floor. F14 (open, not yet understood):
-/// seed 575, a hold released twice at once (its client's yield and its own end) while its pod
-/// was deaf, then cut off: both releases are answered `lost`, one while a receipt names the key.
-const KNOWN: &[u64] = &[575];
+/// `PODLOCK_WORLD_KNOWN=1` replays them (docs/design.md, "The seeded world"). None now: F11's
+/// seeds (4, 53, 60, 183, 185) pass since sidecars keep an epoch floor, F14's (575) since a
+/// hold's releases run one at a time.
+const KNOWN: &[u64] = &[];
 
 // Which branch of an unbiased `select!` Tokio polls first, and which of a `watch` channel's
 // queues a waiter joins, are drawn from the runtime's generator, which only

@@ -38,7 +38,7 @@ const SCENES: &[(&str, Play)] = &[
 
 /// Scenes that fail on the engine as it is, kept out of the default run until it is fixed;
 /// `PODLOCK_SCENES_KNOWN=1` plays them too.
-const KNOWN: &[&str] = &["two releases of one hold while its pod is deaf (#54 F14)"];
+const KNOWN: &[&str] = &[];
 
 /// Plays every scene (with `PODLOCK_SCENES_KNOWN=1`, those of `KNOWN` too); the first that
 /// fails fails the test with its trace's end.

@@ -17,7 +17,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::oneshot;
-use tokio::task::AbortHandle;
+use tokio::task::{AbortHandle, JoinHandle};
 use tokio::time::{Instant, sleep, timeout};
 
 /// How long clients keep acquiring.
@@ -55,26 +55,7 @@ pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
     }
     let until = Instant::now() + ACTIVE;
     let peers: Vec<Engine> = pods.iter().map(|p| p.engine.clone()).collect();
-    let (mut clients, mut handles) = (Vec::new(), Vec::new());
-    for (p, pod) in pods.iter().enumerate() {
-        let mut tasks = vec![pod.events.clone()];
-        for c in 0..rng.between(1, 3) {
-            let client = Client {
-                id: format!("p{p}c{c}"),
-                engine: pod.engine.clone(),
-                peers: peers.clone(),
-                rng: rng.fork(),
-                world: world.clone(),
-            };
-            let task = tokio::spawn(client.run(until));
-            tasks.push(task.abort_handle());
-            clients.push(task);
-        }
-        handles.push(PodHandle {
-            net: pod.net.clone(),
-            tasks,
-        });
-    }
+    let (clients, handles) = start_clients(&mut rng, world, (&pods, &peers), until);
     let nets: Vec<Net> = pods.iter().map(|p| p.net.clone()).collect();
     let faults = tokio::spawn(faults::run(rng.fork(), world.clone(), etcd.clone(), nets, until));
     let stop = until + WIND_DOWN + QUIET;
@@ -92,6 +73,38 @@ pub async fn run(seed: u64, world: &World, etcd: Arc<Etcd>) {
     sleep(QUIET).await;
     let _ = (observer.0.send(()), observer_task.await);
     left_over(world, &etcd, &pods).await;
+}
+
+/// Starts one to three clients on each of `pods` (`peers`: their engines, for fence checks
+/// through any sidecar), acquiring until `until`; returns their tasks, and each pod's handle
+/// for the steps that stop or cut off a pod.
+fn start_clients(
+    rng: &mut Rng,
+    world: &World,
+    (pods, peers): (&[Pod], &[Engine]),
+    until: Instant,
+) -> (Vec<JoinHandle<()>>, Vec<PodHandle>) {
+    let (mut clients, mut handles) = (Vec::new(), Vec::new());
+    for (p, pod) in pods.iter().enumerate() {
+        let mut tasks = vec![pod.events.clone()];
+        for c in 0..rng.between(1, 3) {
+            let client = Client {
+                id: format!("p{p}c{c}"),
+                engine: pod.engine.clone(),
+                peers: peers.to_vec(),
+                rng: rng.fork(),
+                world: world.clone(),
+            };
+            let task = tokio::spawn(client.run(until));
+            tasks.push(task.abort_handle());
+            clients.push(task);
+        }
+        handles.push(PodHandle {
+            net: pod.net.clone(),
+            tasks,
+        });
+    }
+    (clients, handles)
 }
 
 pub(super) async fn start_pod(p: u64, etcd: &Arc<Etcd>, world: &World) -> Pod {
