@@ -11,6 +11,7 @@ mod etcd_upgrade;
 mod fence;
 mod helm_test;
 mod holder_service;
+mod injection;
 mod interrupt;
 mod isolation;
 mod lifecycle;
@@ -175,6 +176,7 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     lifecycle::helm_upgrade_reaches_new_pods(&node);
     lifecycle::an_app_ignoring_sigterm_keeps_its_hold_until_killed(&node);
     lifecycle::sidecar_kill_ends_the_hold(&node);
+    injection::a_pod_the_webhook_could_not_reach_is_a_warning_within_seconds(&node);
     workload::remove(&node).await;
     helm_test::helm_test_fails_naming_etcd_while_it_is_down(&node);
     uninstall_and_install_again(&node);
