@@ -37,16 +37,30 @@ pub(crate) struct Shared {
     generation: AtomicU64,
     /// Watch create requests to hold back on their way in ([`Etcd::hold_next_watch`]).
     holds: Mutex<Vec<Hold>>,
+    /// Shown the state after every change ([`Etcd::observe`]).
+    observer: Mutex<Option<Observer>>,
 }
+
+/// A checker shown the state after every change, and whether the member's data was replaced
+/// (a restore or a wipe). It runs with the state held: it must not call the member.
+pub type Observer = Box<dyn FnMut(&State, bool) + Send>;
 
 impl Shared {
     /// Runs `f` on the state; wakes whoever waits for a change if it changed what they wait
     /// on (a read wakes no one).
     pub(crate) fn update<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        self.change(f, false)
+    }
+
+    /// [`Shared::update`]; `rebuilt`: `f` replaces the member's data.
+    fn change<R>(&self, f: impl FnOnce(&mut State) -> R, rebuilt: bool) -> R {
         let mut state = self.state.lock().expect("no panic while the state is held");
         let before = state.epoch();
         let r = f(&mut state);
-        if state.epoch() != before {
+        if rebuilt || state.epoch() != before {
+            if let Some(observe) = self.observer.lock().unwrap().as_mut() {
+                observe(&state, rebuilt);
+            }
             self.ticks.send_modify(|t| *t += 1);
         }
         r
@@ -127,6 +141,7 @@ impl Etcd {
             ticks: signal::channel(0).0,
             generation: AtomicU64::new(0),
             holds: Mutex::default(),
+            observer: Mutex::default(),
         });
         let (incoming, connections) = mpsc::unbounded_channel();
         let tasks = vec![
@@ -232,9 +247,14 @@ impl Etcd {
     }
 
     fn replace(&self, f: impl FnOnce(&mut State)) {
-        self.shared.update(f);
+        self.shared.change(f, true);
         self.shared.generation.fetch_add(1, Ordering::SeqCst);
         self.shared.ticks.send_modify(|t| *t += 1);
+    }
+
+    /// Shows `observer` the state after every change from now on (see [`Observer`]).
+    pub fn observe(&self, observer: Observer) {
+        *self.shared.observer.lock().unwrap() = Some(observer);
     }
 }
 

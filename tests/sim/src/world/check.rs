@@ -170,6 +170,29 @@ impl Checker {
         all
     }
 
+    /// The holds some client was told it has and not yet told are over whose keys are gone
+    /// from `etcd` now: lock, holder id and token.
+    pub fn gone_holds(&self, etcd: &Etcd) -> Vec<super::belief::Gone> {
+        let mut gone = Vec::new();
+        let locks: std::collections::BTreeSet<&str> = (self.holds.iter())
+            .filter(|h| !h.ended)
+            .map(|h| h.lock.as_str())
+            .collect();
+        for lock in locks {
+            let placed = in_place(etcd, lock);
+            let held = (self.holds.iter()).filter(|h| h.lock == lock && !h.ended && !placed(h));
+            gone.extend(held.map(|h| (h.lock.clone(), h.holder.clone(), h.token)));
+        }
+        gone
+    }
+
+    /// Whether some client was told it has a hold of `lock` by the key of `revision`, and not
+    /// yet that it is over.
+    pub fn holds_key(&self, lock: &str, revision: i64) -> bool {
+        (self.holds.iter())
+            .any(|h| h.lock == lock && !h.ended && Token::from_raw(h.token).revision() == revision)
+    }
+
     /// Whether some client was told it holds `token` of `lock` (its hold may have ended).
     pub fn was_granted(&self, lock: &str, token: i64) -> bool {
         let key = (lock.to_string(), token);

@@ -104,6 +104,7 @@ impl Client {
         }
         sleep(end.saturating_duration_since(Instant::now())).await;
         let rebuilds = self.world.with(|s| s.rebuilds);
+        (self.world).releasing(&self.id, &g.lock.name, g.fencing_token);
         let answer = (self.engine)
             .release_token(&g.lock, &self.id, g.fencing_token)
             .await;

@@ -4,10 +4,10 @@
 //! [`SAMPLE`] the checker reads each lock's settings and queue in the simulated etcd; a key
 //! that the rule says holds, whose grant is not recorded, and whose client's acquire (the one
 //! that wrote it: requested no earlier than that acquire was asked) is still unanswered is
-//! *due*. A key due in every sample for [`BOUND`], while no fault touched its pod or etcd
-//! from [`SETTLE`] before it was first due to now, must have been answered granted: an
-//! acquire still waiting then, or refused, breaks the rule. The bound is the contract's
-//! handoff bound (1 s) with headroom for the sampling.
+//! *due*. A key due in every sample for [`BOUND`], counted from when it was first due or, if
+//! a fault touched its pod or etcd meanwhile, from [`SETTLE`] after that fault ended, must have
+//! been answered granted: an acquire still waiting then, or refused, breaks the rule. The
+//! bound is the contract's handoff bound (1 s) with headroom for the sampling.
 
 use super::check::QUEUE_PREFIX;
 use super::shared::Shared;
@@ -23,7 +23,7 @@ use tokio::time::{Instant, sleep};
 /// How often the checker reads etcd while some acquire waits for its answer.
 const SAMPLE: Duration = Duration::from_millis(100);
 /// How long a due waiter may go unanswered: the contract's 1 s handoff bound and a sample.
-const BOUND: Duration = Duration::from_millis(1_100);
+pub const BOUND: Duration = Duration::from_millis(1_100);
 /// How long after a fault its pod (or, for a fault of etcd, every pod) is left alone: the
 /// engine's first pause before it reads or watches again after a broken watch is 200 ms.
 const SETTLE: Duration = Duration::from_secs(2);
@@ -71,11 +71,18 @@ impl Waits {
         }
     }
 
-    /// Whether `due` has been due for the bound, with no fault near its pod or etcd.
+    /// Whether `due` has been due for the bound (see [`Waits::overdue_since`]).
     fn overdue(&self, due: &Due) -> bool {
-        let pod = pod_of(&due.holder);
-        let near = |&(end, p): &(Instant, Option<usize>)| (p.is_none() || p == Some(pod)) && end >= due.since;
-        due.since.elapsed() >= BOUND && !self.faults.iter().any(near)
+        self.overdue_since(pod_of(&due.holder), due.since)
+    }
+
+    /// Whether something wrong at `pod` since `since` has been so for [`BOUND`] past the later
+    /// of `since` and the settling of the last fault that touched that pod or etcd meanwhile:
+    /// a fault excuses what it causes for as long as it lasts and [`SETTLE`] after, no longer.
+    pub fn overdue_since(&self, pod: usize, since: Instant) -> bool {
+        let near = |&&(end, p): &&(Instant, Option<usize>)| (p.is_none() || p == Some(pod)) && end >= since;
+        let settled = self.faults.iter().filter(near).map(|(end, _)| *end).max();
+        Instant::now() >= settled.unwrap_or(since).max(since) + BOUND
     }
 
     /// Follows the keys due in `etcd` now; the first overdue one breaks the rule.
@@ -108,13 +115,13 @@ impl Waits {
         let holders = protocol::holders(&queued, max_holders);
         (queue.into_iter().take(holders))
             .filter_map(|(revision, e)| Some((revision, e?)))
-            .filter(|(_, e)| !e.is_granted() && self.asked_before(e))
+            .filter(|(_, e)| !e.is_granted() && self.waits_for(e))
             .map(|(revision, e)| (revision, e.holder_id))
             .collect()
     }
 
     /// Whether `e` is the key of its holder's acquire waiting now.
-    fn asked_before(&self, e: &Entry) -> bool {
+    pub fn waits_for(&self, e: &Entry) -> bool {
         // RFC 3339 with milliseconds, in UTC: the strings order as the times do.
         (self.asked.get(&e.holder_id)).is_some_and(|a| a.wall <= e.requested_at)
     }
@@ -122,7 +129,7 @@ impl Waits {
 
 /// `LOCKS[lock]`'s `maxHolders` in etcd (0 if not declared) and its queue in order: each key's
 /// create revision and entry (`None`: not an entry).
-fn read(etcd: &Etcd, lock: usize) -> (u32, Vec<(i64, Option<Entry>)>) {
+pub fn read(etcd: &Etcd, lock: usize) -> (u32, Vec<(i64, Option<Entry>)>) {
     let config = format!("/podlock/v1/config/{NAMESPACE}/{}", LOCKS[lock].name); // protocol/keys.rs
     let prefix = format!("{QUEUE_PREFIX}{NAMESPACE}/{}/", LOCKS[lock].name);
     etcd.inspect(|s| {
@@ -139,7 +146,7 @@ fn read(etcd: &Etcd, lock: usize) -> (u32, Vec<(i64, Option<Entry>)>) {
 }
 
 /// The pod of a client's holder id (`p{pod}c{client}`, `seed.rs`).
-fn pod_of(holder: &str) -> usize {
+pub fn pod_of(holder: &str) -> usize {
     let digits = holder[1..].split('c').next().unwrap_or_default();
     digits.parse().expect("a holder id of the world")
 }
@@ -174,7 +181,8 @@ impl World {
     }
 }
 
-/// Samples etcd every [`SAMPLE`] while an acquire waits, until `stop`.
+/// Samples etcd every [`SAMPLE`], until `stop`: the holds believed (`belief.rs`) each time, the
+/// waiters while an acquire waits.
 pub async fn run(world: World, etcd: std::sync::Arc<Etcd>, mut stop: oneshot::Receiver<()>) {
     loop {
         tokio::select! {
@@ -183,6 +191,15 @@ pub async fn run(world: World, etcd: std::sync::Arc<Etcd>, mut stop: oneshot::Re
             _ = sleep(SAMPLE) => {}
         }
         world.with(|s: &mut Shared| {
+            let gone = s.check.gone_holds(&etcd);
+            s.check.checks += 1;
+            let ops = &s.ops;
+            let r = s.belief.sample(gone, &s.live, |h| ops.dead_holder(h));
+            s.judge(r);
+            s.check.checks += 1;
+            let r = s.nobody.sample(&etcd, (&s.check, &s.live, &s.ops));
+            s.judge(r);
+            s.judge_admission();
             if s.live.asked.is_empty() {
                 return;
             }

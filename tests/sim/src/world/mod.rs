@@ -5,7 +5,9 @@
 //! docs/design.md, "The seeded world".
 
 mod admin;
+mod admission;
 mod backstop;
+mod belief;
 pub mod bugs;
 mod check;
 mod client;
@@ -16,6 +18,7 @@ mod leftovers;
 mod liveness;
 mod logs;
 mod net;
+mod nobody;
 mod observer;
 mod operator;
 mod pool;
@@ -202,6 +205,7 @@ fn run_seed(seed: u64) -> Outcome {
         let world = World::new(etcd.clone());
         let _logs = logs::capture(&world);
         seed::run(seed, &world, etcd).await;
+        world.with(|s| s.judge_admission());
         world.with(|s| Outcome {
             trace: std::mem::take(&mut s.trace),
             failure: s.failure.take(),

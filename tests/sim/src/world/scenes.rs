@@ -34,7 +34,13 @@ const SCENES: &[(&str, Play)] = &[
         "two releases of one hold while its pod is deaf (#54 F14)",
         |world, etcd| Box::pin(two_releases_of_one_hold(world, etcd)),
     ),
+    (HANDED_NOT_RECORDED, |world, etcd| {
+        Box::pin(handed_not_recorded(world, etcd))
+    }),
 ];
+
+/// The scene of a handed grant its owner has not yet recorded (the bug `HandedCountsAsGranted`).
+pub const HANDED_NOT_RECORDED: &str = "a key behind a handed grant not yet recorded waits";
 
 /// Scenes that fail on the engine as it is, kept out of the default run until it is fixed;
 /// `PODLOCK_SCENES_KNOWN=1` plays them too.
@@ -45,28 +51,11 @@ const KNOWN: &[&str] = &[];
 pub fn run() -> Result<(), String> {
     let known = std::env::var("PODLOCK_SCENES_KNOWN").is_ok_and(|v| v == "1");
     let mut played = 0;
-    for &(name, play) in SCENES {
+    for &(name, _) in SCENES {
         if KNOWN.contains(&name) && !known {
             continue;
         }
-        let runtime = crate::paused_runtime();
-        fastrand::seed(1);
-        let (trace, failure) = runtime.block_on(async {
-            let etcd = Arc::new(Etcd::start(Config::default()));
-            let world = World::new(etcd.clone());
-            let _logs = logs::capture(&world);
-            let failure = play(world.clone(), etcd).await.err();
-            (world.with(|s| std::mem::take(&mut s.trace)), failure)
-        });
-        if let Some(failure) = failure {
-            let tail = &trace[trace.len().saturating_sub(TAIL)..];
-            return Err(format!(
-                "sim scenes: {name}: {failure}\nreplay: PODLOCK_SIM_PART=scenes PODLOCK_SCENES_KNOWN=1 \
-                 cargo test --test sim\nthe trace's last {} lines:\n{}",
-                tail.len(),
-                tail.join("\n")
-            ));
-        }
+        play(name)?;
         played += 1;
     }
     println!(
@@ -77,6 +66,36 @@ pub fn run() -> Result<(), String> {
         }
     );
     Ok(())
+}
+
+/// Plays the scene `name` on a paused runtime of its own; fails with its trace's end if it, or
+/// the admission checker (`admission.rs`), finds something wrong.
+pub fn play(name: &str) -> Result<(), String> {
+    let (_, scene) = *SCENES
+        .iter()
+        .find(|(n, _)| *n == name)
+        .expect("a scene of that name");
+    let runtime = crate::paused_runtime();
+    fastrand::seed(1);
+    let (trace, failure) = runtime.block_on(async {
+        let etcd = Arc::new(Etcd::start(Config::default()));
+        let world = World::new(etcd.clone());
+        let _logs = logs::capture(&world);
+        let failure = scene(world.clone(), etcd).await.err();
+        let admission = world.with(|s| s.admission.lock().unwrap().failure.take());
+        (
+            world.with(|s| std::mem::take(&mut s.trace)),
+            failure.or(admission),
+        )
+    });
+    let Some(failure) = failure else { return Ok(()) };
+    let tail = &trace[trace.len().saturating_sub(TAIL)..];
+    Err(format!(
+        "sim scenes: {name}: {failure}\nreplay: PODLOCK_SIM_PART=scenes PODLOCK_SCENES_KNOWN=1 \
+         cargo test --test sim\nthe trace's last {} lines:\n{}",
+        tail.len(),
+        tail.join("\n")
+    ))
 }
 
 /// A mutex, whose `maxHolders` a scene raises.
@@ -255,6 +274,68 @@ async fn two_releases_of_one_hold(world: World, etcd: Arc<Etcd>) -> Result<(), S
         }
         sleep(Duration::from_secs(5)).await; // the keepalives catch up
     }
+    Ok(())
+}
+
+/// A semaphore of 2, and the model's "a handed grant counts as recorded": `x1` and `x2` hold,
+/// `a` and `h` wait in that order. `x1` goes and `a` is let in, reading the key behind it (its
+/// chain: `h`). `h`'s pod goes deaf; `a` releases and hands `h` its grant, which `h` cannot
+/// hear, so cannot record; `x2` goes. Now `k` asks, on a third pod, and reads its place: one
+/// slot is free, but the key ahead of it, `h`, holds by a handoff not yet recorded. A grant to
+/// `k` now could be answered, and its token used, before `h` learns of its own lower one: `k`
+/// waits until `h` records (the admission checker judges the record too).
+async fn handed_not_recorded(world: World, etcd: Arc<Etcd>) -> Result<(), String> {
+    const SEMAPHORE: LockSpec = LockSpec {
+        name: "s",
+        max_holders: 2,
+        heartbeat: 0,
+        shared: false,
+    };
+    let store = Store::new(etcd.client().await);
+    declare(&store, &SEMAPHORE, 2)
+        .await
+        .map_err(|e| format!("declare: {e}"))?;
+    let lock = LockId::new(NAMESPACE, SEMAPHORE.name).expect("a valid name");
+    let pods = [
+        start_pod(0, &etcd, &world).await,
+        start_pod(1, &etcd, &world).await,
+        start_pod(2, &etcd, &world).await,
+    ];
+    let acquire = |p: usize, holder: &'static str| {
+        let (engine, req) = (
+            pods[p].engine.clone(),
+            request(&lock, holder, Duration::from_secs(30)),
+        );
+        tokio::spawn(async move { engine.acquire(req).await })
+    };
+    let release = async |holder: &str| {
+        let r = pods[0].engine.release(&lock, holder).await;
+        world.log(format!("pod-0 {holder} released: {r:?}"));
+        r.map_err(|e| format!("release {holder}: {e}"))
+    };
+    let_in(&world, "x1", acquire(0, "x1"), LET_IN).await?;
+    let_in(&world, "x2", acquire(0, "x2"), LET_IN).await?;
+    let a = acquire(0, "a");
+    sleep(Duration::from_millis(100)).await;
+    let h = acquire(1, "h");
+    sleep(Duration::from_secs(1)).await;
+    release("x1").await?;
+    let_in(&world, "a (x1 released)", a, LET_IN).await?;
+    world.log("pod-1 (h) goes deaf".into());
+    pods[1].net.deafen(true);
+    release("a").await?;
+    release("x2").await?;
+    let mut k = acquire(2, "k");
+    if let Ok(answer) = timeout(Duration::from_millis(500), &mut k).await {
+        let told = answer.map_err(|e| e.to_string())?.map(|g| g.fencing_token);
+        return Err(format!(
+            "k was answered {told:?} while h, ahead of it, held by a handoff not yet recorded"
+        ));
+    }
+    world.log("pod-1 hears again".into());
+    pods[1].net.deafen(false);
+    let_in(&world, "h (handed a's slot)", h, LET_IN).await?;
+    let_in(&world, "k (h recorded)", k, LET_IN).await?;
     Ok(())
 }
 

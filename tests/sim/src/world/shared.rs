@@ -2,8 +2,11 @@
 //! failure. Every actor runs on the one thread of the seed's runtime; the lock is never
 //! contended, only needed because engine tasks must be `Send`.
 
+use super::admission::Admission;
+use super::belief::Beliefs;
 use super::check::{Checker, Ended};
 use super::liveness::Waits;
+use super::nobody::Nobodys;
 use super::steps::Ops;
 use super::{LOCKS, sets};
 use crate::etcd::Etcd;
@@ -38,6 +41,12 @@ pub struct Shared {
     pub deadline_ends: BTreeSet<(String, i64)>,
     /// The waiters the liveness checker follows.
     pub live: Waits,
+    /// The holds the belief checker follows.
+    pub belief: Beliefs,
+    /// The holding keys nobody holds or waits for.
+    pub nobody: Nobodys,
+    /// The grants etcd's changes show, against the queue's rule (shown every change by etcd).
+    pub admission: Arc<Mutex<Admission>>,
     /// How many times etcd was restored or wiped, or a lock deleted: each takes release
     /// receipts away.
     pub rebuilds: u64,
@@ -48,6 +57,11 @@ pub struct Shared {
 impl World {
     /// A world over `etcd`, its locks declared with their first `maxHolders`.
     pub fn new(etcd: Arc<Etcd>) -> Self {
+        let admission = Arc::new(Mutex::new(Admission::default()));
+        let follows = admission.clone();
+        etcd.observe(Box::new(move |state, rebuilt| {
+            follows.lock().unwrap().changed(state, rebuilt)
+        }));
         World(Arc::new(Mutex::new(Shared {
             trace: Vec::new(),
             check: Checker::default(),
@@ -58,6 +72,9 @@ impl World {
             ops: Ops::new(LOCKS.len()),
             deadline_ends: BTreeSet::new(),
             live: Waits::default(),
+            belief: Beliefs::default(),
+            nobody: Nobodys::default(),
+            admission,
             rebuilds: 0,
             etcd,
             start: Instant::now(),
@@ -103,6 +120,16 @@ impl World {
             s.judge(r);
         });
         super::ends::timed(self, holder, g);
+    }
+
+    /// `holder` asks to release its hold of `token` of `lock` (with the rest of its set): it
+    /// no longer believes it holds.
+    pub fn releasing(&self, holder: &str, lock: &str, token: i64) {
+        self.with(|s| {
+            for (lock, token) in s.check.hold_of(holder, (lock, token)) {
+                s.belief.releasing(&lock, token);
+            }
+        });
     }
 
     /// `holder` was told its hold of `token` ended: its release was answered, or `lost` came.
@@ -174,6 +201,13 @@ impl Shared {
     pub(super) fn log(&mut self, line: String) {
         let t = self.start.elapsed().as_millis();
         self.trace.push(format!("{:>4}.{:03} {line}", t / 1000, t % 1000));
+    }
+
+    /// Judges what the admission checker found since it was last asked.
+    pub(super) fn judge_admission(&mut self) {
+        self.check.checks += 1;
+        let found = self.admission.lock().unwrap().failure.take();
+        self.judge(found.map_or(Ok(()), Err));
     }
 
     pub(super) fn judge(&mut self, r: Result<(), String>) {

@@ -30,6 +30,7 @@ pub fn heard(engine: &Engine, world: &World, e: HoldEvent) {
     let (engine, world) = (engine.clone(), world.clone());
     tokio::spawn(async move {
         sleep(after).await;
+        world.releasing(&holder, &e.lock.name, token);
         match engine.release_token(&e.lock, &holder, token).await {
             Ok(()) => world.released_hold(&holder, &e.lock.name, token),
             Err(e) => world.log(format!("{holder} release {token} (yielding): {e}")),
