@@ -3,6 +3,7 @@
 # newest (scripts/setup.sh's KUBE_VERSION). Needs root, like tests/node.
 #
 #   scripts/node-oldest.sh [ARGS...]    ARGS go to `cargo test --test node` (default: -- --nocapture)
+#   scripts/node-oldest.sh --build-only only builds (or finds) that Kubernetes, and runs nothing
 #
 # OLDEST_KUBE_VERSION (default below) must be a release of the chart's floor minor, the
 # `kubeVersion` of charts/podlock/Chart.yaml: raising the floor without it fails here. Its
@@ -53,7 +54,8 @@ for k in $KUBE_CMDS; do
   got=$("$cache/bin/$k" --version | awk '{print $2}')
   [ "$got" = "$OLDEST_KUBE_VERSION" ] || { echo "node-oldest: $cache/bin/$k is $got, not $OLDEST_KUBE_VERSION" >&2; exit 1; }
 done
-step "kube-apiserver, kube-controller-manager, kubelet, kube-scheduler, kube-proxy: $OLDEST_KUBE_VERSION"
+step "kube-apiserver, kube-controller-manager, kubelet, kube-scheduler, kube-proxy: $OLDEST_KUBE_VERSION in $cache/bin"
+[ "${1:-}" != --build-only ] || exit 0
 
 [ $# -gt 0 ] || set -- -- --nocapture
 start=$SECONDS

@@ -71,9 +71,11 @@ step() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
 # The slow builds' Go caches (10 GB and more for Kubernetes and Prometheus) serve no one once
 # their binaries are cached, and a fresh machine's disk is shared: they live in a scratch
-# directory that goes when setup ends. The tests' own Go code uses the user's caches.
+# directory that goes when setup ends. The tests' own Go code uses the user's caches. A --list
+# builds nothing and leaves it alone: it would delete the scratch of a setup building meanwhile
+# (tests/integration/setup_script.rs runs --list).
 SCRATCH="$CACHE/go-scratch"
-trap 'rm -rf "$SCRATCH"' EXIT
+$LIST || trap 'rm -rf "$SCRATCH"' EXIT
 tool_go() {
   GOCACHE="$SCRATCH/build" GOMODCACHE="$SCRATCH/mod" GOFLAGS="-modcacherw $(go env GOFLAGS)" go "$@"
 }
