@@ -46,7 +46,10 @@ until curl -sf "$etcd/health" >/dev/null; do sleep 0.1; done
 
 openssl ecparam -name prime256v1 -genkey -noout -out "$dir/sa.key" 2>/dev/null
 echo "$token,admin,admin,\"system:masters\"" >"$dir/tokens.csv"
-bind=127.0.0.1 advertise=127.0.0.1 node_flags=() kcm_flags=()
+# Without --node the API server advertises 127.0.0.1, which kube-apiserver 1.37's endpoint
+# reconciler refuses ("may not be in the loopback range"; 1.34's took it): no pod needs the
+# `kubernetes` Service's endpoints there, so it keeps none.
+bind=127.0.0.1 advertise=127.0.0.1 node_flags=(--endpoint-reconciler-type=none) kcm_flags=()
 if $node; then
   # The machine's own address: the first IPv4 address of the default route's interface.
   dev=$(ip -4 route show default | awk '{print $5; exit}')
@@ -74,6 +77,7 @@ child "$BIN/kube-apiserver" --etcd-servers="$etcd" --cert-dir="$dir/certs" \
   --service-account-key-file="$dir/sa.key" --service-account-signing-key-file="$dir/sa.key" \
   --token-auth-file="$dir/tokens.csv" --authorization-mode=RBAC --allow-privileged=true \
   >"$dir/kube-apiserver.log" 2>&1
+api_pid=$!
 
 cat >"$dir/kubeconfig" <<KUBECONFIG
 apiVersion: v1
@@ -92,7 +96,10 @@ contexts:
   context: {cluster: local, user: admin, namespace: default}
 current-context: local
 KUBECONFIG
-until kubectl --kubeconfig "$dir/kubeconfig" get --raw /readyz >/dev/null 2>&1; do sleep 0.2; done
+until kubectl --kubeconfig "$dir/kubeconfig" get --raw /readyz >/dev/null 2>&1; do
+  kill -0 "$api_pid" 2>/dev/null || { echo "control-plane: kube-apiserver exited; its log ends:" >&2; tail -5 "$dir/kube-apiserver.log" >&2; exit 1; }
+  sleep 0.2
+done
 
 child "$BIN/kube-controller-manager" --kubeconfig="$dir/kubeconfig" \
   --service-account-private-key-file="$dir/sa.key" --leader-elect=false --controllers='*' \

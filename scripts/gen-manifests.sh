@@ -3,21 +3,20 @@
 #   crds/distributedlock.yaml, charts/podlock/crds/   from `podlock crd`
 #   manifests/podlock.yaml, manifests/rbac.yaml       from `helm template` of the chart
 # manifests/podlock.yaml is rendered for the oldest Kubernetes the chart admits (its
-# kubeVersion), so that it applies on every admitted cluster (without the Secret policy, a
-# ValidatingAdmissionPolicy, which 1.29 does not serve), and without Helm's hooks: the `helm
+# kubeVersion), so that it applies on every admitted cluster, and without Helm's hooks: the `helm
 # test` objects (a Pod that runs once, and its NetworkPolicy), which only `helm test` runs, and
 # the pre-delete hook (a Job that stops the operator), which only `helm uninstall` runs. manifests/rbac.yaml,
-# the operator's RBAC alone, is rendered for a current Kubernetes, with the Secret policy: on
-# 1.30+, applying it after podlock.yaml adds the policy.
+# the operator's RBAC alone (with the Secret policy), is rendered for the Kubernetes the tests
+# run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=$(bash scripts/setup.sh --kubernetes)
-# kubeVersion: ">=1.29.0-0" -> 1.29.0
+# kubeVersion: ">=1.35.0-0" -> 1.35.0
 FLOOR_VERSION=$(sed -n 's/^kubeVersion: *"*>= *\([0-9][0-9.]*\).*/\1/p' charts/podlock/Chart.yaml)
 [ -n "$FLOOR_VERSION" ] || { echo "gen-manifests: no kubeVersion in charts/podlock/Chart.yaml" >&2; exit 1; }
 cargo run --quiet -- crd >crds/distributedlock.yaml
 cp crds/distributedlock.yaml charts/podlock/crds/distributedlock.yaml
-KUBE_VERSION=1.34.0 # what tests/integration/chart/mod.rs renders for
+KUBE_VERSION=1.37.0 # what tests/integration/chart/mod.rs renders for
 # The chart refuses to render without an etcd: the manifests name the one README.md describes.
 render() {
   "$BIN/helm" template podlock charts/podlock --namespace podlock --skip-tests --no-hooks \

@@ -8,7 +8,7 @@
 #                                entrypoint, user 65532:65532, no shell; glibc and CA
 #                                certificates from this Debian host instead of distroless
 #   localhost/pause:3.10         the pod sandbox (scripts/images/pause.c, static)
-#   localhost/etcd:ETCD_VERSION  the chart's bundled etcd: ~/.cache/podlock/bin/etcd (and etcdctl)
+#   localhost/etcd:ETCD_VERSION  the chart's bundled etcd: $PODLOCK_CACHE/bin/etcd (and etcdctl)
 #   localhost/etcd:PRIOR_VERSION each etcd an upgrade from the chart's previous one passes
 #                                through on its way to ETCD_VERSION (bin/etcd-PRIOR_VERSION, from
 #                                setup.sh with the test tools), when all of them are there

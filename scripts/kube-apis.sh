@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Regenerates tests/integration/kube-apis.txt: for every Kubernetes minor version from the
-# chart's kubeVersion floor (1.29) to the newest k8s.io/api release, the GA API group/versions
-# and kinds it serves by default, as k8s.io/api of that version registers them (a Go program,
-# scripts/kube-apis/list.go.tmpl, run against each version from the Go module proxy).
-# tests/integration/chart/served.rs renders the chart for each listed version and fails on a kind the
-# version does not serve. Run it when a new Kubernetes minor version is out.
+# chart's kubeVersion floor (charts/podlock/Chart.yaml) to the newest k8s.io/api release, the GA
+# API group/versions and kinds it serves by default, as k8s.io/api of that version registers
+# them (a Go program, scripts/kube-apis/list.go.tmpl, run against each version from the Go
+# module proxy). tests/integration/chart/served.rs renders the chart for each listed version and
+# fails on a kind the version does not serve. Run it when a new Kubernetes minor version is out,
+# or the floor moves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=tests/integration/kube-apis.txt
-FIRST=29
+# kubeVersion: ">=1.35.0-0" -> 35
+FIRST=$(sed -n 's/^kubeVersion: *"*>= *1\.\([0-9]*\)\..*/\1/p' charts/podlock/Chart.yaml)
+[ -n "$FIRST" ] || { echo "kube-apis: no kubeVersion in charts/podlock/Chart.yaml" >&2; exit 1; }
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cd "$work"

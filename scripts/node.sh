@@ -227,6 +227,8 @@ apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
 containerRuntimeEndpoint: unix://$state/containerd.sock
 cgroupDriver: cgroupfs
+# This machine has cgroup v1 only: from 1.35 the kubelet refuses it unless told otherwise.
+failCgroupV1: false
 address: $NODE_IP
 port: $(free_port)
 readOnlyPort: 0

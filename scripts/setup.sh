@@ -45,7 +45,7 @@ set -euo pipefail
 
 ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
 PRIOR_ETCD_VERSIONS="${PRIOR_ETCD_VERSIONS:-v3.5.17 v3.5.36}"
-KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
+KUBE_VERSION="${KUBE_VERSION:-v1.37.2}"
 HELM_VERSION="${HELM_VERSION:-v3.22.0}"
 COREDNS_VERSION="${COREDNS_VERSION:-v1.13.1}"
 KUBE_ROUTER_VERSION="${KUBE_ROUTER_VERSION:-v2.1.0}"
@@ -71,9 +71,11 @@ step() { printf '\033[1m[setup]\033[0m %s\n' "$*" >&2; }
 
 # The slow builds' Go caches (10 GB and more for Kubernetes and Prometheus) serve no one once
 # their binaries are cached, and a fresh machine's disk is shared: they live in a scratch
-# directory that goes when setup ends. The tests' own Go code uses the user's caches.
+# directory that goes when setup ends. The tests' own Go code uses the user's caches. A --list
+# builds nothing and leaves it alone: it would delete the scratch of a setup building meanwhile
+# (tests/integration/setup_script.rs runs --list).
 SCRATCH="$CACHE/go-scratch"
-trap 'rm -rf "$SCRATCH"' EXIT
+$LIST || trap 'rm -rf "$SCRATCH"' EXIT
 tool_go() {
   GOCACHE="$SCRATCH/build" GOMODCACHE="$SCRATCH/mod" GOFLAGS="-modcacherw $(go env GOFLAGS)" go "$@"
 }

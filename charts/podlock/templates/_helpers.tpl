@@ -179,15 +179,15 @@ tolerations: {{- toYaml . | nindent 2 }}
 
 {{/*
 "true" when the operator's Secret policy is rendered: asked for (operator.secretPolicy) and
-served: admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy, which Kubernetes serves from
-1.30 (tests/integration/kube-apis.txt). On install and upgrade Helm reads the served kinds from
-the cluster's discovery (which lists v1/Pod too); helm template's defaults list group/versions
-only, and then --kube-version decides alone.
+served: admissionregistration.k8s.io/v1 ValidatingAdmissionPolicy, which every Kubernetes the
+chart admits (1.35+) serves by default (tests/integration/kube-apis.txt), but a cluster may
+turn off. On install and upgrade Helm reads the served kinds from the cluster's discovery (which
+lists v1/Pod too); helm template's defaults list group/versions only, and then it is rendered.
 */}}
 {{- define "podlock.secretPolicy" -}}
 {{- $apis := .Capabilities.APIVersions -}}
 {{- $served := or (not ($apis.Has "v1/Pod")) ($apis.Has "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy") -}}
-{{- if and .Values.operator.secretPolicy (semverCompare ">=1.30.0-0" .Capabilities.KubeVersion.Version) $served -}}
+{{- if and .Values.operator.secretPolicy $served -}}
 true
 {{- end -}}
 {{- end }}

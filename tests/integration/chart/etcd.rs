@@ -7,7 +7,7 @@ use k8s_openapi::api::core::v1::Secret;
 use serde_json::{Value, json};
 use std::collections::BTreeSet;
 
-use super::{CHART, documents, find, helm, operator_env, render};
+use super::{CHART, KUBE_VERSION, documents, find, helm, operator_env, render};
 use crate::common::kube::{ControlPlane, with_crd};
 use podlock::operator::inject::{INSTANCE_LABEL, SIDECAR_LABEL};
 
@@ -115,7 +115,7 @@ fn render_against(plane: &ControlPlane, ns: &str) -> Vec<Value> {
         "--namespace",
         ns,
         "--kube-version",
-        "1.34.0",
+        KUBE_VERSION,
         "--kubeconfig",
         kubeconfig,
         "--dry-run=server",
@@ -217,7 +217,7 @@ async fn the_network_policy_admits_only_the_operator_this_releases_injected_pods
         "--namespace",
         &release,
         "--kube-version",
-        "1.34.0",
+        KUBE_VERSION,
         "--set",
         "etcd.bundled.enabled=true",
     ]);

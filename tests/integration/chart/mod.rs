@@ -30,8 +30,8 @@ pub(crate) fn helm(args: &[&str]) -> (bool, String, String) {
     (out.status.success(), text(out.stdout), text(out.stderr))
 }
 
-/// The cluster version charts are rendered for (the chart needs 1.29+ for native sidecars).
-pub(crate) const KUBE_VERSION: &str = "1.34.0";
+/// The cluster version charts are rendered for: the node test bed's minor (the chart admits 1.35+).
+pub(crate) const KUBE_VERSION: &str = "1.37.0";
 
 /// An external etcd, for the renderings that are not about etcd: without one, or the bundled
 /// etcd, the chart refuses to render. `scripts/gen-manifests.sh` renders `manifests/` with it.
@@ -54,7 +54,7 @@ pub(crate) fn render_release(release: &str, namespace: &str, extra: &[&str]) -> 
     out
 }
 
-/// The oldest Kubernetes version the chart admits, from its `kubeVersion` (`>=1.29.0-0`): 1.29.0.
+/// The oldest Kubernetes version the chart admits, from its `kubeVersion` (`>=1.35.0-0`): 1.35.0.
 pub(crate) fn floor_version() -> String {
     let chart = std::fs::read_to_string(format!("{CHART}/Chart.yaml")).unwrap();
     let floor = chart

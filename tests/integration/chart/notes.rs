@@ -2,7 +2,7 @@
 
 use std::process::Command;
 
-use super::{CHART, EXTERNAL_ETCD, floor_version, helm};
+use super::{CHART, EXTERNAL_ETCD, KUBE_VERSION, floor_version, helm};
 
 /// The chart's install notes, rendered. `helm template` leaves NOTES.txt out (and `helm install
 /// --dry-run` takes no `--kube-version`): a copy of the chart renders it as a manifest, through
@@ -93,7 +93,7 @@ fn the_notes_close_every_heredoc_they_open() {
     let notes = Notes::new();
     let floor = floor_version();
     let bundled = ["--set", "etcd.bundled.enabled=true"];
-    for (version, extra) in [("1.34.0", &[][..]), (floor.as_str(), &bundled[..])] {
+    for (version, extra) in [(KUBE_VERSION, &[][..]), (floor.as_str(), &bundled[..])] {
         let text = notes.render(version, extra);
         let opened = text.matches("<<").count();
         assert!(opened > 0, "the notes open no heredoc any more? {text}");
@@ -112,13 +112,15 @@ fn the_notes_say_when_the_secret_policy_is_left_out() {
     let notes = Notes::new();
     let render = |version: &str, extra: &[&str]| notes.render(version, extra);
     let left_out = "podlock-operator-secrets was left out";
-    assert!(
-        render("1.29.5", &[]).contains(left_out),
-        "{}",
-        render("1.29.5", &[])
-    );
-    assert!(!render("1.30.0", &[]).contains(left_out));
-    assert!(!render("1.29.5", &["--set", "operator.secretPolicy=false"]).contains(left_out));
+    let floor = floor_version();
+    // Every admitted version serves the policy's kind by default.
+    assert!(!render(&floor, &[]).contains(left_out));
+    assert!(!render(KUBE_VERSION, &[]).contains(left_out));
     let no_policy = ["--api-versions", "v1/Pod"]; // a cluster whose discovery lacks the kind
-    assert!(render("1.34.0", &no_policy).contains(left_out));
+    for version in [floor.as_str(), KUBE_VERSION] {
+        let text = render(version, &no_policy);
+        assert!(text.contains(left_out), "{text}");
+        let off = ["--api-versions", "v1/Pod", "--set", "operator.secretPolicy=false"];
+        assert!(!render(version, &off).contains(left_out));
+    }
 }

@@ -158,10 +158,14 @@ fn the_dashboard_and_the_alerts_render_only_when_enabled() {
     assert!(out.contains("grafana_dashboard: \"1\""), "{out}");
 }
 
+/// The chart admits the minors Kubernetes supports (1.35+): an older one, even one with native
+/// sidecars and the Secret policy's API, is refused.
 #[test]
-fn a_cluster_without_native_sidecars_is_refused() {
-    let (ok, _, err) = helm(&["template", "podlock", CHART, "--kube-version", "1.28.9"]);
-    assert!(!ok && err.contains("kubeVersion"), "{err}");
+fn a_cluster_older_than_the_supported_minors_is_refused() {
+    for version in ["1.28.9", "1.34.9"] {
+        let (ok, _, err) = helm(&["template", "podlock", CHART, "--kube-version", version]);
+        assert!(!ok && err.contains("kubeVersion"), "{version}: {err}");
+    }
 }
 
 #[test]

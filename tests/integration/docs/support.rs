@@ -1,10 +1,11 @@
 //! docs/operations.md's support matrix says what the test runs use: the etcd, Kubernetes and
-//! Helm versions `scripts/setup.sh` installs, the bundled etcd's image, and the oldest
-//! Kubernetes the chart admits. A version changed in one place and not the other fails here.
+//! Helm versions `scripts/setup.sh` installs, the bundled etcd's image, the oldest Kubernetes
+//! the chart admits and the release of it `scripts/node-oldest.sh` runs the node suite on. A
+//! version changed in one place and not the other fails here.
 
 use super::{read, section};
 
-/// `NAME="${NAME:-vVERSION}"` of scripts/setup.sh: VERSION, without the `v`.
+/// `NAME="${NAME:-vVERSION}"` of a script (scripts/setup.sh, scripts/node-oldest.sh): VERSION, without the `v`.
 fn setup_version(setup: &str, name: &str) -> String {
     let prefix = format!("{name}=\"${{{name}:-v");
     let line = setup
@@ -55,4 +56,14 @@ fn the_support_matrix_names_the_versions_the_tests_run() {
         .max_by_key(|v| v.strip_prefix("1.").and_then(|m| m.parse::<u32>().ok()));
     let rendered = format!("from {floor} to {}", newest.unwrap());
     assert!(kubernetes[3].contains(&rendered), "{rendered}");
+    // The oldest admitted release the node suite runs on (scripts/node-oldest.sh), of the floor.
+    let oldest = setup_version(&read("scripts/node-oldest.sh"), "OLDEST_KUBE_VERSION");
+    assert!(
+        oldest.starts_with(&format!("{floor}.")),
+        "{oldest} is not of {floor}"
+    );
+    assert!(
+        kubernetes[3].contains(&format!("{oldest}, by `scripts/node-oldest.sh`")),
+        "{oldest}"
+    );
 }
