@@ -1,8 +1,10 @@
-//! Injection you cannot miss (#55 item 3), on the node: with the webhook unreachable (its
-//! Service pointed at a port nothing listens on, as a private cluster's firewall or an overlay
-//! CNI leaves it), `failurePolicy: Ignore` lets a pod that asked for the sidecar start without
-//! it, and the operator says so within seconds: a Warning Event `SidecarMissing` on the pod.
+//! Injection you cannot miss (#55 item 3), on the node: with the webhook unreachable (the
+//! host firewall resets the control plane's connections to the operators' webhook port, as a
+//! private cluster's firewall leaves it), `failurePolicy: Ignore` lets a pod that asked for the
+//! sidecar start without it, and the operator says so within seconds: a Warning Event
+//! `SidecarMissing` on the pod.
 
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use crate::common::node::{Node, retry};
@@ -12,24 +14,78 @@ const NAMESPACE: &str = "missed";
 /// How long the operator may take to warn: "within seconds", with headroom for the node.
 const WARN_WITHIN: Duration = Duration::from_secs(30);
 
-/// Points the webhook's Service at `port` (a number, or the operator's port name `webhook`).
-fn webhook_target(node: &Node, port: &str) {
-    let value = port
-        .parse::<u16>()
-        .map_or_else(|_| format!("\"{port}\""), |n| n.to_string());
-    let patch = format!(r#"[{{"op":"replace","path":"/spec/ports/0/targetPort","value":{value}}}]"#);
+/// The operators' webhook port.
+const WEBHOOK_PORT: &str = "9443";
+
+/// Host firewall rules that reset every connection of this machine (the API server's) to the
+/// webhook port of the operator pods, for as long as it lives. A change to the Service would
+/// not do: the API server keeps its connection to the webhook open, and an open connection
+/// stays where it was.
+struct Firewall(Vec<String>);
+
+impl Firewall {
+    fn up(node: &Node) -> Self {
+        let ips = operator_ips(node);
+        assert!(!ips.is_empty(), "no operator pod IP");
+        for ip in &ips {
+            iptables("-I", ip);
+        }
+        Firewall(ips)
+    }
+}
+
+impl Drop for Firewall {
+    fn drop(&mut self) {
+        for ip in &self.0 {
+            iptables("-D", ip);
+        }
+    }
+}
+
+/// Inserts (`-I`) or deletes (`-D`) the rule that resets TCP to `ip`'s webhook port.
+fn iptables(op: &str, ip: &str) {
+    let rule = [
+        "-p",
+        "tcp",
+        "-d",
+        ip,
+        "--dport",
+        WEBHOOK_PORT,
+        "-j",
+        "REJECT",
+        "--reject-with",
+        "tcp-reset",
+    ];
+    let out = Command::new("iptables")
+        .args(["-w", op, "OUTPUT"])
+        .args(rule)
+        .output();
+    let out = out.expect("iptables runs");
+    assert!(
+        out.status.success(),
+        "iptables {op}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The operator pods' IPs.
+fn operator_ips(node: &Node) -> Vec<String> {
+    let selector = "app.kubernetes.io/component=podlock-operator";
     let args = [
-        "patch",
-        "service",
-        "podlock-webhook",
+        "get",
+        "pods",
         "-n",
         "podlock",
-        "--type=json",
-        "-p",
-        &patch,
+        "-l",
+        selector,
+        "-o",
+        "jsonpath={.items[*].status.podIP}",
     ];
-    let (ok, _, err) = node.kubectl(&args);
-    assert!(ok, "kubectl patch service podlock-webhook: {err}");
+    node.kubectl(&args)
+        .1
+        .split_whitespace()
+        .map(str::to_string)
+        .collect()
 }
 
 /// An app pod that asks for the sidecar by its annotation.
@@ -54,9 +110,7 @@ fn warning(node: &Node) -> Result<String, String> {
 
 pub fn a_pod_the_webhook_could_not_reach_is_a_warning_within_seconds(node: &Node) {
     node.kubectl(&["create", "namespace", NAMESPACE]);
-    webhook_target(node, "9");
-    // kube-proxy moves the Service's rules over within a moment.
-    std::thread::sleep(Duration::from_secs(3));
+    let firewall = Firewall::up(node);
     let created = Instant::now();
     node.kubectl_apply(&asking_pod(node));
     let (_, init, _) = node.kubectl(&[
@@ -68,7 +122,7 @@ pub fn a_pod_the_webhook_could_not_reach_is_a_warning_within_seconds(node: &Node
         "-o",
         "jsonpath={.spec.initContainers[*].name}",
     ]);
-    webhook_target(node, "webhook");
+    drop(firewall);
     assert_eq!(
         init.trim(),
         "",
