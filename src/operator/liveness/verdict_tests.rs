@@ -261,3 +261,21 @@ fn a_sidecar_restart_ends_the_holds_it_kept() {
     let restarted = with_sidecar(running(SIDECAR_CONTAINER, "s2", 1, 0));
     assert_eq!(judge(&restarted, &late, &mut TakenBy::new()), None);
 }
+
+/// A pod's app containers start one after another: the second's first incarnation can start in
+/// a later second than a hold the first asked for. It never asked (it was not running), so it
+/// proves nothing of a hold that names no container; a restart of it still does. Found on the
+/// node (Kubernetes 1.37.2): a contender pod of two app containers lost its first hold 300 ms
+/// after the grant, "its key was deleted".
+#[test]
+fn a_containers_first_start_after_the_request_is_no_restart() {
+    let e = entry("u", None);
+    let asker = || running("mutex", "m1", 0, -1_000);
+    let starting = pod("u", "Running", vec![asker(), running("semaphore", "s1", 0, 800)]);
+    assert_eq!(judge(&starting, &e, &mut TakenBy::new()), None);
+    let restarted = pod("u", "Running", vec![asker(), running("semaphore", "s2", 1, 800)]);
+    assert_eq!(
+        judge(&restarted, &e, &mut TakenBy::new()),
+        Some(Reason::ContainerRestarted)
+    );
+}
