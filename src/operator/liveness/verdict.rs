@@ -130,7 +130,8 @@ pub fn verdict(pod: &Pod, entry: &PodEntry, bound: &mut TakenBy) -> Option<Reaso
         .chain(init.filter(|_| entry.container.is_some()))
         .filter(|c| match &entry.container {
             Some(name) => c.name == *name,
-            None => c.name != SIDECAR_CONTAINER,
+            // Not one whose first incarnation started after the request: it never asked.
+            None => c.name != SIDECAR_CONTAINER && !first_started_after(c, entry.requested),
         });
     let mut gone = false;
     for c in judged {
@@ -203,6 +204,18 @@ pub fn container_gone(c: &ContainerStatus, requested: SystemTime, bound: &mut Op
         });
     }
     false
+}
+
+/// Whether `c` never restarted and its one incarnation started after `requested`: a pod's app
+/// containers start one after another, so a hold one of them asked for can come before the
+/// next one starts, which proves nothing of it.
+fn first_started_after(c: &ContainerStatus, requested: SystemTime) -> bool {
+    let state = c.state.as_ref();
+    let started = (state
+        .and_then(|s| s.running.as_ref())
+        .and_then(|r| r.started_at.as_ref()))
+    .or_else(|| (state.and_then(|s| s.terminated.as_ref())).and_then(|t| t.started_at.as_ref()));
+    c.restart_count == 0 && after(started, requested)
 }
 
 /// When a terminated incarnation finished.
