@@ -388,9 +388,20 @@ pub async fn running_pod_labelled(pods: &Api<Pod>, name: &str, labels: Value) ->
 
 /// Writes the pod's phase and its app container's start time, as a kubelet would.
 pub async fn set_status(pods: &Api<Pod>, name: &str, phase: &str, app_started: SystemTime) {
+    set_app(pods, name, phase, (app_started, 0)).await
+}
+
+/// Writes that the pod's app container restarted at `at`, as a kubelet would (its restart count
+/// up by one).
+pub async fn set_restarted(pods: &Api<Pod>, name: &str, at: SystemTime) {
+    set_app(pods, name, "Running", (at, 1)).await
+}
+
+/// Writes the pod's phase and its app container's start time and restart count.
+async fn set_app(pods: &Api<Pod>, name: &str, phase: &str, (started, restarts): (SystemTime, i32)) {
     let status = json!({"status": {"phase": phase, "containerStatuses": [{
-        "name": "app", "image": "app", "imageID": "", "ready": true, "restartCount": 0, "started": true,
-        "state": {"running": {"startedAt": rfc3339(app_started)}}
+        "name": "app", "image": "app", "imageID": "", "ready": true, "restartCount": restarts, "started": true,
+        "state": {"running": {"startedAt": rfc3339(started)}}
     }]}});
     pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await

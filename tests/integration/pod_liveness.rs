@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::common::kube::{
-    ControlPlane, Operator, rfc3339, running_pod, running_pod_labelled, set_status, with_crd,
+    ControlPlane, Operator, rfc3339, running_pod, running_pod_labelled, set_restarted, set_status, with_crd,
 };
 use crate::common::lag::LagProxy;
 use crate::common::{Sidecar, percentile, wait_until};
@@ -98,7 +98,7 @@ async fn a_dead_holders_pod_hands_the_lock_over_within_a_second() {
             _ => {
                 // A kubelet reports whole seconds: restart in a later second than the grant.
                 tokio::time::sleep(Duration::from_millis(1000)).await;
-                set_status(&pods, &name, "Running", SystemTime::now()).await
+                set_restarted(&pods, &name, SystemTime::now()).await
             }
         }
         let changed = Instant::now();
