@@ -43,6 +43,9 @@ impl Admission {
     /// Follows the member's `state` after a change (`rebuilt`: its data was replaced).
     pub fn changed(&mut self, state: &State, rebuilt: bool) {
         let revision = state.store.revision();
+        if !rebuilt && revision == self.revision {
+            return; // a lease's keepalive, a watch: no key changed
+        }
         if rebuilt && revision < self.revision {
             // Wiped (or restored without a bump): revisions start again, and old ones mean
             // nothing any more.
