@@ -85,11 +85,17 @@ impl Registry {
     pub fn end_released(&self, hold: &Arc<Hold>) -> bool {
         let mut map = self.0.lock().unwrap();
         let key = (hold.lock.clone(), hold.holder_id.clone());
-        if !matches!(map.get(&key), Some(Slot::Held(h)) if Arc::ptr_eq(h, hold)) {
+        if !is_slots(&map, &key, hold) {
             return false;
         }
         map.remove(&key);
         true
+    }
+
+    /// Whether `hold` is still its slot's hold (not ended).
+    pub fn holds(&self, hold: &Arc<Hold>) -> bool {
+        let key = (hold.lock.clone(), hold.holder_id.clone());
+        is_slots(&self.0.lock().unwrap(), &key, hold)
     }
 
     /// Why `hold`, no longer the slot's, ended: lost (410, its monitor reported it) if the slot
@@ -120,7 +126,7 @@ impl Registry {
     pub fn mark_lost(&self, hold: &Arc<Hold>, reason: &str) -> bool {
         let mut map = self.0.lock().unwrap();
         let key = (hold.lock.clone(), hold.holder_id.clone());
-        if !matches!(map.get(&key), Some(Slot::Held(h)) if Arc::ptr_eq(h, hold)) {
+        if !is_slots(&map, &key, hold) {
             return false;
         }
         let now = Instant::now();
@@ -191,6 +197,11 @@ pub(crate) enum Claimed {
 }
 
 /// The error for a release or heartbeat of a holder that does not hold.
+/// Whether `hold` is the hold of slot `key` in `map`.
+fn is_slots(map: &BTreeMap<SlotKey, Slot>, key: &SlotKey, hold: &Arc<Hold>) -> bool {
+    matches!(map.get(key), Some(Slot::Held(h)) if Arc::ptr_eq(h, hold))
+}
+
 fn not_held(lock: &LockId, holder: &str, slot: Option<&Slot>) -> LockError {
     match slot {
         Some(Slot::Lost { token, reason, .. }) => LockError::Lost {

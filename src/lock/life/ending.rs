@@ -48,12 +48,7 @@ impl Engine {
     async fn end_released(&self, hold: Arc<Hold>) -> Result<(), LockError> {
         let first = self.first_of_set(&hold);
         let _one = first.releasing.lock().await;
-        let slot = (hold.lock.clone(), hold.holder_id.clone());
-        if !self
-            .registry()
-            .held(&slot)
-            .is_some_and(|h| Arc::ptr_eq(&h, &hold))
-        {
+        if !self.registry().holds(&hold) {
             return Err(self.registry().ended(&hold));
         }
         let (lock, holder) = (&hold.lock, hold.holder_id.as_str());
@@ -63,25 +58,7 @@ impl Engine {
         for m in &members {
             m.ended.cancel(); // the monitors stop before our own deletions reach them
         }
-        // Each key's receipt at a slot no other release of this sidecar in flight uses.
-        let mut slots: Vec<ReceiptSlot> = (members.iter())
-            .map(|m| self.receipt_slots().take(&m.lock, m.ticket.lease))
-            .collect();
-        let release = match members.len() {
-            1 => {
-                let chain = hold.terms.chain.get().await;
-                let ticket = (&hold.ticket, slots[0].get());
-                handoff::release(self.etcd(), lock, ticket, chain.as_ref()).await
-            }
-            _ => {
-                let numbers: Vec<u32> = slots.iter().map(ReceiptSlot::get).collect();
-                multi_lock::release(self.etcd(), &tickets(&members), &numbers).await
-            }
-        };
-        if release.is_ok() {
-            slots.iter_mut().for_each(ReceiptSlot::answered);
-        }
-        let removed = match release {
+        let removed = match self.delete_keys(&hold, &members).await {
             Ok(removed) => removed,
             Err(e) => {
                 warn!(lock = %lock, holder, error = %e, "release could not reach etcd; retrying in the background");
@@ -109,6 +86,30 @@ impl Engine {
         debug!(lock = %lock, holder, token = hold.token(), "released");
         self.publish(&hold, EventKind::Released, None);
         Ok(())
+    }
+
+    /// Deletes the keys of `members` (`hold` first), handing the lock on where `hold` may;
+    /// returns whether this release deleted them. Each key's receipt lies at a slot no other
+    /// release of this sidecar in flight uses.
+    async fn delete_keys(&self, hold: &Hold, members: &[Arc<Hold>]) -> Result<bool, LockError> {
+        let mut slots: Vec<ReceiptSlot> = (members.iter())
+            .map(|m| self.receipt_slots().take(&m.lock, m.ticket.lease))
+            .collect();
+        let release = match members.len() {
+            1 => {
+                let chain = hold.terms.chain.get().await;
+                let ticket = (&hold.ticket, slots[0].get());
+                handoff::release(self.etcd(), &hold.lock, ticket, chain.as_ref()).await
+            }
+            _ => {
+                let numbers: Vec<u32> = slots.iter().map(ReceiptSlot::get).collect();
+                multi_lock::release(self.etcd(), &tickets(members), &numbers).await
+            }
+        };
+        if release.is_ok() {
+            slots.iter_mut().for_each(ReceiptSlot::answered);
+        }
+        release
     }
 
     /// The hold of the first lock of `hold`'s set, whose `releasing` stands for the set's
