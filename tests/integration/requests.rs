@@ -106,12 +106,14 @@ async fn a_busy_mutex_makes_about_one_watch_per_grant() {
 async fn a_busy_semaphore_costs_about_four_requests_per_grant() {
     let per_grant = requests_per_grant(4, 25, &["--max-holders", "2"]).await;
     eprintln!("etcd requests per grant, 4 contenders, maxHolders 2: {per_grant:.2}");
-    // Enqueue, read, record (which the key behind waits for), release. Its holders release in
-    // grant order here, so a release finds the key behind it granted already and hands
-    // nothing on. A grant handed to the key a waiter watches must not wake it: it did, and
-    // cost 4.35 to 4.41 requests per grant.
+    // Enqueue, read, record (which the key behind waits for), release: 4.15 to 4.30 on an idle
+    // machine, more under load, as the scheduling of four sidecars decides which release
+    // finds the key behind it granted already. A waiter woken by the grant handed to the key
+    // it watches cost 4.40 to 4.54: that is held exactly by
+    // `a_semaphore_release_hands_its_slot_to_the_next_waiter_without_a_read`; this bound
+    // catches a grant that costs a further request on every round.
     assert!(
-        per_grant <= 4.32,
+        per_grant <= 4.6,
         "{per_grant:.2} etcd requests per grant with 4 contenders in a semaphore of 2"
     );
 }
@@ -177,7 +179,8 @@ async fn a_holder_whose_chain_ran_out_reads_it_and_hands_on() {
 
 /// A semaphore's holder granted by a read hands its own slot on the same way, while the other
 /// holder stays; the waiter's one request records its grant (`acquiredAt`), which the keys
-/// behind it in a semaphore wait for, before it answers.
+/// behind it in a semaphore wait for, before it answers. The key behind it reads on that
+/// record, never on the grant handed to the key it watches.
 #[tokio::test]
 async fn a_semaphore_release_hands_its_slot_to_the_next_waiter_without_a_read() {
     let etcd = EtcdServer::start().await;
@@ -192,17 +195,38 @@ async fn a_semaphore_release_hands_its_slot_to_the_next_waiter_without_a_read() 
     assert_eq!(x.post("pool", "release", json!({})).await.0, 200);
     let b_token = b_waits.await.unwrap();
     settle(&c).await; // c read again on b's record and watches a and b now
-    let spent = hand_on(("pool", &b), &c, c_waits, b_token).await;
+    settle(&d).await;
+    let before = spent(&[&b, &c, &d], [0.0; 3]).await;
+    // c is stopped: the grant b hands it is the only change to c's key (the one d watches)
+    // until c resumes and records it. A handed grant lets nobody behind c in: d sleeps on.
+    c.signal(libc::SIGSTOP);
+    assert_eq!(b.post("pool", "release", json!({})).await.0, 200);
+    settle(&d).await;
+    let handed = spent(&[&b, &d], [before[0], before[2]]).await;
+    c.signal(libc::SIGCONT);
+    assert_eq!(handed, [1.0, 0.0], "(b, d) requests: b's one transaction");
+    let c_token = c_waits.await.unwrap();
+    assert!(c_token > b_token, "tokens rise: {b_token} then {c_token}");
+    settle(&d).await;
     assert_eq!(
-        spent,
-        (1.0, 1.0),
-        "(releaser, waiter) requests: one transaction, one record"
+        spent(&[&b, &c, &d], before).await,
+        [1.0, 1.0, 1.0],
+        "(b, c, d) requests: b's transaction, c's record, d's read on the record"
     );
     for s in [a, c] {
         assert_eq!(s.post("pool", "release", json!({})).await.0, 200);
     }
     d_waits.await.unwrap();
     assert_eq!(d.post("pool", "release", json!({})).await.0, 200);
+}
+
+/// The etcd requests each of `sidecars` made since `before`.
+async fn spent<const N: usize>(sidecars: &[&Sidecar; N], before: [f64; N]) -> [f64; N] {
+    let mut out = before;
+    for (i, s) in sidecars.iter().enumerate() {
+        out[i] = s.metric("podlock_etcd_requests_total").await - before[i];
+    }
+    out
 }
 
 /// `N` sidecars, pods p0, p1, ...
