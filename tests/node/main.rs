@@ -9,6 +9,7 @@ mod common;
 mod deadline;
 mod etcd_upgrade;
 mod fence;
+mod gitops;
 mod helm_test;
 mod holder_service;
 mod injection;
@@ -45,9 +46,9 @@ fn etcd_members(node: &Node, jsonpath: &str) -> String {
     node.kubectl(&args).1
 }
 
-/// Installs the chart with the local images and the bundled etcd on `etcd_image`; returns once
-/// the operator and etcd are Ready.
-fn install(node: &Node, etcd_image: &str) {
+/// Installs the chart with the local images, the bundled etcd on `etcd_image` and each of
+/// `values` (`key=value`); returns once the operator and etcd are Ready.
+fn install(node: &Node, etcd_image: &str, values: &[&str]) {
     let (repo, tag) = node.images["PODLOCK_IMAGE"].rsplit_once(':').unwrap();
     let sets = [
         format!("image.repository={repo}"),
@@ -56,9 +57,10 @@ fn install(node: &Node, etcd_image: &str) {
         "etcd.bundled.enabled=true".into(),
         format!("etcd.bundled.image={etcd_image}"),
     ];
+    let sets = sets.iter().map(String::as_str).chain(values.iter().copied());
     let mut args = vec!["install", "podlock", CHART, "-n", "podlock", "--create-namespace"];
     args.extend(["--wait", "--timeout", "5m"]);
-    for s in &sets {
+    for s in sets {
         args.extend(["--set", s]);
     }
     let started = std::time::Instant::now();
@@ -159,7 +161,7 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
     let (_, nodes, _) = node.kubectl(&["get", "nodes", "-o", "wide"]);
     eprintln!("{nodes}");
     // On the chart's previous etcd, upgraded under a live hold once a worker holds.
-    install(&node, &etcd_upgrade::first_image(&node));
+    install(&node, &etcd_upgrade::first_image(&node), &[]);
     assert_webhook_through_service(&node);
     let client = node.client().await;
     workload::deploy(&node).await;
@@ -183,14 +185,18 @@ async fn the_chart_runs_on_a_real_node_and_hands_locks_on() {
 }
 
 /// `helm uninstall` with locks held leaves nothing waiting for the operator, an install again
-/// on fresh etcd volumes gives a kept namespace working credentials ([`uninstall`]), and the
-/// second uninstall leaves nothing either.
+/// on fresh etcd volumes, with the bundled etcd's Secrets made once and named (GitOps), gives a
+/// kept namespace working credentials ([`uninstall`]); an uninstall keeping the volumes and an
+/// install over them keeps the locks ([`gitops`]), and the last uninstall leaves nothing.
 fn uninstall_and_install_again(node: &Node) {
     let old_secret = uninstall::locks_held_in_two_namespaces(node);
     uninstall(node);
     uninstall::nothing_is_left_waiting_for_the_operator(node, &old_secret);
-    install(node, &node.images["ETCD_IMAGE"]);
-    uninstall::the_kept_namespace_locks_again(node);
+    gitops::make_the_secrets(node);
+    install(node, &node.images["ETCD_IMAGE"], &gitops::VALUES);
+    let held = uninstall::the_kept_namespace_locks_again(node);
+    gitops::an_install_over_kept_volumes_keeps_the_locks(node, &held);
+    gitops::delete_the_secrets(node);
     uninstall(node);
     uninstall::no_secret_of_podlocks_is_left(node, "the second helm uninstall");
 }

@@ -16,7 +16,7 @@ use crate::upgrade::operator_logs;
 /// The namespace deleted after the uninstall.
 const GONE: &str = "uninstalled";
 /// The namespace kept across the uninstall and the install again.
-const KEPT: &str = "kept";
+pub const KEPT: &str = "kept";
 /// The label of every Secret the operator makes.
 const MANAGED: &str = "app.kubernetes.io/managed-by=podlock-operator";
 
@@ -51,7 +51,7 @@ fn take_the_lock(node: &Node, ns: &str, pod: &str) -> String {
 
 /// Has pod `pod` of `ns` make `call` on lock `held` with curl through its sidecar until it
 /// succeeds, for up to `within`; returns the answer.
-fn call_the_lock(node: &Node, ns: &str, pod: &str, call: &str, within: Duration) -> String {
+pub fn call_the_lock(node: &Node, ns: &str, pod: &str, call: &str, within: Duration) -> String {
     let curl = format!(r#"curl -s -w ' %{{http_code}}' -XPOST "$PODLOCK_ADDR/v1/locks/held/{call}""#);
     let answer = retry(within, || {
         let (_, out, err) = node.kubectl(&["exec", "-n", ns, pod, "-c", "app", "--", "sh", "-c", &curl]);
@@ -138,8 +138,9 @@ pub fn no_secret_of_podlocks_is_left(node: &Node, after: &str) {
 /// After the install again on fresh etcd volumes: the kept namespace's pod from before the
 /// uninstall, never restarted, takes the lock again once its sidecar has read the rewritten
 /// Secret (the kubelet updates its files within about a minute), then releases it; a new
-/// injected pod takes it too, and the operator logged why it wrote that Secret again.
-pub fn the_kept_namespace_locks_again(node: &Node) {
+/// injected pod takes it too, and the operator logged why it wrote that Secret again. Returns
+/// the new pod's grant (it holds on).
+pub fn the_kept_namespace_locks_again(node: &Node) -> String {
     let started = Instant::now();
     let acquire = "acquire?waitSeconds=10";
     let grant = call_the_lock(node, KEPT, "holder", acquire, Duration::from_secs(240));
@@ -160,8 +161,8 @@ pub fn the_kept_namespace_locks_again(node: &Node) {
         eprintln!("{KEPT}/holder's sidecar: {}", line.trim());
     }
     call_the_lock(node, KEPT, "holder", "release", Duration::from_secs(10));
-    let grant = take_the_lock(node, KEPT, "after");
-    eprintln!("after helm install on fresh etcd volumes: {KEPT}/after holds: {grant}");
+    let held = take_the_lock(node, KEPT, "after");
+    eprintln!("after helm install on fresh etcd volumes: {KEPT}/after holds: {held}");
     let logs = operator_logs(node, 400);
     let rewrote: Vec<&str> = logs
         .lines()
@@ -172,4 +173,5 @@ pub fn the_kept_namespace_locks_again(node: &Node) {
         "the operator did not say why it wrote {KEPT}'s Secret again:\n{logs}"
     );
     eprintln!("the operator: {}", rewrote[0].trim());
+    held
 }

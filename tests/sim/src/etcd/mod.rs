@@ -35,7 +35,7 @@ pub(crate) struct Shared {
     /// Bumped when the member's data is replaced (restore, wipe): its streams end, as they do
     /// when a real member restarts.
     generation: AtomicU64,
-    /// Watch create requests to hold back on their way in ([`Etcd::hold_next_watch`]).
+    /// Requests to hold back on their way in ([`Etcd::hold_next_watch`], [`Etcd::hold_next_txn`]).
     holds: Mutex<Vec<Hold>>,
     /// Shown the state after every change ([`Etcd::observe`]).
     observer: Mutex<Option<Observer>>,
@@ -81,41 +81,63 @@ impl Shared {
         self.generation.load(Ordering::SeqCst)
     }
 
-    /// Waits while a watch create request for `key` is held back ([`Etcd::hold_next_watch`]).
-    pub(crate) async fn hold_back(&self, key: &[u8]) {
-        let hold = {
-            let mut holds = self.holds.lock().expect("no panic while the holds are held");
-            let i = holds.iter().position(|h| key.starts_with(&h.prefix));
-            i.map(|i| holds.remove(i))
-        };
-        if let Some(Hold { arrived, release, .. }) = hold {
-            let _ = arrived.send(());
-            let _ = release.await;
+    /// Waits while a request of kind `what` for `key` is held back ([`Etcd::hold_next_watch`],
+    /// [`Etcd::hold_next_txn`]).
+    pub(crate) async fn hold_back(&self, what: Held, key: &[u8]) {
+        if let Some(hold) = self.take_hold(what, key) {
+            hold.wait().await;
         }
+    }
+
+    /// The hold set for the next request of kind `what` for `key`, if one is: it is the
+    /// request's to wait on ([`Hold::wait`]).
+    pub(crate) fn take_hold(&self, what: Held, key: &[u8]) -> Option<Hold> {
+        let mut holds = self.holds.lock().expect("no panic while the holds are held");
+        let i = (holds.iter()).position(|h| h.what == what && key.starts_with(&h.prefix));
+        i.map(|i| holds.remove(i))
     }
 }
 
-/// A watch create request to hold back: the next one for a key under `prefix`.
-struct Hold {
+/// The kinds of request a test can hold back.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Held {
+    /// A watch create request, by its key.
+    Watch,
+    /// A transaction, by the key of its first put.
+    Txn,
+}
+
+/// A request to hold back: the next one of its kind for a key under `prefix`.
+pub(crate) struct Hold {
+    what: Held,
     prefix: Vec<u8>,
     arrived: oneshot::Sender<()>,
     release: oneshot::Receiver<()>,
 }
 
-/// A test's end of a watch create request held back on its way in ([`Etcd::hold_next_watch`]).
-pub struct HeldWatch {
+impl Hold {
+    /// Says the request has come, and waits until the test lets it on (or drops its end).
+    pub(crate) async fn wait(self) {
+        let _ = self.arrived.send(());
+        let _ = self.release.await;
+    }
+}
+
+/// A test's end of a request held back on its way in ([`Etcd::hold_next_watch`],
+/// [`Etcd::hold_next_txn`]).
+pub struct HeldRequest {
     arrived: oneshot::Receiver<()>,
     release: oneshot::Sender<()>,
 }
 
-impl HeldWatch {
+impl HeldRequest {
     /// Completes when the request has come; false if it never will (the member stopped). It is
-    /// held until [`HeldWatch::release`], or until this is dropped.
+    /// held until [`HeldRequest::release`], or until this is dropped.
     pub async fn arrived(&mut self) -> bool {
         (&mut self.arrived).await.is_ok()
     }
 
-    /// Lets the request on: its watch is made, from the revision etcd has now.
+    /// Lets the request on: it is applied (a watch made) on the data etcd has now.
     pub fn release(self) {
         let _ = self.release.send(());
     }
@@ -201,19 +223,31 @@ impl Etcd {
     }
 
     /// Holds back the next watch create request for a key under `prefix` until the returned
-    /// [`HeldWatch`] lets it on, as a slow network would; its stream's later requests wait
+    /// [`HeldRequest`] lets it on, as a slow network would; its stream's later requests wait
     /// behind it. A test's seam to land writes between a client's read and the start of the
     /// watch it makes after it.
-    pub fn hold_next_watch(&self, prefix: &[u8]) -> HeldWatch {
+    pub fn hold_next_watch(&self, prefix: &[u8]) -> HeldRequest {
+        self.hold_next(Held::Watch, prefix)
+    }
+
+    /// Holds back the next transaction whose first put is of a key under `prefix` until the
+    /// returned [`HeldRequest`] lets it on: applied then, as a copy a member received before a
+    /// fault and committed seconds later is. Other requests pass it.
+    pub fn hold_next_txn(&self, prefix: &[u8]) -> HeldRequest {
+        self.hold_next(Held::Txn, prefix)
+    }
+
+    fn hold_next(&self, what: Held, prefix: &[u8]) -> HeldRequest {
         let (arrived, arrival) = oneshot::channel();
         let (release, released) = oneshot::channel();
         let hold = Hold {
+            what,
             prefix: prefix.to_vec(),
             arrived,
             release: released,
         };
         self.shared.holds.lock().unwrap().push(hold);
-        HeldWatch {
+        HeldRequest {
             arrived: arrival,
             release,
         }

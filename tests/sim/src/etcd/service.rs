@@ -4,7 +4,7 @@
 use super::errors::EtcdError;
 use super::state::State;
 use super::watch::WatchService;
-use super::{Shared, kv, txn};
+use super::{Held, Shared, kv, txn};
 use etcd_client::proto::{
     PbCompactionRequest, PbCompactionResponse, PbDeleteRequest, PbDeleteResponse, PbKvServer, PbKvService,
     PbLeaseGrantRequest, PbLeaseGrantResponse, PbLeaseKeepAliveRequest, PbLeaseKeepAliveResponse,
@@ -15,7 +15,7 @@ use etcd_client::proto::{
 };
 use std::sync::Arc;
 use tokio::io::DuplexStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tokio_stream::{Stream, StreamExt};
@@ -90,7 +90,17 @@ impl PbKvService for Api {
 
     async fn txn(&self, r: Request<PbTxnRequest>) -> Answer<PbTxnResponse> {
         let r = r.into_inner();
-        self.answer(|s| txn::run(s, &r), |a| &mut a.header)
+        let Some(hold) = txn::first_put(&r).and_then(|key| self.0.take_hold(Held::Txn, key)) else {
+            return self.answer(|s| txn::run(s, &r), |a| &mut a.header);
+        };
+        // Applied once let on, whether or not its client still waits for the answer: a member
+        // that has a request commits it even after the client gave up on it.
+        let (api, (answer, answered)) = (self.clone(), oneshot::channel());
+        tokio::spawn(async move {
+            hold.wait().await;
+            let _ = answer.send(api.answer(|s| txn::run(s, &r), |a| &mut a.header));
+        });
+        (answered.await).unwrap_or_else(|_| Err(Status::unavailable("the member stopped")))
     }
 
     async fn compact(&self, r: Request<PbCompactionRequest>) -> Answer<PbCompactionResponse> {

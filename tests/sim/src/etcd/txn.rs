@@ -193,6 +193,17 @@ fn walk_taken(
     Ok(())
 }
 
+/// The key of the first put among `r`'s success operations, then its failure ones, nested
+/// transactions' included (a test holds a transaction back by it:
+/// [`super::Etcd::hold_next_txn`]).
+pub fn first_put(r: &PbTxnRequest) -> Option<&[u8]> {
+    (r.success.iter().chain(&r.failure)).find_map(|op| match &op.request {
+        Some(PbTxnOpRequest::RequestPut(p)) => Some(p.key.as_slice()),
+        Some(PbTxnOpRequest::RequestTxn(t)) => first_put(t),
+        _ => None,
+    })
+}
+
 /// Runs transaction `r`: one revision for all its writes; its answer's header carries it.
 pub fn run(state: &mut State, r: &PbTxnRequest) -> Result<PbTxnResponse, EtcdError> {
     validate(r, state.config.max_txn_ops)?;

@@ -3,9 +3,9 @@
 //! Every watcher is caught up as soon as its stream task runs, so a watch is "unsynced" (and
 //! compacted while behind) only between a change and that task's turn.
 
-use super::Shared;
 use super::state::State;
 use super::store::KeyRange;
+use super::{Held, Shared};
 use etcd_client::proto::{PbEvent, PbWatchRequest, PbWatchRequestUnion, PbWatchResponse, PbWatchService};
 use etcd_client::{EventType, WatchFilterType};
 use std::collections::BTreeMap;
@@ -78,7 +78,7 @@ async fn run(
             req = requests.message() => match req {
                 Ok(Some(req)) => {
                     if let Some(PbWatchRequestUnion::CreateRequest(c)) = &req.request_union {
-                        shared.hold_back(&c.key).await;
+                        shared.hold_back(Held::Watch, &c.key).await;
                     }
                     shared.read(|s| watchers.handle(s, req))
                 }

@@ -31,26 +31,25 @@ const FOUND: &[(Bug, u64)] = &[
 /// another pod checks its token: seed 720.
 const SLOW: &[(Bug, u64)] = &[(Bug::FenceIgnoresDeadline, 1_000)];
 
-/// Bugs a scene finds: the moment they need (a read between a handoff and its record) is one
-/// a seed meets only by chance. Played with the bug on, the scene must fail.
-const BY_SCENE: &[(Bug, &str)] = &[(Bug::HandedCountsAsGranted, scenes::HANDED_NOT_RECORDED)];
+/// Bugs a scene finds: the moment they need (a read between a handoff and its record; a
+/// grant learnt by a read alone; a copy of a request applied seconds late) is one a seed meets
+/// only by chance. Played with the bug on, the scene must fail. (The world's seeds missed the
+/// last two in 2,000 seeds each: docs/design.md says why.)
+const BY_SCENE: &[(Bug, &str)] = &[
+    (Bug::HandedCountsAsGranted, scenes::HANDED_NOT_RECORDED),
+    (Bug::ReadIgnoresHanded, scenes::HANDED_THEN_LOWERED),
+    (Bug::LateCopyUnguarded, scenes::LATE_COPY),
+];
 
-/// The bugs re-introduced in the engine that the world does not find yet (docs/design.md says
-/// why, bug by bug): hunted only when `PODLOCK_BUGS` names them, up to `PODLOCK_BUGS_CAP`
-/// seeds (default 2,000).
-const MISSED: &[Bug] = &[Bug::ReadIgnoresHanded, Bug::LateCopyUnguarded];
-
-/// Runs every bug of [`FOUND`], or those of [`FOUND`], [`SLOW`] and [`MISSED`] named in `PODLOCK_BUGS`
-/// (comma-separated), each until a seed finds it (`PODLOCK_BUGS_CAP` seeds at most, if set);
-/// fails with the bugs no seed found.
+/// Runs every bug of [`FOUND`] and [`BY_SCENE`], or those of [`FOUND`], [`SLOW`] and
+/// [`BY_SCENE`] named in `PODLOCK_BUGS` (comma-separated), each until a seed finds it
+/// (`PODLOCK_BUGS_CAP` seeds at most, if set); fails with the bugs no seed found.
 pub fn run() -> Result<(), String> {
     let names = std::env::var("PODLOCK_BUGS").unwrap_or_default();
     let named = |b: &Bug| names.split(',').any(|n| n == format!("{b:?}"));
-    let missed = MISSED.iter().map(|&b| (b, 2_000));
     let bugs: Vec<(Bug, u64)> = match names.is_empty() {
         true => FOUND.to_vec(),
         false => (FOUND.iter().chain(SLOW).copied())
-            .chain(missed)
             .filter(|(b, _)| named(b))
             .collect(),
     };
