@@ -21,7 +21,8 @@ pub const VALUES: [&str; 2] = [
 ];
 
 /// Makes the bundled etcd's Secrets once, as docs/operations.md does: the chart renders them
-/// and `sed` renames each `name: podlock-etcd-tls` or `-root` line's Secret with `-kept`.
+/// (for the oldest Kubernetes it admits: `helm template` assumes 1.20, which it refuses) and
+/// `sed` renames each `name: podlock-etcd-tls` or `-root` line's Secret with `-kept`.
 pub fn make_the_secrets(node: &Node) {
     let (ok, rendered, err) = node.helm(&[
         "template",
@@ -29,6 +30,8 @@ pub fn make_the_secrets(node: &Node) {
         CHART,
         "-n",
         "podlock",
+        "--kube-version",
+        "1.35.0",
         "--set",
         "etcd.bundled.enabled=true",
         "--set",
