@@ -15,6 +15,7 @@
 
 use super::faults::Fault;
 use super::overlap::{Limits, LockStats, check_lock};
+use super::recovery;
 use super::worker::HoldRecord;
 use super::{COUNTER, POOL, POOL_SLOTS};
 use crate::common::store::AcceptedWrite;
@@ -68,34 +69,13 @@ pub fn analyze(holds: &[HoldRecord], writes: &[AcceptedWrite], faults: &[Fault])
     let counter: Vec<HoldRecord> = (holds.iter()).filter(|h| h.lock == COUNTER).cloned().collect();
     check_writes(&counter, writes, &mut a);
     a.recoveries = (faults.iter())
-        .map(|f| (*f, recovery(f, holds, writes)))
+        .map(|f| (*f, recovery::after(f, holds, writes)))
         .collect();
     a.longest_stall = writes
         .windows(2)
         .map(|w| (w[1].at - w[0].at, w[0].at))
         .fold((0.0, 0.0), |m, g| if g.0 > m.0 { g } else { m });
     a
-}
-
-/// How long after `f` the lock it hit made progress: a change of the semaphore's `maxHolders`,
-/// its next grant; any other fault, the first accepted write of a hold granted after it (after
-/// a rebuilt etcd came back).
-fn recovery(f: &Fault, holds: &[HoldRecord], writes: &[AcceptedWrite]) -> Option<f64> {
-    if f.kind.max_holders().is_some() {
-        let next = holds.iter().filter(|h| h.lock == POOL && h.granted > f.at);
-        return next.map(|h| h.granted - f.at).reduce(f64::min);
-    }
-    let from = f.recovery_from();
-    let later = |w: &&AcceptedWrite| {
-        holds
-            .iter()
-            .any(|h| h.lock == COUNTER && h.token == w.token && h.granted > from)
-    };
-    writes
-        .iter()
-        .filter(|w| w.at > from)
-        .find(later)
-        .map(|w| w.at - from)
 }
 
 /// The store's log against the workers' writes.

@@ -77,6 +77,7 @@ mod objects;
 mod orphans;
 mod overlap;
 mod rebuild;
+mod recovery;
 mod register;
 mod report;
 mod rig;

@@ -4,11 +4,12 @@
 use super::{LET_IN, let_in, request};
 use crate::etcd::Etcd;
 use crate::world::operator::declare;
-use crate::world::seed::start_pod;
+use crate::world::seed::{Pod, start_pod};
 use crate::world::{LockSpec, NAMESPACE, World};
-use podlock::lock::{LockId, Store};
+use podlock::lock::{Grant, LockError, LockId, Store};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout};
 
 /// A semaphore of 2.
@@ -19,49 +20,75 @@ const SEMAPHORE: LockSpec = LockSpec {
     shared: false,
 };
 
-/// A semaphore of 2, and the model's "a handed grant counts as recorded": `x1` and `x2` hold,
-/// `a` and `h` wait in that order. `x1` goes and `a` is let in, reading the key behind it (its
-/// chain: `h`). `h`'s pod goes deaf; `a` releases and hands `h` its grant, which `h` cannot
-/// hear, so cannot record; `x2` goes. Now `k` asks, on a third pod, and reads its place: one
-/// slot is free, but the key ahead of it, `h`, holds by a handoff not yet recorded. A grant to
-/// `k` now could be answered, and its token used, before `h` learns of its own lower one: `k`
-/// waits until `h` records (the admission checker judges the record too).
-pub(super) async fn handed_not_recorded(world: World, etcd: Arc<Etcd>) -> Result<(), String> {
-    let store = Store::new(etcd.client().await);
-    declare(&store, &SEMAPHORE, 2)
-        .await
-        .map_err(|e| format!("declare: {e}"))?;
-    let lock = LockId::new(NAMESPACE, SEMAPHORE.name).expect("a valid name");
-    let pods = [
-        start_pod(0, &etcd, &world).await,
-        start_pod(1, &etcd, &world).await,
-        start_pod(2, &etcd, &world).await,
-    ];
-    let acquire = |p: usize, holder: &'static str| {
-        let (engine, req) = (
-            pods[p].engine.clone(),
-            request(&lock, holder, Duration::from_secs(30)),
-        );
+/// An acquire under way.
+type Asked = JoinHandle<Result<Grant, LockError>>;
+
+/// Where both scenes start: a grant handed to `h`, whose pod (pod-1) is deaf.
+struct Handed {
+    store: Store,
+    lock: LockId,
+    /// pod-0 (`x1`, `x2`, `a`), pod-1 (`h`), and pod-2 if asked for.
+    pods: Vec<Pod>,
+}
+
+impl Handed {
+    /// A semaphore of 2 on `pods` pods (2 or 3): `x1` and `x2` of pod-0 hold, `a` of pod-0 and
+    /// `h` of pod-1 wait in that order. `x1` goes and `a` is let in by its read, which finds
+    /// `h` behind it (its chain); pod-1 goes deaf; `a` releases and hands `h` its grant, which
+    /// `h` cannot hear. Returns the stage and `h`'s acquire, not yet answered.
+    async fn stage(world: &World, etcd: &Arc<Etcd>, pods: u64) -> Result<(Handed, Asked), String> {
+        let store = Store::new(etcd.client().await);
+        declare(&store, &SEMAPHORE, 2)
+            .await
+            .map_err(|e| format!("declare: {e}"))?;
+        let lock = LockId::new(NAMESPACE, SEMAPHORE.name).expect("a valid name");
+        let mut started = Vec::new();
+        for p in 0..pods {
+            started.push(start_pod(p, etcd, world).await);
+        }
+        let stage = Handed {
+            store,
+            lock,
+            pods: started,
+        };
+        let_in(world, "x1", stage.acquire(0, "x1"), LET_IN).await?;
+        let_in(world, "x2", stage.acquire(0, "x2"), LET_IN).await?;
+        let a = stage.acquire(0, "a");
+        sleep(Duration::from_millis(100)).await;
+        let h = stage.acquire(1, "h");
+        sleep(Duration::from_secs(1)).await;
+        stage.release(world, 0, "x1").await?;
+        let_in(world, "a (x1 released)", a, LET_IN).await?;
+        world.log("pod-1 (h) goes deaf".into());
+        stage.pods[1].net.deafen(true);
+        stage.release(world, 0, "a").await?;
+        Ok((stage, h))
+    }
+
+    /// `holder` asks on pod `p`, waiting up to 30 s.
+    fn acquire(&self, p: usize, holder: &'static str) -> Asked {
+        let engine = self.pods[p].engine.clone();
+        let req = request(&self.lock, holder, Duration::from_secs(30));
         tokio::spawn(async move { engine.acquire(req).await })
-    };
-    let release = async |holder: &str| {
-        let r = pods[0].engine.release(&lock, holder).await;
-        world.log(format!("pod-0 {holder} released: {r:?}"));
+    }
+
+    /// `holder` of pod `p` releases.
+    async fn release(&self, world: &World, p: usize, holder: &str) -> Result<(), String> {
+        let r = self.pods[p].engine.release(&self.lock, holder).await;
+        world.log(format!("pod-{p} {holder} released: {r:?}"));
         r.map_err(|e| format!("release {holder}: {e}"))
-    };
-    let_in(&world, "x1", acquire(0, "x1"), LET_IN).await?;
-    let_in(&world, "x2", acquire(0, "x2"), LET_IN).await?;
-    let a = acquire(0, "a");
-    sleep(Duration::from_millis(100)).await;
-    let h = acquire(1, "h");
-    sleep(Duration::from_secs(1)).await;
-    release("x1").await?;
-    let_in(&world, "a (x1 released)", a, LET_IN).await?;
-    world.log("pod-1 (h) goes deaf".into());
-    pods[1].net.deafen(true);
-    release("a").await?;
-    release("x2").await?;
-    let mut k = acquire(2, "k");
+    }
+}
+
+/// The model's "a handed grant counts as recorded": from [`Handed::stage`], `x2` goes. Now
+/// `k` asks, on a third pod, and reads its place: one slot is free, but the key ahead of it,
+/// `h`, holds by a handoff not yet recorded. A grant to `k` now could be answered, and its
+/// token used, before `h` learns of its own lower one: `k` waits until `h` records (the
+/// admission checker judges the record too).
+pub(super) async fn handed_not_recorded(world: World, etcd: Arc<Etcd>) -> Result<(), String> {
+    let (stage, h) = Handed::stage(&world, &etcd, 3).await?;
+    stage.release(&world, 0, "x2").await?;
+    let mut k = stage.acquire(2, "k");
     if let Ok(answer) = timeout(Duration::from_millis(500), &mut k).await {
         let told = answer.map_err(|e| e.to_string())?.map(|g| g.fencing_token);
         return Err(format!(
@@ -69,54 +96,21 @@ pub(super) async fn handed_not_recorded(world: World, etcd: Arc<Etcd>) -> Result
         ));
     }
     world.log("pod-1 hears again".into());
-    pods[1].net.deafen(false);
+    stage.pods[1].net.deafen(false);
     let_in(&world, "h (handed a's slot)", h, LET_IN).await?;
     let_in(&world, "k (h recorded)", k, LET_IN).await?;
     Ok(())
 }
 
-/// #54 F10, the model's "bug: semaphore, a read ignores a handed grant". A semaphore of 2:
-/// `x1` and `x2` hold, `a` and `h` wait. `x1` goes and `a` is let in by its read, learning `h`
-/// behind it. `h`'s pod goes deaf; `a` releases and hands `h` its grant, which `h` does not
-/// hear; the operator lowers `maxHolders` to 1, and etcd compacts past both writes. `h`'s pod
-/// is cut off and hears again: its watches come back from revisions compacted away, so it
-/// learns of the grant by its read alone. Handed under 2, `h` holds beside `x2`, as every view
-/// of the holders says; a read that judged it by the keys ahead under 1 would have it wait
-/// for `x2`, a holder in every view but its own.
+/// #54 F10, the model's "bug: semaphore, a read ignores a handed grant": from
+/// [`Handed::stage`], the operator lowers `maxHolders` to 1, and etcd compacts past the
+/// handoff and the lowering. `h`'s pod is cut off and hears again: its watches come back from
+/// revisions compacted away, so it learns of the grant by its read alone. Handed under 2, `h`
+/// holds beside `x2`, as every view of the holders says; a read that judged it by the keys
+/// ahead under 1 would have it wait for `x2`, a holder in every view but its own.
 pub(super) async fn handed_then_lowered(world: World, etcd: Arc<Etcd>) -> Result<(), String> {
-    let store = Store::new(etcd.client().await);
-    declare(&store, &SEMAPHORE, 2)
-        .await
-        .map_err(|e| format!("declare: {e}"))?;
-    let lock = LockId::new(NAMESPACE, SEMAPHORE.name).expect("a valid name");
-    let pods = [
-        start_pod(0, &etcd, &world).await,
-        start_pod(1, &etcd, &world).await,
-    ];
-    let acquire = |p: usize, holder: &'static str| {
-        let (engine, req) = (
-            pods[p].engine.clone(),
-            request(&lock, holder, Duration::from_secs(30)),
-        );
-        tokio::spawn(async move { engine.acquire(req).await })
-    };
-    let release = async |p: usize, holder: &str| {
-        let r = pods[p].engine.release(&lock, holder).await;
-        world.log(format!("pod-{p} {holder} released: {r:?}"));
-        r.map_err(|e| format!("release {holder}: {e}"))
-    };
-    let_in(&world, "x1", acquire(0, "x1"), LET_IN).await?;
-    let_in(&world, "x2", acquire(0, "x2"), LET_IN).await?;
-    let a = acquire(0, "a");
-    sleep(Duration::from_millis(100)).await;
-    let h = acquire(1, "h");
-    sleep(Duration::from_secs(1)).await;
-    release(0, "x1").await?;
-    let_in(&world, "a (x1 released)", a, LET_IN).await?;
-    world.log("pod-1 (h) goes deaf".into());
-    pods[1].net.deafen(true);
-    release(0, "a").await?;
-    declare(&store, &SEMAPHORE, 1)
+    let (stage, h) = Handed::stage(&world, &etcd, 2).await?;
+    declare(&stage.store, &SEMAPHORE, 1)
         .await
         .map_err(|e| format!("declare: {e}"))?;
     let now = etcd.inspect(|s| s.store.revision());
@@ -124,10 +118,9 @@ pub(super) async fn handed_then_lowered(world: World, etcd: Arc<Etcd>) -> Result
     world.log(format!(
         "operator: s maxHolders 1; etcd compacted at {now}; pod-1 cut off, then hears again"
     ));
-    pods[1].net.break_all();
-    pods[1].net.deafen(false);
+    stage.pods[1].net.break_all();
+    stage.pods[1].net.deafen(false);
     let_in(&world, "h (handed a's slot under 2)", h, LET_IN).await?;
-    release(1, "h").await?;
-    release(0, "x2").await?;
-    Ok(())
+    stage.release(&world, 1, "h").await?;
+    stage.release(&world, 0, "x2").await
 }
