@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::node::Node;
 use crate::uninstall::{KEPT, call_the_lock};
-use crate::{CHART, install};
+use crate::{CHART, helm_uninstall, install};
 
 /// The Secrets the recipe makes, as the values name them.
 const SECRETS: [&str; 2] = ["podlock-etcd-tls-kept", "podlock-etcd-root-kept"];
@@ -64,17 +64,7 @@ pub fn make_the_secrets(node: &Node) {
 pub fn an_install_over_kept_volumes_keeps_the_locks(node: &Node, held_by_after: &str) {
     let before = token(held_by_after);
     call_the_lock(node, KEPT, "after", "release", Duration::from_secs(10));
-    let uninstall = [
-        "uninstall",
-        "podlock",
-        "-n",
-        "podlock",
-        "--wait",
-        "--timeout",
-        "2m",
-    ];
-    let (ok, out, err) = node.helm(&uninstall);
-    assert!(ok, "helm uninstall: {out}{err}");
+    helm_uninstall(node);
     let (_, claims, _) = node.kubectl(&["get", "pvc", "-n", "podlock", "-o", "name"]);
     assert_eq!(claims.lines().count(), 3, "the etcd members' volumes: {claims}");
     install(node, &node.images["ETCD_IMAGE"], &VALUES);

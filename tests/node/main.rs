@@ -102,9 +102,9 @@ fn assert_webhook_through_service(node: &Node) {
     );
 }
 
-/// `helm uninstall` leaves nothing of podlock behind.
-fn uninstall(node: &Node) {
-    let (ok, out, err) = node.helm(&[
+/// `helm uninstall` of the release, waiting up to 2 minutes.
+fn helm_uninstall(node: &Node) {
+    let args = [
         "uninstall",
         "podlock",
         "-n",
@@ -112,8 +112,14 @@ fn uninstall(node: &Node) {
         "--wait",
         "--timeout",
         "2m",
-    ]);
+    ];
+    let (ok, out, err) = node.helm(&args);
     assert!(ok, "helm uninstall: {out}{err}");
+}
+
+/// `helm uninstall` leaves nothing of podlock behind.
+fn uninstall(node: &Node) {
+    helm_uninstall(node);
     let (_, pvcs, _) = node.kubectl(&["get", "pvc", "-n", "podlock", "-o", "name"]);
     // A StatefulSet's claims outlive it by design (Helm does not own them): delete them as a user would.
     for pvc in pvcs.lines() {

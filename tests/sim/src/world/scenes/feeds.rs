@@ -1,12 +1,11 @@
 //! Scenes of a waiter's feed: what changes between its read and its watches' start, and a
 //! quiet lock on which etcd says nothing.
 
-use super::{LET_IN, MUTEX, let_in, request};
+use super::{LET_IN, MUTEX, declared, let_in, request};
 use crate::etcd::Etcd;
 use crate::world::operator::declare;
 use crate::world::seed::start_pod;
 use crate::world::{NAMESPACE, World};
-use podlock::lock::{LockId, Store};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{sleep, timeout};
@@ -19,11 +18,7 @@ use tokio::time::{sleep, timeout};
 /// first read sleeps through that record and through the release after it, and is answered
 /// `lock_held` at its deadline with a slot free.
 pub(super) async fn limit_raised_before_a_new_feed(world: World, etcd: Arc<Etcd>) -> Result<(), String> {
-    let store = Store::new(etcd.client().await);
-    declare(&store, &MUTEX, 1)
-        .await
-        .map_err(|e| format!("declare: {e}"))?;
-    let lock = LockId::new(NAMESPACE, MUTEX.name).expect("a valid name");
+    let (store, lock) = declared(&etcd, &MUTEX, 1).await?;
     let mut pods = Vec::new();
     for p in 0..3 {
         pods.push(start_pod(p, &etcd, &world).await);
@@ -80,11 +75,7 @@ pub(super) async fn limit_raised_before_a_new_feed(world: World, etcd: Arc<Etcd>
 /// each time. Here a holder and two waiters of one process sit on a quiet lock for `QUIET`.
 pub(super) async fn quiet_waiter_keeps_its_watches(world: World, etcd: Arc<Etcd>) -> Result<(), String> {
     const QUIET: Duration = Duration::from_secs(10);
-    let store = Store::new(etcd.client().await);
-    declare(&store, &MUTEX, 1)
-        .await
-        .map_err(|e| format!("declare: {e}"))?;
-    let lock = LockId::new(NAMESPACE, MUTEX.name).expect("a valid name");
+    let (_, lock) = declared(&etcd, &MUTEX, 1).await?;
     let (holder, waiter) = (
         start_pod(0, &etcd, &world).await,
         start_pod(1, &etcd, &world).await,

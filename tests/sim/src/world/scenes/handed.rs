@@ -1,11 +1,11 @@
 //! Scenes of handed grants: a grant a release writes into the entry of the key behind it,
 //! which that key's owner has not yet learnt or recorded.
 
-use super::{LET_IN, let_in, request};
+use super::{LET_IN, declared, let_in, request};
 use crate::etcd::Etcd;
 use crate::world::operator::declare;
 use crate::world::seed::{Pod, start_pod};
-use crate::world::{LockSpec, NAMESPACE, World};
+use crate::world::{LockSpec, World};
 use podlock::lock::{Grant, LockError, LockId, Store};
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,11 +37,7 @@ impl Handed {
     /// `h` behind it (its chain); pod-1 goes deaf; `a` releases and hands `h` its grant, which
     /// `h` cannot hear. Returns the stage and `h`'s acquire, not yet answered.
     async fn stage(world: &World, etcd: &Arc<Etcd>, pods: u64) -> Result<(Handed, Asked), String> {
-        let store = Store::new(etcd.client().await);
-        declare(&store, &SEMAPHORE, 2)
-            .await
-            .map_err(|e| format!("declare: {e}"))?;
-        let lock = LockId::new(NAMESPACE, SEMAPHORE.name).expect("a valid name");
+        let (store, lock) = declared(etcd, &SEMAPHORE, 2).await?;
         let mut started = Vec::new();
         for p in 0..pods {
             started.push(start_pod(p, etcd, world).await);

@@ -1,12 +1,10 @@
 //! Scenes of an enqueue sent more than once: a copy etcd applies after the hold it was for has
 //! ended.
 
-use super::{LET_IN, MUTEX, let_in, request};
+use super::{LET_IN, MUTEX, declared, let_in, request};
 use crate::etcd::Etcd;
-use crate::world::operator::declare;
 use crate::world::seed::start_pod;
 use crate::world::{NAMESPACE, World};
-use podlock::lock::{LockId, Store};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::{sleep, timeout};
@@ -19,11 +17,7 @@ use tokio::time::{sleep, timeout};
 /// key is first in the queue: unless the watch `a`'s enqueue set for late copies removes it at
 /// once, `b`, asking on another pod, waits for the orphan sweep, seconds later.
 pub(super) async fn late_copy(world: World, etcd: Arc<Etcd>) -> Result<(), String> {
-    let store = Store::new(etcd.client().await);
-    declare(&store, &MUTEX, 1)
-        .await
-        .map_err(|e| format!("declare: {e}"))?;
-    let lock = LockId::new(NAMESPACE, MUTEX.name).expect("a valid name");
+    let (_, lock) = declared(&etcd, &MUTEX, 1).await?;
     let pods = [
         start_pod(0, &etcd, &world).await,
         start_pod(1, &etcd, &world).await,

@@ -11,9 +11,10 @@ mod handed;
 mod late;
 mod releases;
 
-use super::{LockSpec, TAIL, World, logs};
+use super::operator::declare;
+use super::{LockSpec, NAMESPACE, TAIL, World, logs};
 use crate::etcd::{Config, Etcd};
-use podlock::lock::{AcquireRequest, Grant, LockError, LockId, Mode};
+use podlock::lock::{AcquireRequest, Grant, LockError, LockId, Mode, Store};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -124,6 +125,15 @@ const MUTEX: LockSpec = LockSpec {
 /// How long a scene gives a waiter to be let in once it may be: far more than the few
 /// milliseconds of simulated time a grant takes, far less than its wait.
 const LET_IN: Duration = Duration::from_secs(2);
+
+/// A store on `etcd` with `spec` declared at `max_holders`, and the lock's id.
+async fn declared(etcd: &Etcd, spec: &LockSpec, max_holders: u32) -> Result<(Store, LockId), String> {
+    let store = Store::new(etcd.client().await);
+    declare(&store, spec, max_holders)
+        .await
+        .map_err(|e| format!("declare: {e}"))?;
+    Ok((store, LockId::new(NAMESPACE, spec.name).expect("a valid name")))
+}
 
 /// An exclusive acquire of one permit.
 fn request(lock: &LockId, holder: &str, wait: Duration) -> AcquireRequest {

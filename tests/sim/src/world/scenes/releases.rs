@@ -1,11 +1,10 @@
 //! Scenes of releases: two of one hold at once while its pod hears nothing.
 
-use super::{MUTEX, request};
+use super::{MUTEX, declared, request};
 use crate::etcd::Etcd;
-use crate::world::operator::declare;
+use crate::world::World;
 use crate::world::seed::start_pod;
-use crate::world::{NAMESPACE, World};
-use podlock::lock::{LockError, LockId, Store};
+use podlock::lock::LockError;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::sleep;
@@ -22,11 +21,7 @@ use tokio::time::sleep;
 /// copy falls due 30 ms before the first's, as in the seed; the other gaps let the first go
 /// first.
 pub(super) async fn two_releases_of_one_hold(world: World, etcd: Arc<Etcd>) -> Result<(), String> {
-    let store = Store::new(etcd.client().await);
-    declare(&store, &MUTEX, 1)
-        .await
-        .map_err(|e| format!("declare: {e}"))?;
-    let lock = LockId::new(NAMESPACE, MUTEX.name).expect("a valid name");
+    let (_, lock) = declared(&etcd, &MUTEX, 1).await?;
     let pod = start_pod(0, &etcd, &world).await;
     for gap in [0, 100, 250, 480].map(Duration::from_millis) {
         let holder: &'static str = Box::leak(format!("a{}", gap.as_millis()).into_boxed_str());
