@@ -196,12 +196,12 @@ pub(crate) enum Claimed {
     Waits,
 }
 
-/// The error for a release or heartbeat of a holder that does not hold.
 /// Whether `hold` is the hold of slot `key` in `map`.
 fn is_slots(map: &BTreeMap<SlotKey, Slot>, key: &SlotKey, hold: &Arc<Hold>) -> bool {
     matches!(map.get(key), Some(Slot::Held(h)) if Arc::ptr_eq(h, hold))
 }
 
+/// The error for a release or heartbeat of a holder that does not hold.
 fn not_held(lock: &LockId, holder: &str, slot: Option<&Slot>) -> LockError {
     match slot {
         Some(Slot::Lost { token, reason, .. }) => LockError::Lost {
